@@ -1,0 +1,3 @@
+"""The operator contract, the float64 reference, replay, and the native custom-op library."""
+
+from .contract import DOMAIN, GATED_DELTA_NET, MS_DOMAIN, VARLEN_CAUSAL_CONV, ContractError

@@ -1,0 +1,750 @@
+"""The operator contract of GatedDeltaNet and VarlenCausalConvWithState.
+
+This module is the one place where the package states the two operators' inputs, outputs, attributes,
+type constraints, shape rules, capsule layout and rejection messages (spec/ops.md; ORT 1.31.1's compact
+ABI). Everything else derives from it:
+
+* the float64 reference (``reference.py``) resolves shapes with :func:`resolve_gdn` / :func:`resolve_conv`;
+* the C++ kernels get indices, defaults and message templates through a header generated from this
+  module at build time (``native/gen_contract_header.py``);
+* the exporter emits nodes through :func:`make_onnx_node` / :func:`make_ir_node`;
+* the config validator computes capsule widths with :func:`gdn_capsule_width` / :func:`conv_capsule_shape`.
+
+The module depends on nothing outside the standard library, so that the build can import it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Generic, Mapping, Sequence, TypeVar
+
+DOMAIN = "onnx_hybrid"
+MS_DOMAIN = "com.microsoft"
+OPSET_VERSION = 1
+MAX_STATE_UPDATE_CAPACITY = 8
+L2_NORM_EPS = 1e-12
+SOFTPLUS_THRESHOLD = 20.0
+INT32_MAX = 2**31 - 1
+
+# Element types by ONNX name. "T" is the activation type of an op; the others are fixed.
+ACTIVATION_TYPES = ("float", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Port:
+    """One input or output of an operator."""
+
+    index: int
+    name: str
+    type: str  # "T" (one of ACTIVATION_TYPES, shared by all T ports of the node), "float" or "int32"
+    optional: bool
+    host_memory: bool = False  # declared OrtMemTypeCPUInput on device execution providers
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Attribute:
+    name: str
+    kind: str  # "string" | "int" | "float"
+    default: Any
+    allowed: tuple | None = None  # allowed string values
+    minimum: int | None = None
+    maximum: int | None = None
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]
+    attributes: tuple[Attribute, ...]
+    inplace: tuple[tuple[int, int], ...] = ()  # (input index, output index) pairs that may alias
+
+    def input(self, name: str) -> Port:
+        return _by_name(self.inputs, name, f"{self.name} input")
+
+    def output(self, name: str) -> Port:
+        return _by_name(self.outputs, name, f"{self.name} output")
+
+    def attribute(self, name: str) -> Attribute:
+        return _by_name(self.attributes, name, f"{self.name} attribute")
+
+
+def _by_name(items, name, what):
+    for item in items:
+        if item.name == name:
+            return item
+    raise KeyError(f"unknown {what} {name!r}; known: {', '.join(i.name for i in items)}")
+
+
+def _capacity_attribute() -> Attribute:
+    return Attribute(
+        "state_update_capacity", "int", 0, minimum=0, maximum=MAX_STATE_UPDATE_CAPACITY,
+        doc="compact transition slots per request",
+    )
+
+
+# Update rule -> (has decay, has delta retrieval). spec/ops.md §2.6.
+UPDATE_RULES: dict[str, tuple[bool, bool]] = {
+    "linear": (False, False),
+    "gated": (True, False),
+    "delta": (False, True),
+    "gated_delta": (True, True),
+}
+
+GATED_DELTA_NET = OpSpec(
+    name="GatedDeltaNet",
+    inputs=(
+        Port(0, "query", "T", False, doc="[T,Hq,Dk] | [B,S,Hq,Dk] | packed [T,W] | [B,S,W]"),
+        Port(1, "key", "T", True, doc="[T,Hk,Dk] | [B,S,Hk,Dk]; absent in packed-QKV form"),
+        Port(2, "value", "T", True, doc="[T,Hv,Dv] | [B,S,Hv,Dv]; absent in packed-QKV form"),
+        Port(3, "cu_seqlens", "int32", True, doc="[B+1] exclusive prefix sums of request lengths"),
+        Port(4, "decay", "float", True, doc="[T,Hv] | [T,Hv,Dk] | [B,S,Hv] | [B,S,Hv,Dk]"),
+        Port(5, "beta", "float", True, doc="[T,Hv] | [B,S,Hv]"),
+        Port(6, "initial_state", "float", True, doc="[B,Hv,Dv,Dk], V-major"),
+        Port(7, "a_log", "float", True, doc="[Hv], raw A_log"),
+        Port(8, "dt_bias", "float", True, doc="[Hv]"),
+        Port(9, "capture_count", "int32", True, doc="[B]"),
+        Port(10, "state_update_active", "int32", True, host_memory=True, doc="[1]"),
+    ),
+    outputs=(
+        Port(0, "output", "T", False, doc="[T,Hv,Dv] | [B,S,Hv,Dv]"),
+        Port(1, "final_state", "float", True, doc="[B,Hv,Dv,Dk], V-major"),
+        Port(2, "state_update", "float", True, doc="[B, C*(Hv + Hk*Dk + Hv*Dv)]"),
+    ),
+    attributes=(
+        Attribute("update_rule", "string", "gated_delta", allowed=tuple(UPDATE_RULES)),
+        Attribute("scale", "float", 0.0, doc="0.0 means 1/sqrt(Dk)"),
+        Attribute("gate_activation", "string", "none", allowed=("none", "qwen")),
+        Attribute("beta_activation", "string", "none", allowed=("none", "sigmoid")),
+        Attribute("qk_l2_norm", "int", 0, doc="nonzero: L2-normalise q and k heads"),
+        Attribute("chunk_size", "int", 64, minimum=1, maximum=INT32_MAX, doc="tuning hint"),
+        _capacity_attribute(),
+    ),
+    inplace=((6, 1),),
+)
+
+VARLEN_CAUSAL_CONV = OpSpec(
+    name="VarlenCausalConvWithState",
+    inputs=(
+        Port(0, "input", "T", False, doc="[T,Ch] token-major"),
+        Port(1, "weight", "T", False, doc="[Ch,1,K]; tap K-1 is the current token"),
+        Port(2, "cumulative_sequence_length", "int32", False, doc="[B+1]"),
+        Port(3, "bias", "T", True, doc="[Ch]"),
+        Port(4, "initial_state", "T", False, doc="[B,Ch,SL], SL=(K-1)*dilation, oldest first"),
+        Port(5, "capture_count", "int32", True, doc="[B]"),
+    ),
+    outputs=(
+        Port(0, "output", "T", False, doc="[T,Ch]"),
+        Port(1, "final_state", "T", False, doc="[B,Ch,SL]"),
+        Port(2, "state_update", "T", True, doc="[B,cap,Ch]"),
+    ),
+    attributes=(
+        Attribute("activation", "string", "none", allowed=("none", "silu", "swish")),
+        Attribute("dilation", "int", 1, minimum=1, maximum=INT32_MAX),
+        _capacity_attribute(),
+    ),
+    inplace=((4, 1),),
+)
+
+OPS: dict[str, OpSpec] = {op.name: op for op in (GATED_DELTA_NET, VARLEN_CAUSAL_CONV)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Rejection messages. Templates use positional fields {0}, {1}, ...; the C++ side gets the same
+# templates through the generated header and fills them with the same arguments. Every message
+# names the tensor or attribute and, where there is one, the expected and the actual value.
+# --------------------------------------------------------------------------------------------------
+
+MESSAGES: dict[str, str] = {
+    # GatedDeltaNet, kernel creation
+    "gdn_update_rule": "update_rule must be one of: linear, gated, delta, gated_delta; got '{0}'",
+    "gdn_gate_activation": "gate_activation must be one of: none, qwen; got '{0}'",
+    "gdn_beta_activation": "beta_activation must be one of: none, sigmoid; got '{0}'",
+    "chunk_size": "chunk_size must be positive and fit in int32, got {0}",
+    "capacity": "state_update_capacity must be in [0, 8], got {0}",
+    # GatedDeltaNet, run
+    "gdn_kv_presence": "key and value must be both present or both absent; got key {0}, value {1}",
+    "gdn_rank": "query, key and value must be rank 3 [total_tokens, num_heads, head_size] or rank 4 "
+                "[batch, sequence, num_heads, head_size]; got query rank {0}",
+    "gdn_packed_rank": "packed QKV must be rank 2 [total_tokens, packed_size] or rank 3 "
+                       "[batch, sequence, packed_size]; got query rank {0}",
+    "gdn_same_rank": "query, key and value must have the same rank; got query {0}, key {1}, value {2}",
+    "gdn_tokens_agree": "query, key and value must agree on total_tokens; got query {0}, key {1}, value {2}",
+    "gdn_total_tokens": "total_tokens must be positive and fit in int32, got {0}",
+    "gdn_head_size": "key head_size must equal query head_size: expected {0}, got {1}",
+    "gdn_heads_qk": "num_heads_q ({0}) must equal num_heads_k ({1})",
+    "gdn_heads_v": "num_heads_v ({0}) must be a positive multiple of num_heads_q ({1})",
+    "gdn_packed_needs_state": "initial_state is required to derive packed QKV dimensions",
+    "gdn_packed_width": "packed QKV last dimension must be 2 * num_heads_q * head_size_qk + "
+                        "num_heads_v * head_size_v; got {0}, which leaves {1} for 2 * num_heads_q * {2}",
+    "gdn_packed_dims": "packed QKV head counts and head sizes must be positive and fit in int32; got "
+                       "num_heads_q {0}, head_size_qk {1}, num_heads_v {2}, head_size_v {3}",
+    "gdn_cu_rank4": "cu_seqlens describes ragged packing, so query/key/value must be rank 3; got rank {0}",
+    "gdn_cu_shape": "cu_seqlens must be rank 1 with at least 2 elements; got shape {0}",
+    "gdn_uniform_needs_state": "cu_seqlens is absent, so initial_state is required to determine batch size",
+    "gdn_uniform_divisible": "total_tokens ({0}) must be divisible by batch ({1})",
+    "gdn_batch": "batch size must be positive and fit in int32, got {0}",
+    "gdn_state_rank": "initial_state must be rank 4 [batch, num_heads_v, head_size_v, head_size_qk], "
+                      "got rank {0}",
+    "gdn_state_shape": "initial_state must be [batch, num_heads_v, head_size_v, head_size_qk] (V-major): "
+                       "expected {0}, got {1}",
+    "gdn_decay_presence": "decay input presence must match update_rule: update_rule '{0}' {1} decay, "
+                          "but decay is {2}",
+    "gdn_beta_presence": "beta input presence must match update_rule: update_rule '{0}' {1} beta, "
+                         "but beta is {2}",
+    "gdn_decay_shape": "decay must be [...tokens, num_heads_v] or [...tokens, num_heads_v, head_size_qk]: "
+                       "expected {0} or {1}, got {2}",
+    "gdn_decay_perkey": "per-key-dim decay last axis must be head_size_qk: expected {0}, got {1}",
+    "gdn_beta_shape": "beta must be [...tokens, num_heads_v]: expected {0}, got {1}",
+    "gdn_qwen_needs_gates": "gate_activation=qwen requires a_log and dt_bias; got a_log {0}, dt_bias {1}",
+    "gdn_gates_need_qwen": "a_log and dt_bias require gate_activation=qwen; got gate_activation '{0}'",
+    "gdn_a_log_shape": "a_log must be [num_heads_v]: expected {0}, got {1}",
+    "gdn_dt_bias_shape": "dt_bias must be [num_heads_v]: expected {0}, got {1}",
+    "capture_presence": "capture_count must be present exactly when state_update_capacity is positive; "
+                        "got state_update_capacity {0}, capture_count {1}",
+    "gdn_capture_shape": "capture_count must be [batch]: expected {0}, got {1}",
+    "gdn_capture_perkey": "transition capture does not support per-key-dimension decay (decay shape {0})",
+    "gdn_active_shape": "state_update_active must be [1], got {0}",
+    "gdn_cu_bounds": "cu_seqlens must start at 0 and end at total_tokens: expected cu_seqlens[0] = 0 and "
+                     "cu_seqlens[{0}] = {1}, got {2} and {3}",
+    "gdn_cu_order": "cu_seqlens must be non-decreasing: cu_seqlens[{0}] = {1} follows cu_seqlens[{2}] = {3}",
+    # VarlenCausalConvWithState, kernel creation
+    "conv_activation": "activation must be one of: none, silu, swish; got '{0}'",
+    "conv_dilation": "dilation must be >= 1, got {0}",
+    # VarlenCausalConvWithState, run
+    "conv_cu_required": "cumulative_sequence_length input is required",
+    "conv_state_required": "initial_state input is required",
+    "conv_input_rank": "input must be rank 2 (total_tokens, channels), got rank {0}",
+    "conv_cu_rank": "cumulative_sequence_length must be rank 1 (batch_size + 1), got rank {0}",
+    "conv_weight_rank": "weight must be rank 3 (channels, 1, kernel_size), got rank {0}",
+    "conv_cu_size": "cumulative_sequence_length must have at least 2 elements (batch_size >= 1), got {0}",
+    "conv_channels": "input channel dimension must be positive, got {0}",
+    "conv_kernel_size": "weight last dim (kernel_size) must be positive, got {0}",
+    "conv_weight_channels": "weight channels must equal input channels: expected {0}, got {1}",
+    "conv_weight_middle": "weight middle dimension must be 1, got {0}",
+    "conv_bias_shape": "bias must have shape (channels): expected {0}, got {1}",
+    "conv_state_shape": "initial_state must have shape (B, Ch, SL): expected {0}, got {1}",
+    "conv_tokens_vs_batch": "total_tokens must be at least batch_size because every sequence must contain "
+                            "a token; got total_tokens {0}, batch_size {1}",
+    "conv_capture_shape": "capture_count must have shape (batch_size): expected {0}, got {1}",
+    "conv_cu_bounds": "cumulative_sequence_length must start at 0 and end at total_tokens: expected "
+                      "cumulative_sequence_length[0] = 0 and cumulative_sequence_length[{0}] = {1}, "
+                      "got {2} and {3}",
+    "conv_cu_order": "cumulative_sequence_length must be non-decreasing: cumulative_sequence_length[{0}] = "
+                     "{1} follows cumulative_sequence_length[{2}] = {3}",
+}
+
+
+class ContractError(ValueError):
+    """An input violates the operator contract. ``key`` names the MESSAGES entry."""
+
+    def __init__(self, op: str, key: str, *args: Any):
+        self.op = op
+        self.key = key
+        self.args_ = args
+        super().__init__(format_message(op, key, *args))
+
+
+def format_message(op: str, key: str, *args: Any) -> str:
+    return f"{op}: " + MESSAGES[key].format(*(_fmt(a) for a in args))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def _presence(x: Any) -> str:
+    return "absent" if x is None else "present"
+
+
+# --------------------------------------------------------------------------------------------------
+# Attributes
+# --------------------------------------------------------------------------------------------------
+
+
+def resolve_attributes(op: OpSpec, given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Defaults filled in, values checked as at kernel creation. Unknown names are rejected."""
+    given = dict(given or {})
+    out: dict[str, Any] = {}
+    for attr in op.attributes:
+        value = given.pop(attr.name, attr.default)
+        out[attr.name] = _check_attribute(op, attr, value)
+    if given:
+        raise ValueError(f"{op.name}: unknown attribute(s) {sorted(given)}; known: "
+                         f"{', '.join(a.name for a in op.attributes)}")
+    return out
+
+
+_ALLOWED_KEYS = {
+    ("GatedDeltaNet", "update_rule"): "gdn_update_rule",
+    ("GatedDeltaNet", "gate_activation"): "gdn_gate_activation",
+    ("GatedDeltaNet", "beta_activation"): "gdn_beta_activation",
+    ("GatedDeltaNet", "chunk_size"): "chunk_size",
+    ("GatedDeltaNet", "state_update_capacity"): "capacity",
+    ("VarlenCausalConvWithState", "activation"): "conv_activation",
+    ("VarlenCausalConvWithState", "dilation"): "conv_dilation",
+    ("VarlenCausalConvWithState", "state_update_capacity"): "capacity",
+}
+
+
+def attribute_message_key(op: OpSpec, attr: Attribute) -> str | None:
+    return _ALLOWED_KEYS.get((op.name, attr.name))
+
+
+def _check_attribute(op: OpSpec, attr: Attribute, value: Any) -> Any:
+    key = attribute_message_key(op, attr)
+    if attr.kind == "string":
+        value = value.decode() if isinstance(value, bytes) else str(value)
+        if attr.allowed is not None and value not in attr.allowed:
+            raise ContractError(op.name, key, value)
+    elif attr.kind == "int":
+        value = int(value)
+        if (attr.minimum is not None and value < attr.minimum) or (
+            attr.maximum is not None and value > attr.maximum
+        ):
+            raise ContractError(op.name, key, value)
+    else:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"{op.name}: attribute {attr.name} must be finite, got {value}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------------
+# Capsule layouts (spec/ops.md §2.9, §3.6)
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GdnCapsuleLayout:
+    """Offsets of the three struct-of-arrays blocks in one row of a GatedDeltaNet ``state_update``."""
+
+    capacity: int
+    num_heads_v: int
+    num_heads_k: int
+    head_size_k: int
+    head_size_v: int
+
+    @property
+    def decay_offset(self) -> int:
+        return 0
+
+    @property
+    def key_offset(self) -> int:
+        return self.capacity * self.num_heads_v
+
+    @property
+    def delta_offset(self) -> int:
+        return self.capacity * (self.num_heads_v + self.num_heads_k * self.head_size_k)
+
+    @property
+    def width(self) -> int:
+        return gdn_capsule_width(self.capacity, self.num_heads_v, self.num_heads_k, self.head_size_k,
+                                 self.head_size_v)
+
+    def split(self, row):
+        """Views (decay [C,Hv], key [C,Hk,Dk], delta [C,Hv,Dv]) of one capsule row (NumPy-like)."""
+        c, hv, hk, dk, dv = (self.capacity, self.num_heads_v, self.num_heads_k, self.head_size_k,
+                             self.head_size_v)
+        decay = row[self.decay_offset:self.key_offset].reshape(c, hv)
+        key = row[self.key_offset:self.delta_offset].reshape(c, hk, dk)
+        delta = row[self.delta_offset:self.width].reshape(c, hv, dv)
+        return decay, key, delta
+
+
+def gdn_capsule_width(capacity: int, num_heads_v: int, num_heads_k: int, head_size_k: int,
+                      head_size_v: int) -> int:
+    """Width of one ``state_update`` row: C * (Hv + Hk*Dk + Hv*Dv)."""
+    return capacity * (num_heads_v + num_heads_k * head_size_k + num_heads_v * head_size_v)
+
+
+def conv_state_length(kernel_size: int, dilation: int) -> int:
+    return (kernel_size - 1) * dilation
+
+
+def conv_capsule_shape(batch, capacity: int, channels):
+    """Shape of the conv ``state_update``: [B, capacity, Ch] in the activation type."""
+    return [batch, capacity, channels]
+
+
+def captured_prefix(capture_count: int, capacity: int, length: int) -> int:
+    """m = clamp(capture_count, 0, min(C, n)): how many slots of a row are written."""
+    return max(0, min(int(capture_count), capacity, length))
+
+
+# --------------------------------------------------------------------------------------------------
+# Shape resolution. Inputs are given as shapes (tuples) or None for absent; the functions raise
+# ContractError with the same messages the kernels use, and return the resolved geometry.
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GdnGeometry:
+    layout: str  # "ragged" | "uniform" | "rank4" | "packed_ragged" | "packed_uniform" | "packed_rank3"
+    batch: int
+    total_tokens: int
+    num_heads_q: int
+    num_heads_k: int
+    num_heads_v: int
+    head_size_k: int
+    head_size_v: int
+    per_key_decay: bool
+    capacity: int
+    output_shape: tuple
+    state_shape: tuple
+    capsule_width: int
+
+    @property
+    def group(self) -> int:
+        """Value heads per q/k head (G = Hv / Hq)."""
+        return self.num_heads_v // self.num_heads_q
+
+    @property
+    def packed(self) -> bool:
+        return self.layout.startswith("packed")
+
+    @property
+    def token_rows(self) -> bool:
+        """True when rows are addressed by cu_seqlens (ragged)."""
+        return self.layout in ("ragged", "packed_ragged")
+
+    def capsule_layout(self) -> GdnCapsuleLayout:
+        return GdnCapsuleLayout(self.capacity, self.num_heads_v, self.num_heads_k, self.head_size_k,
+                                self.head_size_v)
+
+
+def _int32_ok(*values: int) -> bool:
+    return all(0 < v <= INT32_MAX for v in values)
+
+
+def resolve_gdn(shapes: Mapping[str, Sequence[int] | None], attributes: Mapping[str, Any]) -> GdnGeometry:
+    """Check a GatedDeltaNet call's input shapes (spec/ops.md §2.4, §2.5, §4) and resolve its geometry.
+
+    ``shapes`` maps input names to shapes; missing names or None mean absent. ``attributes`` must be
+    resolved (see :func:`resolve_attributes`).
+    """
+    op = GATED_DELTA_NET.name
+    shp = {p.name: (None if shapes.get(p.name) is None else tuple(int(d) for d in shapes[p.name]))
+           for p in GATED_DELTA_NET.inputs}
+    q, k, v = shp["query"], shp["key"], shp["value"]
+    cu, state = shp["cu_seqlens"], shp["initial_state"]
+    capacity = attributes["state_update_capacity"]
+    if (k is None) != (v is None):
+        raise ContractError(op, "gdn_kv_presence", _presence(k), _presence(v))
+    packed = k is None
+
+    if packed:
+        if len(q) not in (2, 3):
+            raise ContractError(op, "gdn_packed_rank", len(q))
+        if cu is not None and len(q) == 3:
+            raise ContractError(op, "gdn_cu_rank4", len(q))
+        if state is None:
+            raise ContractError(op, "gdn_packed_needs_state")
+        if len(state) != 4:
+            raise ContractError(op, "gdn_state_rank", len(state))
+        hv, dv, dk = state[1], state[2], state[3]
+        width = q[-1]
+        rest = width - hv * dv
+        if not _int32_ok(hv, dv, dk) or rest <= 0 or rest % (2 * dk) != 0:
+            if _int32_ok(hv, dv, dk):
+                raise ContractError(op, "gdn_packed_width", width, rest, dk)
+            raise ContractError(op, "gdn_packed_dims", "?", dk, hv, dv)
+        hq = hk = rest // (2 * dk)
+        if not _int32_ok(hq):
+            raise ContractError(op, "gdn_packed_dims", hq, dk, hv, dv)
+        if hv % hq != 0:
+            raise ContractError(op, "gdn_heads_v", hv, hq)
+        rank4 = len(q) == 3
+        tokens_shape = q[:-1]
+    else:
+        if len(q) not in (3, 4):
+            raise ContractError(op, "gdn_rank", len(q))
+        if not (len(q) == len(k) == len(v)):
+            raise ContractError(op, "gdn_same_rank", len(q), len(k), len(v))
+        if cu is not None and len(q) == 4:
+            raise ContractError(op, "gdn_cu_rank4", len(q))
+        if not (q[:-2] == k[:-2] == v[:-2]):
+            raise ContractError(op, "gdn_tokens_agree", list(q[:-2]), list(k[:-2]), list(v[:-2]))
+        hq, dk = q[-2], q[-1]
+        hk, dkk = k[-2], k[-1]
+        hv, dv = v[-2], v[-1]
+        if dkk != dk:
+            raise ContractError(op, "gdn_head_size", dk, dkk)
+        if hq != hk:
+            raise ContractError(op, "gdn_heads_qk", hq, hk)
+        if hq <= 0 or hv <= 0 or hv % hq != 0:
+            raise ContractError(op, "gdn_heads_v", hv, hq)
+        rank4 = len(q) == 4
+        tokens_shape = q[:-2]
+
+    total = math.prod(tokens_shape)
+    if not (0 < total <= INT32_MAX):
+        raise ContractError(op, "gdn_total_tokens", total)
+
+    # Batch: cu_seqlens, then rank-4 dim 0, then initial_state dim 0.
+    if cu is not None:
+        if len(cu) != 1 or cu[0] < 2:
+            raise ContractError(op, "gdn_cu_shape", list(cu))
+        batch = cu[0] - 1
+        layout = "packed_ragged" if packed else "ragged"
+    elif rank4:
+        batch = tokens_shape[0]
+        layout = "packed_rank3" if packed else "rank4"
+    else:
+        if state is None:
+            raise ContractError(op, "gdn_uniform_needs_state")
+        if len(state) != 4:
+            raise ContractError(op, "gdn_state_rank", len(state))
+        batch = state[0]
+        if not _int32_ok(batch):
+            raise ContractError(op, "gdn_batch", batch)
+        if total % batch != 0:
+            raise ContractError(op, "gdn_uniform_divisible", total, batch)
+        layout = "packed_uniform" if packed else "uniform"
+    if not _int32_ok(batch):
+        raise ContractError(op, "gdn_batch", batch)
+
+    state_shape = (batch, hv, dv, dk)
+    if state is not None:
+        if len(state) != 4:
+            raise ContractError(op, "gdn_state_rank", len(state))
+        if state != state_shape:
+            raise ContractError(op, "gdn_state_shape", list(state_shape), list(state))
+
+    has_decay, has_delta = UPDATE_RULES[attributes["update_rule"]]
+    decay, beta = shp["decay"], shp["beta"]
+    rule = attributes["update_rule"]
+    if (decay is not None) != has_decay:
+        raise ContractError(op, "gdn_decay_presence", rule, "requires" if has_decay else "forbids",
+                            _presence(decay))
+    if (beta is not None) != has_delta:
+        raise ContractError(op, "gdn_beta_presence", rule, "requires" if has_delta else "forbids",
+                            _presence(beta))
+    per_key = False
+    scalar_decay_shape = tuple(tokens_shape) + (hv,)
+    if decay is not None:
+        perkey_shape = scalar_decay_shape + (dk,)
+        if decay == scalar_decay_shape:
+            per_key = False
+        elif len(decay) == len(perkey_shape) and decay[:-1] == scalar_decay_shape:
+            if decay[-1] != dk:
+                raise ContractError(op, "gdn_decay_perkey", dk, decay[-1])
+            per_key = True
+        else:
+            raise ContractError(op, "gdn_decay_shape", list(scalar_decay_shape), list(perkey_shape),
+                                list(decay))
+    if beta is not None and beta != scalar_decay_shape:
+        raise ContractError(op, "gdn_beta_shape", list(scalar_decay_shape), list(beta))
+
+    a_log, dt_bias = shp["a_log"], shp["dt_bias"]
+    if attributes["gate_activation"] == "qwen":
+        if a_log is None or dt_bias is None:
+            raise ContractError(op, "gdn_qwen_needs_gates", _presence(a_log), _presence(dt_bias))
+        if a_log != (hv,):
+            raise ContractError(op, "gdn_a_log_shape", [hv], list(a_log))
+        if dt_bias != (hv,):
+            raise ContractError(op, "gdn_dt_bias_shape", [hv], list(dt_bias))
+    elif a_log is not None or dt_bias is not None:
+        raise ContractError(op, "gdn_gates_need_qwen", attributes["gate_activation"])
+
+    cc, active = shp["capture_count"], shp["state_update_active"]
+    if (cc is not None) != (capacity > 0):
+        raise ContractError(op, "capture_presence", capacity, _presence(cc))
+    if cc is not None and cc != (batch,):
+        raise ContractError(op, "gdn_capture_shape", [batch], list(cc))
+    if capacity > 0 and per_key:
+        raise ContractError(op, "gdn_capture_perkey", list(decay))
+    if active is not None and active != (1,):
+        raise ContractError(op, "gdn_active_shape", list(active))
+
+    output_shape = tuple(tokens_shape) + (hv, dv)
+    return GdnGeometry(
+        layout=layout, batch=batch, total_tokens=total, num_heads_q=hq, num_heads_k=hk, num_heads_v=hv,
+        head_size_k=dk, head_size_v=dv, per_key_decay=per_key, capacity=capacity,
+        output_shape=output_shape, state_shape=state_shape,
+        capsule_width=gdn_capsule_width(capacity, hv, hk, dk, dv),
+    )
+
+
+def check_offsets(op: str, offsets: Sequence[int], total_tokens: int) -> list[tuple[int, int]]:
+    """Validate host-resident offsets like ORT 1.32 CPU; return (start, length) per request."""
+    names = {GATED_DELTA_NET.name: ("gdn_cu_bounds", "gdn_cu_order"),
+             VARLEN_CAUSAL_CONV.name: ("conv_cu_bounds", "conv_cu_order")}[op]
+    b = len(offsets) - 1
+    if offsets[0] != 0 or offsets[b] != total_tokens:
+        raise ContractError(op, names[0], b, total_tokens, int(offsets[0]), int(offsets[b]))
+    rows = []
+    for i in range(b):
+        if offsets[i + 1] < offsets[i]:
+            raise ContractError(op, names[1], i + 1, int(offsets[i + 1]), i, int(offsets[i]))
+        rows.append((int(offsets[i]), int(offsets[i + 1] - offsets[i])))
+    return rows
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    batch: int
+    total_tokens: int
+    channels: int
+    kernel_size: int
+    state_length: int
+    capacity: int
+
+
+def resolve_conv(shapes: Mapping[str, Sequence[int] | None], attributes: Mapping[str, Any]) -> ConvGeometry:
+    """Check a VarlenCausalConvWithState call's input shapes (spec/ops.md §3, §4)."""
+    op = VARLEN_CAUSAL_CONV.name
+    shp = {p.name: (None if shapes.get(p.name) is None else tuple(int(d) for d in shapes[p.name]))
+           for p in VARLEN_CAUSAL_CONV.inputs}
+    x, w, cu, bias, state, cc = (shp[n] for n in ("input", "weight", "cumulative_sequence_length", "bias",
+                                                  "initial_state", "capture_count"))
+    capacity = attributes["state_update_capacity"]
+    if cu is None:
+        raise ContractError(op, "conv_cu_required")
+    if state is None:
+        raise ContractError(op, "conv_state_required")
+    if len(x) != 2:
+        raise ContractError(op, "conv_input_rank", len(x))
+    if len(cu) != 1:
+        raise ContractError(op, "conv_cu_rank", len(cu))
+    if len(w) != 3:
+        raise ContractError(op, "conv_weight_rank", len(w))
+    if cu[0] < 2:
+        raise ContractError(op, "conv_cu_size", cu[0])
+    total, ch = x
+    if ch <= 0:
+        raise ContractError(op, "conv_channels", ch)
+    kernel = w[2]
+    if kernel <= 0:
+        raise ContractError(op, "conv_kernel_size", kernel)
+    if w[0] != ch:
+        raise ContractError(op, "conv_weight_channels", ch, w[0])
+    if w[1] != 1:
+        raise ContractError(op, "conv_weight_middle", w[1])
+    if bias is not None and bias != (ch,):
+        raise ContractError(op, "conv_bias_shape", [ch], list(bias))
+    batch = cu[0] - 1
+    sl = conv_state_length(kernel, attributes["dilation"])
+    if state != (batch, ch, sl):
+        raise ContractError(op, "conv_state_shape", [batch, ch, sl], list(state))
+    if total < batch:
+        raise ContractError(op, "conv_tokens_vs_batch", total, batch)
+    if (cc is not None) != (capacity > 0):
+        raise ContractError(op, "capture_presence", capacity, _presence(cc))
+    if cc is not None and cc != (batch,):
+        raise ContractError(op, "conv_capture_shape", [batch], list(cc))
+    return ConvGeometry(batch=batch, total_tokens=total, channels=ch, kernel_size=kernel, state_length=sl,
+                        capacity=capacity)
+
+
+# --------------------------------------------------------------------------------------------------
+# Node builders
+# --------------------------------------------------------------------------------------------------
+
+V = TypeVar("V")
+
+
+@dataclass
+class NodeLayout(Generic[V]):
+    """A node's positional inputs and outputs (None = omitted, trailing omissions trimmed) and the
+    attributes that differ from their defaults."""
+
+    op: OpSpec
+    inputs: list
+    outputs: list
+    attributes: dict = field(default_factory=dict)
+
+
+def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mapping[str, V | None] | Sequence,
+                attributes: Mapping[str, Any] | None = None) -> NodeLayout:
+    """Order inputs/outputs by position and keep non-default attributes.
+
+    Presence rules that do not depend on shapes (decay iff the rule decays, beta iff it retrieves,
+    a_log/dt_bias iff qwen, capture_count iff capacity > 0, key and value together) are checked here,
+    so the exporter cannot emit a node the kernels would reject for them.
+    """
+    op = OPS[op] if isinstance(op, str) else op
+    attrs = resolve_attributes(op, attributes)
+    unknown = set(inputs) - {p.name for p in op.inputs}
+    if unknown:
+        raise KeyError(f"{op.name}: unknown input(s) {sorted(unknown)}")
+    present = {name for name, value in inputs.items() if value is not None}
+    for port in op.inputs:
+        if not port.optional and port.name not in present:
+            raise ValueError(f"{op.name}: required input {port.name!r} is missing")
+    capacity = attrs["state_update_capacity"]
+    if ("capture_count" in present) != (capacity > 0):
+        raise ContractError(op.name, "capture_presence", capacity,
+                            "present" if "capture_count" in present else "absent")
+    if op is GATED_DELTA_NET:
+        has_decay, has_delta = UPDATE_RULES[attrs["update_rule"]]
+        rule = attrs["update_rule"]
+        if ("decay" in present) != has_decay:
+            raise ContractError(op.name, "gdn_decay_presence", rule, "requires" if has_decay else "forbids",
+                                "present" if "decay" in present else "absent")
+        if ("beta" in present) != has_delta:
+            raise ContractError(op.name, "gdn_beta_presence", rule, "requires" if has_delta else "forbids",
+                                "present" if "beta" in present else "absent")
+        if ("key" in present) != ("value" in present):
+            raise ContractError(op.name, "gdn_kv_presence", "present" if "key" in present else "absent",
+                                "present" if "value" in present else "absent")
+        qwen = attrs["gate_activation"] == "qwen"
+        gates = {"a_log", "dt_bias"} & present
+        if qwen and len(gates) != 2:
+            raise ContractError(op.name, "gdn_qwen_needs_gates", "present" if "a_log" in present else "absent",
+                                "present" if "dt_bias" in present else "absent")
+        if not qwen and gates:
+            raise ContractError(op.name, "gdn_gates_need_qwen", attrs["gate_activation"])
+    else:
+        if "initial_state" not in present:
+            raise ContractError(op.name, "conv_state_required")
+
+    ordered_in = _trim([inputs.get(p.name) for p in op.inputs])
+    if isinstance(outputs, Mapping):
+        unknown = set(outputs) - {p.name for p in op.outputs}
+        if unknown:
+            raise KeyError(f"{op.name}: unknown output(s) {sorted(unknown)}")
+        ordered_out = _trim([outputs.get(p.name) for p in op.outputs])
+    else:
+        ordered_out = _trim(list(outputs))
+    for port, value in zip(op.outputs, ordered_out + [None] * len(op.outputs)):
+        if not port.optional and value is None:
+            raise ValueError(f"{op.name}: required output {port.name!r} is missing")
+    non_default = {a.name: attrs[a.name] for a in op.attributes if attrs[a.name] != a.default}
+    return NodeLayout(op=op, inputs=ordered_in, outputs=ordered_out, attributes=non_default)
+
+
+def _trim(values: list) -> list:
+    while values and values[-1] is None:
+        values.pop()
+    return values
+
+
+def make_onnx_node(op: OpSpec | str, inputs: Mapping[str, str | None], outputs, attributes=None, *,
+                   domain: str = DOMAIN, name: str | None = None):
+    """An ``onnx.NodeProto`` (omitted inputs/outputs as empty names)."""
+    import onnx.helper
+
+    lay = layout_node(op, inputs, outputs, attributes)
+    return onnx.helper.make_node(
+        lay.op.name, [x or "" for x in lay.inputs], [y or "" for y in lay.outputs], name=name,
+        domain=domain, **lay.attributes,
+    )
+
+
+def make_ir_node(op: OpSpec | str, inputs: Mapping[str, Any], outputs, attributes=None, *,
+                 domain: str = DOMAIN, name: str | None = None):
+    """An ``onnx_ir.Node``. ``outputs`` is a mapping or sequence of ``ir.Value`` (None = omitted)."""
+    import onnx_ir as ir
+
+    lay = layout_node(op, inputs, outputs, attributes)
+    # onnx-ir needs a Value object for every output position; omitted middle outputs get an
+    # unnamed value, which serialises as an empty name.
+    outs = [y if y is not None else ir.Value(name="") for y in lay.outputs]
+    return ir.node(lay.op.name, lay.inputs, lay.attributes, domain=domain, outputs=outs, name=name,
+                   version=OPSET_VERSION if domain == DOMAIN else None)
