@@ -1,0 +1,246 @@
+"""float64 NumPy reference of GatedDeltaNet and VarlenCausalConvWithState (spec/ops.md §2.6, §2.7, §3.4).
+
+Every function takes ``feeds`` exactly as an ONNX Runtime feed dict (the contract's input names; absent
+inputs missing or None) plus the node's attributes, checks shapes through the contract, and returns
+``(output, final_state, state_update)`` in float64. This is the oracle the kernels are tested against:
+it is written for clarity, token by token, not for speed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import contract
+from .contract import GATED_DELTA_NET, UPDATE_RULES, VARLEN_CAUSAL_CONV
+
+Feeds = Mapping[str, Any]
+
+
+def _f64(x) -> np.ndarray | None:
+    return None if x is None else np.asarray(x).astype(np.float64)
+
+
+def _shapes(feeds: Feeds) -> dict:
+    return {name: (None if value is None else np.shape(value)) for name, value in feeds.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# GatedDeltaNet
+# --------------------------------------------------------------------------------------------------
+
+
+class _GdnProblem:
+    """A call unpacked into token-major float64 arrays and per-request rows."""
+
+    def __init__(self, feeds: Feeds, attributes: Mapping[str, Any]):
+        unknown = set(feeds) - {p.name for p in GATED_DELTA_NET.inputs}
+        if unknown:
+            raise KeyError(f"GatedDeltaNet: unknown input(s) {sorted(unknown)}")
+        self.attrs = contract.resolve_attributes(GATED_DELTA_NET, attributes)
+        geo = self.geo = contract.resolve_gdn(_shapes(feeds), self.attrs)
+        t, hq, hv, dk, dv = geo.total_tokens, geo.num_heads_q, geo.num_heads_v, geo.head_size_k, geo.head_size_v
+        if geo.packed:
+            packed = _f64(feeds["query"]).reshape(t, -1)
+            self.q = packed[:, : hq * dk].reshape(t, hq, dk)
+            self.k = packed[:, hq * dk: 2 * hq * dk].reshape(t, hq, dk)
+            self.v = packed[:, 2 * hq * dk:].reshape(t, hv, dv)
+        else:
+            self.q = _f64(feeds["query"]).reshape(t, hq, dk)
+            self.k = _f64(feeds["key"]).reshape(t, hq, dk)
+            self.v = _f64(feeds["value"]).reshape(t, hv, dv)
+        decay = feeds.get("decay")
+        self.decay = None if decay is None else _f64(decay).reshape((t, hv, dk) if geo.per_key_decay else (t, hv))
+        beta = feeds.get("beta")
+        self.beta = None if beta is None else _f64(beta).reshape(t, hv)
+        state = feeds.get("initial_state")
+        self.state0 = np.zeros(geo.state_shape) if state is None else _f64(state)
+        self.a_log = _f64(feeds.get("a_log"))
+        self.dt_bias = _f64(feeds.get("dt_bias"))
+
+        cu = feeds.get("cu_seqlens")
+        if cu is not None:
+            self.rows = contract.check_offsets(GATED_DELTA_NET.name, np.asarray(cu).tolist(), t)
+        else:
+            per_row = t // geo.batch
+            self.rows = [(b * per_row, per_row) for b in range(geo.batch)]
+
+        c = geo.capacity
+        active = feeds.get("state_update_active")
+        self.capture_active = c > 0 and (active is None or int(np.asarray(active).reshape(-1)[0]) != 0)
+        counts = feeds.get("capture_count")
+        self.captured = [
+            contract.captured_prefix(counts[b], c, n) if self.capture_active else 0
+            for b, (_, n) in enumerate(self.rows)
+        ]
+        self.head_of = np.arange(hv) // geo.group  # q/k head of each value head
+        self.has_decay, self.has_delta = UPDATE_RULES[self.attrs["update_rule"]]
+        scale = self.attrs["scale"]
+        self.scale = scale if scale != 0.0 else 1.0 / np.sqrt(dk)
+
+    # Per-token quantities, all value heads at once ------------------------------------------------
+
+    def qk(self, tok: int) -> tuple[np.ndarray, np.ndarray]:
+        """q and k of token ``tok`` per q/k head, after the optional L2 norm."""
+        q, k = self.q[tok], self.k[tok]
+        if self.attrs["qk_l2_norm"]:
+            q = q / np.sqrt((q * q).sum(-1, keepdims=True) + contract.L2_NORM_EPS)
+            k = k / np.sqrt((k * k).sum(-1, keepdims=True) + contract.L2_NORM_EPS)
+        return q, k
+
+    def log_gate(self, tok: int) -> np.ndarray:
+        """g per value head ([Hv] or [Hv, Dk]); zeros for rules without decay."""
+        if not self.has_decay:
+            return np.zeros(self.geo.num_heads_v)
+        raw = self.decay[tok]
+        if self.attrs["gate_activation"] == "qwen":
+            a_log, dt_bias = (self.a_log, self.dt_bias) if raw.ndim == 1 else (
+                self.a_log[:, None], self.dt_bias[:, None])
+            return -np.exp(a_log) * _softplus(raw + dt_bias)
+        return raw
+
+    def beta_at(self, tok: int) -> np.ndarray:
+        if not self.has_delta:
+            return np.ones(self.geo.num_heads_v)
+        b = self.beta[tok]
+        return 1.0 / (1.0 + np.exp(-b)) if self.attrs["beta_activation"] == "sigmoid" else b
+
+    def new_capsule(self) -> np.ndarray:
+        return np.zeros((self.geo.batch, self.geo.capsule_width))
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.where(x > contract.SOFTPLUS_THRESHOLD, x, np.log1p(np.exp(np.minimum(x, contract.SOFTPLUS_THRESHOLD))))
+
+
+def _expand(gate: np.ndarray) -> np.ndarray:
+    """Broadcast a per-head ([Hv]) or per-key ([Hv, Dk]) factor against a V-major state [Hv, Dv, Dk]."""
+    return gate[:, None, None] if gate.ndim == 1 else gate[:, None, :]
+
+
+def gated_delta_net(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sequential definition (spec/ops.md §2.6), token by token, float64."""
+    p = _GdnProblem(feeds, attributes)
+    geo = p.geo
+    out = np.zeros((geo.total_tokens, geo.num_heads_v, geo.head_size_v))
+    final = p.state0.copy()
+    capsule = p.new_capsule()
+    layout = geo.capsule_layout()
+    for b, (start, n) in enumerate(p.rows):
+        s = final[b]  # [Hv, Dv, Dk]
+        decay_slots, key_slots, delta_slots = layout.split(capsule[b])
+        for t in range(n):
+            tok = start + t
+            q, k = p.qk(tok)
+            qv, kv = q[p.head_of], k[p.head_of]  # per value head
+            alpha = np.exp(p.log_gate(tok)) if p.has_decay else np.ones(geo.num_heads_v)
+            s = s * _expand(alpha)
+            if p.has_delta:
+                u = p.beta_at(tok)[:, None] * (p.v[tok] - np.einsum("hcr,hr->hc", s, kv))
+            else:
+                u = p.v[tok]
+            s = s + u[:, :, None] * kv[:, None, :]
+            out[tok] = p.scale * np.einsum("hcr,hr->hc", s, qv)
+            if t < p.captured[b]:
+                decay_slots[t] = alpha
+                key_slots[t] = k
+                delta_slots[t] = u
+        final[b] = s
+    return out.reshape(geo.output_shape), final, capsule
+
+
+def gated_delta_net_chunked(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The chunked formulation (spec/ops.md §2.7) in float64, chunks of ``chunk_size`` tokens per request.
+
+    Handles scalar and per-key decay through the same algebra (the decay ratios e^{γ_t − γ_s} carry a key
+    axis). The capsule's delta block is filled from the rows of U, which equal the sequential deltas in
+    exact arithmetic.
+    """
+    p = _GdnProblem(feeds, attributes)
+    geo = p.geo
+    bt = p.attrs["chunk_size"]
+    hv, dk, dv = geo.num_heads_v, geo.head_size_k, geo.head_size_v
+    out = np.zeros((geo.total_tokens, hv, dv))
+    final = p.state0.copy()
+    capsule = p.new_capsule()
+    layout = geo.capsule_layout()
+    for b, (start, n) in enumerate(p.rows):
+        s = final[b].transpose(0, 2, 1).copy()  # K-major [Hv, Dk, Dv] for the block algebra
+        decay_slots, key_slots, delta_slots = layout.split(capsule[b])
+        for c0 in range(0, n, bt):
+            toks = range(start + c0, start + min(n, c0 + bt))
+            length = len(toks)
+            qk = [p.qk(tok) for tok in toks]
+            q = np.stack([x[0][p.head_of] for x in qk], axis=1)  # [Hv, L, Dk]
+            k = np.stack([x[1][p.head_of] for x in qk], axis=1)
+            v = np.stack([p.v[tok] for tok in toks], axis=1)  # [Hv, L, Dv]
+            g = np.stack([np.broadcast_to(_as_key_axis(p.log_gate(tok)), (hv, dk)) for tok in toks], axis=1)
+            beta = np.stack([p.beta_at(tok) for tok in toks], axis=1)  # [Hv, L]
+            gamma = np.cumsum(g, axis=1)  # [Hv, L, Dk]
+            lower = np.tril(np.ones((length, length)))
+            ratio = np.exp(gamma[:, :, None, :] - gamma[:, None, :, :]) * lower[None, :, :, None]  # [Hv,t,s,Dk]
+            kk = np.einsum("htr,hsr,htsr->hts", k, k, ratio)
+            qk_ = np.einsum("htr,hsr,htsr->hts", q, k, ratio)
+            if p.has_delta:
+                m = beta[:, :, None] * kk * np.tril(np.ones((length, length)), -1)
+                w = beta[:, :, None] * k * np.exp(gamma)  # rows β_t (e^{γ_t} ⊙ k_t)
+                rhs = beta[:, :, None] * v - np.einsum("htr,hrc->htc", w, s)
+                u = np.linalg.solve(np.eye(length) + m, rhs)
+            else:
+                u = v
+            qg = q * np.exp(gamma)
+            o = p.scale * (np.einsum("hts,hsc->htc", qk_, u) + np.einsum("htr,hrc->htc", qg, s))
+            kd = k * np.exp(gamma[:, -1:, :] - gamma)
+            s = np.exp(gamma[:, -1, :])[:, :, None] * s + np.einsum("hsr,hsc->hrc", kd, u)
+            for i, tok in enumerate(toks):
+                out[tok] = o[:, i]
+                t = tok - start
+                if t < p.captured[b]:
+                    decay_slots[t] = np.exp(g[:, i, 0]) if p.has_decay else 1.0
+                    key_slots[t] = qk[i][1]
+                    delta_slots[t] = u[:, i]
+        final[b] = s.transpose(0, 2, 1)
+    return out.reshape(geo.output_shape), final, capsule
+
+
+def _as_key_axis(g: np.ndarray) -> np.ndarray:
+    """[Hv] -> [Hv, 1] so scalar and per-key gates share one code path."""
+    return g[:, None] if g.ndim == 1 else g
+
+
+# --------------------------------------------------------------------------------------------------
+# VarlenCausalConvWithState
+# --------------------------------------------------------------------------------------------------
+
+
+def varlen_causal_conv(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """spec/ops.md §3.4 and §3.6, float64."""
+    unknown = set(feeds) - {p.name for p in VARLEN_CAUSAL_CONV.inputs}
+    if unknown:
+        raise KeyError(f"VarlenCausalConvWithState: unknown input(s) {sorted(unknown)}")
+    attrs = contract.resolve_attributes(VARLEN_CAUSAL_CONV, attributes)
+    geo = contract.resolve_conv(_shapes(feeds), attrs)
+    x = _f64(feeds["input"])
+    w = _f64(feeds["weight"])[:, 0, :]  # [Ch, K]
+    bias = feeds.get("bias")
+    bias = np.zeros(geo.channels) if bias is None else _f64(bias)
+    state = _f64(feeds["initial_state"])
+    rows = contract.check_offsets(VARLEN_CAUSAL_CONV.name, np.asarray(feeds["cumulative_sequence_length"]).tolist(),
+                                  geo.total_tokens)
+    sl, kernel, dil = geo.state_length, geo.kernel_size, attrs["dilation"]
+    out = np.zeros_like(x)
+    final = np.zeros_like(state)
+    capsule = np.zeros((geo.batch, geo.capacity, geo.channels))
+    counts = feeds.get("capture_count")
+    for b, (start, n) in enumerate(rows):
+        virtual = np.concatenate([state[b].T, x[start:start + n]], axis=0)  # [SL + n, Ch], p = index - SL
+        for t in range(n):
+            taps = [virtual[sl + t - (kernel - 1 - j) * dil] for j in range(kernel)]
+            z = bias + sum(w[:, j] * taps[j] for j in range(kernel))
+            out[start + t] = z / (1.0 + np.exp(-z)) if attrs["activation"] in ("silu", "swish") else z
+        final[b] = virtual[n:].T if sl else final[b]
+        if geo.capacity:
+            m = contract.captured_prefix(counts[b], geo.capacity, n)
+            capsule[b, :m] = x[start:start + m]
+    return out, final, capsule
