@@ -1,0 +1,34 @@
+// VarlenCausalConvWithState: attributes, shape resolution and per-request rows, shared by every
+// execution provider (mirrors contract.resolve_conv / check_offsets).
+#pragma once
+
+#include <vector>
+
+#include "common.h"
+#include "gdn_plan.h"  // RequestRow
+
+namespace onnx_hybrid {
+
+struct ConvAttributes {
+  bool silu = false;
+  int64_t dilation = 1;
+  int capacity = 0;
+};
+
+ConvAttributes MakeConvAttributes(const std::string& activation, int64_t dilation, int64_t capacity);
+
+struct ConvInputShapes {
+  Shape shape[contract::conv::kNumInputs];
+  bool present[contract::conv::kNumInputs] = {};
+};
+
+struct ConvGeometry {
+  int64_t batch, total_tokens, channels, kernel_size, state_length;
+  int capacity;
+};
+
+ConvGeometry ResolveConv(const ConvInputShapes& shapes, const ConvAttributes& attrs);
+
+std::vector<RequestRow> ConvRows(const ConvGeometry& geometry, const int32_t* offsets);
+
+}  // namespace onnx_hybrid

@@ -1,0 +1,43 @@
+// fp32 building blocks of the CPU engines, selected once at load time for the host's instruction set
+// (AVX-512 when the CPU has it, portable C++ otherwise). Every variant obeys the same rounding rule for
+// the recurrent state update (spec/ops.md §2.10: S' = fl(S*a), p = fl(k*u), S = fl(S'+p), no FMA);
+// FMA is used only in dot products and matrix products, whose rounding the contract leaves free.
+#pragma once
+
+#include <cstdint>
+
+namespace onnx_hybrid {
+
+// One state row c (Dk floats) of one value head, advanced over n tokens by the sequential engine.
+struct RecurrentRowArgs {
+  const float* state_in;  // [Dk]; may equal state_out (read before written)
+  float* state_out;       // [Dk]
+  int64_t n, dk;
+  const float* keys;      // [n, Dk], after the L2 norm
+  const float* queries;   // [n, Dk], after the L2 norm
+  const float* alpha;     // multiplicative decay: [n] (scalar per token) or [n, Dk] (per key)
+  bool per_key_alpha;
+  const float* beta;      // [n] after the activation; null for rules without delta retrieval
+  const float* value;     // value[t * value_stride] is v_c of token t
+  int64_t value_stride;
+  float scale;
+  float* out;             // out[t * out_stride] = o_c of token t (scaled)
+  float* delta;           // delta[t * out_stride] = u_c of token t
+  int64_t out_stride;
+};
+
+struct CpuKernels {
+  const char* name;
+  // C[M,N] = A[M,K] B[K,N] (or C += A B when accumulate), row-major with leading dimensions.
+  void (*gemm)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+               float* c, int64_t ldc, bool accumulate);
+  void (*recurrent_row)(const RecurrentRowArgs& args);
+  float (*sum_squares)(const float* x, int64_t n);
+};
+
+const CpuKernels& GenericKernels();
+const CpuKernels* Avx512Kernels();  // null when the build has no AVX-512 variant
+// The variant this process uses: AVX-512 if the CPU supports it and ONNX_HYBRID_CPU_ISA != "generic".
+const CpuKernels& Kernels();
+
+}  // namespace onnx_hybrid

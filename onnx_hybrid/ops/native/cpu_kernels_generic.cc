@@ -1,0 +1,75 @@
+// Portable variant of the CPU building blocks, and the run-time selection.
+#include <cstdlib>
+#include <cstring>
+
+#include "cpu_kernels.h"
+
+namespace onnx_hybrid {
+namespace {
+
+void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+          int64_t ldc, bool accumulate) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* ci = c + i * ldc;
+    if (!accumulate) std::memset(ci, 0, sizeof(float) * n);
+    for (int64_t p = 0; p < k; ++p) {
+      const float aip = a[i * lda + p];
+      const float* bp = b + p * ldb;
+      for (int64_t j = 0; j < n; ++j) ci[j] += aip * bp[j];
+    }
+  }
+}
+
+void RecurrentRow(const RecurrentRowArgs& r) {
+  const int64_t dk = r.dk;
+  float* s = r.state_out;
+  if (s != r.state_in) std::memcpy(s, r.state_in, sizeof(float) * dk);
+  for (int64_t t = 0; t < r.n; ++t) {
+    const float* k = r.keys + t * dk;
+    const float* q = r.queries + t * dk;
+    const float* alpha = r.per_key_alpha ? r.alpha + t * dk : nullptr;
+    const float a = r.alpha[t];
+    float retrieved = 0.0f;
+    for (int64_t j = 0; j < dk; ++j) {
+      s[j] = s[j] * (alpha ? alpha[j] : a);
+      retrieved += s[j] * k[j];
+    }
+    const float v = r.value[t * r.value_stride];
+    const float u = r.beta ? r.beta[t] * (v - retrieved) : v;
+    float o = 0.0f;
+    for (int64_t j = 0; j < dk; ++j) {
+      const float p = k[j] * u;
+      s[j] = s[j] + p;
+      o += s[j] * q[j];
+    }
+    r.out[t * r.out_stride] = o * r.scale;
+    r.delta[t * r.out_stride] = u;
+  }
+}
+
+float SumSquares(const float* x, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += x[i] * x[i];
+  return acc;
+}
+
+const CpuKernels kGeneric = {"generic", Gemm, RecurrentRow, SumSquares};
+
+const CpuKernels& Select() {
+  const char* forced = std::getenv("ONNX_HYBRID_CPU_ISA");
+  if (forced && std::strcmp(forced, "generic") == 0) return kGeneric;
+  const CpuKernels* avx512 = Avx512Kernels();
+  if (avx512) return *avx512;
+  return kGeneric;
+}
+
+}  // namespace
+
+const CpuKernels& GenericKernels() { return kGeneric; }
+
+const CpuKernels& Kernels() {
+  static const CpuKernels& selected = Select();
+  return selected;
+}
+
+}  // namespace onnx_hybrid

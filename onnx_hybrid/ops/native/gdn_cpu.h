@@ -1,0 +1,33 @@
+// GatedDeltaNet on the CPU: the sequential engine (spec/ops.md §2.6, CPU rounding of §2.10) and the
+// chunked engine (§2.7), with the engine choice of §2.8.
+#pragma once
+
+#include <vector>
+
+#include "common.h"
+#include "gdn_plan.h"
+
+namespace onnx_hybrid {
+
+// Host pointers of one call; null for absent tensors. k and v point into q for packed QKV.
+struct GdnTensors {
+  ElemType type;
+  const void *query, *key, *value;
+  QkvLayout qkv;
+  const float *decay, *beta, *initial_state, *a_log, *dt_bias;
+  const int32_t* capture_count;
+  bool capture_active;
+  void* output;
+  float *final_state, *state_update;
+};
+
+enum class EngineChoice { kAuto, kSequential, kChunked };
+// Test hook (set through onnx_hybrid_set_option("cpu_engine", ...)): kSequential runs every row on the
+// recurrence; kChunked also sends short rows to the chunked engine. Capture rows and per-key decay always
+// run sequentially.
+void SetCpuEngineChoice(EngineChoice choice);
+
+void RunGdnCpu(const GdnGeometry& geo, const GdnAttributes& attrs, const std::vector<RequestRow>& rows,
+               const GdnTensors& t, const ParallelFor& parallel);
+
+}  // namespace onnx_hybrid

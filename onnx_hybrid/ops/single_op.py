@@ -1,0 +1,109 @@
+"""One-node ONNX models of the contract ops, and running them in ONNX Runtime.
+
+Tests, benchmarks and tools build their single-op models here: the node comes from
+``contract.make_onnx_node`` (so omitted middle inputs become empty names and default attributes are
+left out), the opset imports name the op's domain, and the graph's inputs carry the feeds' types and
+shapes. bfloat16 tensors (``ml_dtypes.bfloat16`` arrays) travel as OrtValues, which NumPy feeds cannot.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from .contract import DOMAIN, MS_DOMAIN, OPS, OPSET_VERSION
+
+AI_ONNX_OPSET = 21
+IR_VERSION = 10  # ORT >= 1.20 reads it
+_ONNX_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
+               np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16, np.dtype(np.int32): TensorProto.INT32}
+_FIXED_TYPES = {"float": TensorProto.FLOAT, "int32": TensorProto.INT32}
+
+
+def _activation_type(op_name: str, feeds: Mapping[str, np.ndarray | None]) -> int:
+    first = OPS[op_name].inputs[0].name  # query / input: always present, of type T
+    return _ONNX_TYPES[np.asarray(feeds[first]).dtype]
+
+
+def single_op_model(op_name: str, feeds: Mapping[str, np.ndarray | None], attributes: Mapping[str, Any] | None = None,
+                    outputs: Sequence[str] | None = None, domain: str = DOMAIN) -> onnx.ModelProto:
+    """A model with one ``op_name`` node whose graph inputs are the present feeds (None = omitted).
+
+    ``outputs``: the op outputs to request by name (default: all); the others are omitted.
+    """
+    op = OPS[op_name]
+    present = {name: np.asarray(value) for name, value in feeds.items() if value is not None}
+    wanted = [p.name for p in op.outputs] if outputs is None else list(outputs)
+    node = _node(op_name, present, wanted, attributes, domain)
+    t_type = _activation_type(op_name, feeds)
+    graph_inputs = [helper.make_tensor_value_info(name, _ONNX_TYPES[value.dtype], list(value.shape))
+                    for name, value in present.items()]
+    graph_outputs = [helper.make_tensor_value_info(p.name, t_type if p.type == "T" else _FIXED_TYPES[p.type], None)
+                     for p in op.outputs if p.name in wanted]
+    graph = helper.make_graph([node], f"{op_name}_single", graph_inputs, graph_outputs)
+    opsets = [helper.make_opsetid("", AI_ONNX_OPSET), helper.make_opsetid(domain, OPSET_VERSION)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)
+
+
+def _node(op_name, present, wanted, attributes, domain):
+    from .contract import make_onnx_node
+
+    op = OPS[op_name]
+    return make_onnx_node(op, {name: name for name in present}, {p.name: p.name for p in op.outputs if p.name in wanted},
+                          attributes, domain=domain)
+
+
+def make_session(model: onnx.ModelProto, with_library: bool = True, intra_op_threads: int | None = None):
+    import onnxruntime as ort
+
+    from .library import register
+
+    so = ort.SessionOptions()
+    if intra_op_threads is not None:
+        so.intra_op_num_threads = intra_op_threads
+    if with_library:
+        register(so)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def to_ort_value(array: np.ndarray):
+    import onnxruntime as ort
+
+    array = np.ascontiguousarray(array)
+    if array.dtype == ml_dtypes.bfloat16:
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), TensorProto.BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+def from_ort_value(value) -> np.ndarray:
+    array = value.numpy()
+    if value.data_type() == "tensor(bfloat16)":
+        return array.view(ml_dtypes.bfloat16)
+    return array
+
+
+def run_session(session, feeds: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+    """Run with OrtValue feeds (any dtype, bfloat16 included); results by output name."""
+    import onnxruntime as ort
+
+    names = [o.name for o in session.get_outputs()]
+    values = {name: to_ort_value(np.asarray(v)) for name, v in feeds.items() if v is not None}
+    results = session.run_with_ort_values(names, values, ort.RunOptions())
+    return {name: from_ort_value(r) for name, r in zip(names, results)}
+
+
+def run_single_op(op_name: str, feeds: Mapping[str, np.ndarray | None], attributes: Mapping[str, Any] | None = None,
+                  domain: str = DOMAIN, with_library: bool = True, outputs: Sequence[str] | None = None,
+                  intra_op_threads: int | None = None) -> dict[str, np.ndarray]:
+    """Build, load and run a one-node model; ``with_library=False`` runs ORT's own kernels (com.microsoft)."""
+    model = single_op_model(op_name, feeds, attributes, outputs=outputs, domain=domain)
+    session = make_session(model, with_library=with_library, intra_op_threads=intra_op_threads)
+    return run_session(session, feeds)
+
+
+__all__ = ["single_op_model", "make_session", "run_session", "run_single_op", "to_ort_value", "from_ort_value",
+           "DOMAIN", "MS_DOMAIN"]
