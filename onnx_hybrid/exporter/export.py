@@ -1,0 +1,109 @@
+"""``export()``: a Hugging Face hybrid checkpoint folder in, an onnxruntime-genai model folder out."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+from tqdm.auto import tqdm
+
+from ..configs.genai_config import DecoderExport, DecoderIO, genai_config
+from ..ops import contract
+from . import io_names as io
+from .checkpoint import Checkpoint
+from .errors import ExportError
+from .graph.context import GraphContext
+from .graph.decoder import GraphOptions, assemble_model, build_decoder
+from .model_config import ModelConfig, load_model_config
+from .output_dir import staged_output
+from .weights import Weights, write_external_data
+
+log = logging.getLogger("onnx_hybrid.exporter")
+
+DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": "bfloat16"}
+OP_DOMAINS = (contract.DOMAIN, contract.MS_DOMAIN)
+MODEL_FILE, DATA_FILE, GENAI_CONFIG = "model.onnx", "model.onnx.data", "genai_config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json")
+GENAI_MODEL_TYPES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_5_moe_text"}
+
+
+def _numpy_dtype(dtype: str) -> np.dtype:
+    if dtype not in DTYPES:
+        raise ExportError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if dtype == "bf16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(DTYPES[dtype])
+
+
+def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: int = 0,
+           op_domain: str = contract.MS_DOMAIN, overwrite: bool = False, all_logits: bool = False,
+           progress: bool = True) -> Path:
+    """Export ``model_dir`` to ``out_dir`` (model.onnx + external data, genai_config.json, tokenizer).
+
+    ``all_logits`` keeps logits for every position ([B, S, V]); by default only each row's last
+    position is computed ([B, 1, V]), which is all greedy decoding and onnxruntime-genai need.
+    """
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    np_act = _numpy_dtype(dtype)
+    if not 0 <= state_update_capacity <= contract.MAX_STATE_UPDATE_CAPACITY:
+        raise ExportError(f"state_update_capacity must be in [0, {contract.MAX_STATE_UPDATE_CAPACITY}], "
+                          f"got {state_update_capacity}")
+    if op_domain not in OP_DOMAINS:
+        raise ExportError(f"op_domain must be one of {', '.join(OP_DOMAINS)}, got {op_domain!r}")
+    cfg = load_model_config(model_dir)
+    checkpoint = Checkpoint(model_dir)
+    for what, count in checkpoint.skipped.items():
+        log.warning("skipping %d tensor(s) of the %s (not part of the text decoder)", count, what)
+
+    ctx = GraphContext(config=cfg, weights=Weights(checkpoint), act=ir.DataType.from_numpy(np_act),
+                       np_act=np_act, op_domain=op_domain, capacity=state_update_capacity)
+    inputs, outputs = build_decoder(ctx, GraphOptions(last_token_logits=not all_logits))
+
+    with staged_output(out_dir, overwrite) as stage:
+        with tqdm(total=len(ctx.weights.plans), unit="tensor", desc="writing weights", disable=not progress) as bar:
+            write_external_data(ctx.weights, stage / DATA_FILE, lambda plan: bar.update())
+        ir.save(assemble_model(ctx, inputs, outputs), stage / MODEL_FILE)
+        library = _copy_op_library(stage) if op_domain == contract.DOMAIN else None
+        desc = decoder_export(cfg, state_update_capacity, library)
+        (stage / GENAI_CONFIG).write_text(json.dumps(genai_config(desc), indent=4) + "\n")
+        for name in TOKENIZER_FILES:
+            if (model_dir / name).is_file():
+                shutil.copy2(model_dir / name, stage / name)
+    return out_dir
+
+
+def decoder_export(cfg: ModelConfig, capacity: int, custom_ops_library: str | None) -> DecoderExport:
+    inputs = {"input_ids": io.INPUT_IDS, "attention_mask": io.ATTENTION_MASK, "position_ids": io.POSITION_IDS,
+              "past_key_names": io.PAST_KEY, "past_value_names": io.PAST_VALUE,
+              "past_conv_names": io.PAST_CONV, "past_recurrent_names": io.PAST_RECURRENT}
+    outputs = {"logits": io.LOGITS, "present_key_names": io.PRESENT_KEY, "present_value_names": io.PRESENT_VALUE,
+               "present_conv_names": io.PRESENT_CONV, "present_recurrent_names": io.PRESENT_RECURRENT}
+    if capacity:
+        inputs.update(state_update_capture_count=io.STATE_UPDATE_CAPTURE_COUNT,
+                      state_update_active=io.STATE_UPDATE_ACTIVE)
+        outputs.update(state_update_conv_value_names=io.STATE_UPDATE_CONV_VALUE,
+                       state_update_recurrent_capsule_names=io.STATE_UPDATE_RECURRENT_CAPSULE)
+    return DecoderExport(
+        model_type=GENAI_MODEL_TYPES[cfg.family], filename=MODEL_FILE, vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, head_size=cfg.head_dim, context_length=cfg.max_position_embeddings,
+        io=DecoderIO(inputs, outputs), linear_layer_ids=tuple(cfg.linear_layers),
+        gdn_key_heads=cfg.gdn_key_heads, state_update_capacity=capacity, bos_token_id=cfg.bos_token_id,
+        eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id, custom_ops_library=custom_ops_library)
+
+
+def _copy_op_library(stage: Path) -> str:
+    """Put our kernel library next to the model; genai_config names it by bare file name (genai_config.md §8)."""
+    from ..ops import library
+
+    source = Path(library.library_path())
+    shutil.copy2(source, stage / source.name)
+    return source.name
+

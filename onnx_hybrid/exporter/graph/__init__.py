@@ -1,0 +1,1 @@
+"""Graph building, one module per layer kind."""

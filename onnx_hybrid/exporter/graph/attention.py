@@ -1,0 +1,76 @@
+"""One gated full-attention layer (spec/model.md §6) in plain ONNX ops.
+
+Why not ``com.microsoft::GroupQueryAttention``: onnxruntime-genai drives GQA with a shared past/present
+buffer and per-row ``seqlens_k``, which assumes right-aligned valid tokens; HF pads on the left and
+masks keys, and this graph reproduces that exactly (also for the padded queries, which must stay
+finite because the next GDN layer multiplies them by zero). The cost is one KV concat per step; at
+these models' 1 attention : 3 GDN ratio and lengths the attention math is a small share of the step.
+GQA is computed without repeating KV: queries are grouped [B, Hkv, G, S, D] against [B, Hkv, 1, L, D].
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from ..weights import Segment
+from .context import GraphContext
+
+
+def rotate(ctx: GraphContext, x: ir.Value) -> ir.Value:
+    """Rotate-half RoPE on the first R dims of every head of x [N, H, D] (NeoX layout, model.md §6.1)."""
+    cfg, sh = ctx.config, ctx.shared
+    r, d = cfg.rotary_dim, cfg.head_dim
+    if r < d:
+        rot, rest = ctx.ops("Split", x, ctx.const([r, d - r]), num_outputs=2, axis=-1)
+    else:
+        rot, rest = x, None
+    x1, x2 = ctx.ops("Split", rot, ctx.const([r // 2, r // 2]), num_outputs=2, axis=-1)
+    rotated = ctx.op("Concat", ctx.op("Neg", x2), x1, axis=-1)
+    rot = ctx.op("Add", ctx.op("Mul", rot, sh.cos), ctx.op("Mul", rotated, sh.sin))
+    return rot if rest is None else ctx.op("Concat", rot, rest, axis=-1)
+
+
+def attention(ctx: GraphContext, layer: int, x: ir.Value, past_key: ir.Value, past_value: ir.Value,
+              present_key: ir.Value, present_value: ir.Value) -> ir.Value:
+    cfg, sh, w = ctx.config, ctx.shared, ctx.weights
+    prefix = f"model.layers.{layer}.self_attn."
+    hq, hkv, d, hidden = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    groups = hq // hkv
+
+    names = [("q_proj", 2 * hq * d), ("k_proj", hkv * d), ("v_proj", hkv * d)]
+    for part, rows in names:
+        w.require(f"{prefix}{part}.weight", [rows, hidden])
+    qkv_w = w.rows(f"{prefix}qkv_proj.weight", [Segment(f"{prefix}{p}.weight", 0, n) for p, n in names],
+                   [2 * hq * d + 2 * hkv * d, hidden], ctx.np_act)
+    qg, k, v = ctx.ops("Split", ctx.linear(x, qkv_w), ctx.const([2 * hq * d, hkv * d, hkv * d]),
+                       num_outputs=3, axis=-1)
+    # q_proj rows are [query | gate] interleaved per head (model.md §6 step 1).
+    q, gate = ctx.ops("Split", ctx.op("Reshape", qg, ctx.const([0, hq, 2 * d])), ctx.const([d, d]),
+                      num_outputs=2, axis=-1)
+    k = ctx.op("Reshape", k, ctx.const([0, hkv, d]))
+    v = ctx.op("Reshape", v, ctx.const([0, hkv, d]))
+    q = rotate(ctx, ctx.rms_norm(q, ctx.norm_weight(f"{prefix}q_norm.weight", f"{prefix}q_norm.weight", d)))
+    k = rotate(ctx, ctx.rms_norm(k, ctx.norm_weight(f"{prefix}k_norm.weight", f"{prefix}k_norm.weight", d)))
+
+    def heads_first(t: ir.Value, heads: int) -> ir.Value:  # [N, h, D] -> [B, h, S, D]
+        shape = ctx.op("Concat", sh.batch, sh.seq, ctx.const([heads, d]), axis=0)
+        return ctx.op("Transpose", ctx.op("Reshape", t, shape), perm=[0, 2, 1, 3])
+
+    q = ctx.op("Mul", q, ctx.act_const(d ** -0.5))
+    q = ctx.op("Reshape", heads_first(q, hq), ctx.const([0, hkv, groups, -1, d]))  # [B, Hkv, G, S, D]
+    ctx.op("Concat", past_key, heads_first(k, hkv), axis=2, output=present_key)
+    ctx.op("Concat", past_value, heads_first(v, hkv), axis=2, output=present_value)
+
+    key_t = ctx.op("Unsqueeze", ctx.op("Transpose", present_key, perm=[0, 1, 3, 2]), ctx.const([2]))
+    scores = ctx.op("Add", ctx.op("MatMul", q, key_t), sh.attention_bias)  # [B, Hkv, G, S, L]
+    probs = ctx.op("Softmax", scores, axis=-1)
+    if ctx.act != ir.DataType.FLOAT:  # HF's eager path: softmax in fp32
+        probs = ctx.op("Cast", ctx.op("Softmax", ctx.op("Cast", scores, to=ir.DataType.FLOAT), axis=-1),
+                       to=ctx.act)
+    out = ctx.op("MatMul", probs, ctx.op("Unsqueeze", present_value, ctx.const([2])))  # [B, Hkv, G, S, D]
+    out = ctx.op("Transpose", ctx.op("Reshape", out, ctx.const([0, hq, -1, d])), perm=[0, 2, 1, 3])
+    out = ctx.op("Reshape", out, ctx.const([-1, hq, d]))
+    out = ctx.op("Mul", out, ctx.op("Sigmoid", gate))
+    o_proj = w.tensor(f"{prefix}o_proj.weight", f"{prefix}o_proj.weight", [hidden, hq * d], ctx.np_act)
+    return ctx.linear(ctx.op("Reshape", out, ctx.const([0, hq * d])), o_proj)
+

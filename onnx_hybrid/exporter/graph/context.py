@@ -1,0 +1,94 @@
+"""What every layer module needs while it emits nodes: the tape, dtypes, weights and shared tensors.
+
+Activations inside the decoder are token-major 2-D ``[N, H]`` with ``N = batch * sequence``: every
+projection is then a ``Gemm(transB=1)`` straight on the checkpoint's ``[out, in]`` weight (no
+transposed copy at export, and ORT prepacks Gemm's B once), the conv op takes ``[T, C]`` as is, and
+GatedDeltaNet runs in its uniform rank-3 form ``[N, H, D]`` reached with static Reshape targets.
+Only attention needs ``[B, S, ...]`` views, built from one shared shape tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from ..model_config import ModelConfig
+from ..weights import Weights
+
+OPSET = 23  # RMSNormalization
+FLOAT = ir.DataType.FLOAT
+
+
+@dataclass
+class SharedInputs:
+    """Tensors computed once in the preamble and read by many layers."""
+
+    batch: ir.Value  # int64 [1]
+    seq: ir.Value  # int64 [1]
+    mask_column: ir.Value  # act [N, 1]: 1 for real tokens of this step, 0 for padding
+    cu_seqlens: ir.Value  # int32 [B+1] = 0, S, 2S, ... (uniform rows) for the conv op
+    cos: ir.Value | None  # act [N, 1, R]
+    sin: ir.Value | None
+    attention_bias: ir.Value | None  # act [B, 1, 1, S, L]: 0 where allowed, dtype min elsewhere
+    capture_count: ir.Value | None  # int32 [B]
+    state_update_active: ir.Value | None  # int32 [1]
+
+
+@dataclass
+class GraphContext:
+    config: ModelConfig
+    weights: Weights
+    act: ir.DataType  # activation dtype
+    np_act: np.dtype
+    op_domain: str
+    capacity: int
+    tape: ir.tape.Tape = field(default_factory=ir.tape.Tape)
+    shared: SharedInputs | None = None
+    _constants: dict = field(default_factory=dict)
+
+    def op(self, op_type: str, *inputs, output: ir.Value | None = None, **attributes) -> ir.Value:
+        """One node; ``output`` names a pre-made value (a graph output) as its result."""
+        return self.tape.op(op_type, list(inputs), attributes or None, output=output)
+
+    def ops(self, op_type: str, *inputs, num_outputs: int, **attributes) -> tuple[ir.Value, ...]:
+        return tuple(self.tape.op_multi_out(op_type, list(inputs), attributes or None, num_outputs=num_outputs))
+
+    def add_node(self, node: ir.Node) -> None:
+        """A node built elsewhere (the contract's node builders)."""
+        self.tape._nodes.append(node)  # noqa: SLF001 - the tape has no public append
+        self.tape._used_opsets.add((node.domain, node.version))  # noqa: SLF001
+
+    def const(self, values, dtype=np.int64) -> ir.Value:
+        """A small inline constant, shared by value."""
+        array = np.asarray(values, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._constants:
+            name = f"const_{len(self._constants)}"
+            self._constants[key] = self.tape.initializer(ir.tensor(array, name=name), name=name)
+        return self._constants[key]
+
+    def act_const(self, value: float) -> ir.Value:
+        return self.const([value], self.np_act)
+
+    # ---- building blocks used by several layer kinds ----
+
+    def linear(self, x: ir.Value, weight: ir.Value) -> ir.Value:
+        """x [N, in] @ W^T with W stored [out, in] as in the checkpoint."""
+        return self.op("Gemm", x, weight, transB=1)
+
+    def rms_norm(self, x: ir.Value, scale: ir.Value) -> ir.Value:
+        """RMSNorm over the last axis with statistics in fp32; ``scale`` is an fp32 initializer."""
+        eps = self.config.rms_norm_eps
+        if self.act == FLOAT:
+            return self.op("RMSNormalization", x, scale, axis=-1, epsilon=eps, stash_type=1)
+        y = self.op("RMSNormalization", self.op("Cast", x, to=FLOAT), scale, axis=-1, epsilon=eps, stash_type=1)
+        return self.op("Cast", y, to=self.act)
+
+    def silu(self, x: ir.Value) -> ir.Value:
+        return self.op("Mul", x, self.op("Sigmoid", x))
+
+    def norm_weight(self, name: str, source: str, size: int, *, zero_centred: bool = True) -> ir.Value:
+        """RMSNorm scale kept in fp32; zero-centred checkpoint weights become 1 + w (model.md §7)."""
+        return self.weights.tensor(name, source, [size], np.float32, add_one=zero_centred)

@@ -1,0 +1,92 @@
+"""One Gated DeltaNet layer (spec/model.md §4) wired as spec/ops.md §1.2 prescribes.
+
+The four input projections (q|k|v, z, b, a) are one fused Gemm. Qwen3-Next's packed, per-key-head
+grouped ``in_proj_qkvz`` / ``in_proj_ba`` are de-interleaved into the same row order while the weight
+is written (model.md §4.3), so both layouts share this graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from ...ops import contract
+from ..weights import Segment
+from .context import FLOAT, GraphContext
+
+
+def in_projection_segments(ctx: GraphContext, prefix: str) -> list[Segment]:
+    """Rows of the fused [q | k | v | z | b | a] projection weight, from either checkpoint layout."""
+    cfg, w = ctx.config, ctx.weights
+    hidden, kd, vd, hv = cfg.hidden_size, cfg.key_dim, cfg.value_dim, cfg.gdn_value_heads
+    if f"{prefix}in_proj_qkvz.weight" not in w.checkpoint:
+        parts = [("in_proj_qkv", 2 * kd + vd), ("in_proj_z", vd), ("in_proj_b", hv), ("in_proj_a", hv)]
+        for part, rows in parts:
+            w.require(f"{prefix}{part}.weight", [rows, hidden])
+        return [Segment(f"{prefix}{part}.weight", 0, rows) for part, rows in parts]
+
+    hk, dk, dv = cfg.gdn_key_heads, cfg.gdn_key_dim, cfg.gdn_value_dim
+    r = hv // hk
+    qkvz, ba = f"{prefix}in_proj_qkvz.weight", f"{prefix}in_proj_ba.weight"
+    w.require(qkvz, [2 * kd + 2 * vd, hidden])
+    w.require(ba, [2 * hv, hidden])
+    group = 2 * dk + 2 * r * dv  # rows per key head: [q (Dk) | k (Dk) | v (r*Dv) | z (r*Dv)]
+    pieces = [(0, dk), (dk, dk), (2 * dk, r * dv), (2 * dk + r * dv, r * dv)]
+    segments = [Segment(qkvz, g * group + start, g * group + start + size)
+                for start, size in pieces for g in range(hk)]
+    segments += [Segment(ba, g * 2 * r + start, g * 2 * r + start + r) for start in (0, r) for g in range(hk)]
+    return segments
+
+
+def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Value, past_recurrent: ir.Value,
+                   present_conv: ir.Value, present_recurrent: ir.Value, conv_update: ir.Value | None,
+                   capsule: ir.Value | None) -> ir.Value:
+    cfg, sh = ctx.config, ctx.shared
+    prefix = f"model.layers.{layer}.linear_attn."
+    hk, hv, dk, dv = cfg.gdn_key_heads, cfg.gdn_value_heads, cfg.gdn_key_dim, cfg.gdn_value_dim
+    kd, vd, channels = cfg.key_dim, cfg.value_dim, cfg.conv_channels
+
+    # HF zeroes padded positions before the layer (model.md §4.1): exact for left padding.
+    x = ctx.op("Mul", x, sh.mask_column)
+    in_proj = ctx.weights.rows(f"{prefix}in_proj.weight", in_projection_segments(ctx, prefix),
+                               [channels + vd + 2 * hv, cfg.hidden_size], ctx.np_act)
+    mixed, z, b, a = ctx.ops("Split", ctx.linear(x, in_proj), ctx.const([channels, vd, hv, hv]),
+                             num_outputs=4, axis=-1)
+
+    conv_weight = ctx.weights.tensor(f"{prefix}conv1d.weight", f"{prefix}conv1d.weight",
+                                     [channels, 1, cfg.conv_kernel], ctx.np_act)
+    conv_out = ir.Value()
+    capture = {"capture_count": sh.capture_count} if ctx.capacity else {}
+    ctx.add_node(contract.make_ir_node(
+        contract.VARLEN_CAUSAL_CONV,
+        {"input": mixed, "weight": conv_weight, "cumulative_sequence_length": sh.cu_seqlens,
+         "initial_state": past_conv, **capture},
+        [conv_out, present_conv, conv_update],
+        {"activation": "silu", "state_update_capacity": ctx.capacity},
+        domain=ctx.op_domain, name=f"/model/layers.{layer}/linear_attn/conv"))
+
+    q, k, v = ctx.ops("Split", conv_out, ctx.const([kd, kd, vd]), num_outputs=3, axis=-1)
+    a_log = ctx.weights.tensor(f"{prefix}A_log", f"{prefix}A_log", [hv], np.float32)
+    dt_bias = ctx.weights.tensor(f"{prefix}dt_bias", f"{prefix}dt_bias", [hv], np.float32)
+    core = ir.Value()
+    gdn_capture = ({"capture_count": sh.capture_count, "state_update_active": sh.state_update_active}
+                   if ctx.capacity else {})
+    ctx.add_node(contract.make_ir_node(
+        contract.GATED_DELTA_NET,
+        {"query": ctx.op("Reshape", q, ctx.const([0, hk, dk])),
+         "key": ctx.op("Reshape", k, ctx.const([0, hk, dk])),
+         "value": ctx.op("Reshape", v, ctx.const([0, hv, dv])),
+         "decay": ctx.op("Cast", a, to=FLOAT), "beta": ctx.op("Cast", b, to=FLOAT),
+         "initial_state": past_recurrent, "a_log": a_log, "dt_bias": dt_bias, **gdn_capture},
+        [core, present_recurrent, capsule],
+        {"update_rule": "gated_delta", "scale": 0.0, "gate_activation": "qwen", "beta_activation": "sigmoid",
+         "qk_l2_norm": 1, "state_update_capacity": ctx.capacity},
+        domain=ctx.op_domain, name=f"/model/layers.{layer}/linear_attn/GatedDeltaNet"))
+
+    # Gated RMSNorm per value head: plain w (model.md §4.9), SiLU(z) gate, statistics in fp32.
+    norm_w = ctx.norm_weight(f"{prefix}norm.weight", f"{prefix}norm.weight", dv, zero_centred=False)
+    gate = ctx.silu(ctx.op("Reshape", z, ctx.const([0, hv, dv])))
+    gated = ctx.op("Mul", ctx.rms_norm(core, norm_w), gate)
+    out_proj = ctx.weights.tensor(f"{prefix}out_proj.weight", f"{prefix}out_proj.weight",
+                                  [cfg.hidden_size, vd], ctx.np_act)
+    return ctx.linear(ctx.op("Reshape", gated, ctx.const([0, vd])), out_proj)

@@ -1,0 +1,26 @@
+"""Graph input and output names: onnxruntime-genai 0.18's non-paged conventions (genai_config.md §2.3, §7)."""
+
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"
+POSITION_IDS = "position_ids"
+LOGITS = "logits"
+STATE_UPDATE_CAPTURE_COUNT = "state_update_capture_count"
+STATE_UPDATE_ACTIVE = "state_update_active"
+
+# Templates with one %d (the decoder layer index), keyed like genai_config's decoder inputs/outputs.
+PAST_KEY = "past_key_values.%d.key"
+PAST_VALUE = "past_key_values.%d.value"
+PAST_CONV = "past.%d.conv"
+PAST_RECURRENT = "past.%d.recurrent"
+PRESENT_KEY = "present.%d.key"
+PRESENT_VALUE = "present.%d.value"
+PRESENT_CONV = "present.%d.conv"
+PRESENT_RECURRENT = "present.%d.recurrent"
+STATE_UPDATE_CONV_VALUE = "state_update.%d.conv_value"
+STATE_UPDATE_RECURRENT_CAPSULE = "state_update.%d.recurrent_capsule"
+
+# Symbolic dimension names.
+BATCH = "batch_size"
+SEQUENCE = "sequence_length"
+PAST_SEQUENCE = "past_sequence_length"
+TOTAL_SEQUENCE = "total_sequence_length"

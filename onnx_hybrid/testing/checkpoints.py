@@ -1,0 +1,107 @@
+"""Tiny random hybrid checkpoints in every supported layout, written by transformers' ``save_pretrained``.
+
+The geometry is chosen to be discriminating (spec/model.md §13.9): Hk != Hv (2/4), Dk != Dv (16/32),
+Hq != Hkv, partial rotary (8 of 32 dims), a non-trivial ``mrope_section``, and every norm weight,
+``dt_bias``, ``A_log``, conv weight and linear randomised, so a wrong norm convention, a dropped
+``dt_bias`` or a head-sharing mix-up changes the greedy tokens. Needs torch and transformers.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+LAYOUTS = {
+    # name: (transformers class, multimodal wrapper, MoE, extra)
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_5_multimodal": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "qwen3_5_moe_multimodal": "Qwen3_5MoeForConditionalGeneration",
+    "qwen3_next": "Qwen3NextForCausalLM",
+}
+
+TEXT = dict(
+    vocab_size=160, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+    linear_value_head_dim=32, linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=512,
+    layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+)
+ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+MROPE = {**ROPE, "mrope_section": [2, 1, 1], "mrope_interleaved": True}
+MOE = dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40)
+VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4, temporal_patch_size=2,
+              spatial_merge_size=2, num_position_embeddings=16)
+
+
+def _config(layout: str, tied: bool, layers: int | None):
+    import transformers
+
+    text = dict(TEXT, tie_word_embeddings=tied)
+    if layers is not None:
+        text.update(num_hidden_layers=layers,
+                    layer_types=["full_attention" if (i + 1) % 3 == 0 else "linear_attention" for i in range(layers)])
+    if layout == "qwen3_next":
+        # Layer 3 dense (mlp_only_layers), the others MoE; no renormalisation to cover that branch.
+        return transformers.Qwen3NextConfig(**text, **MOE, rope_parameters=ROPE, intermediate_size=48,
+                                            norm_topk_prob=False, mlp_only_layers=[3], decoder_sparse_step=1)
+    moe = "moe" in layout
+    text_cls = transformers.Qwen3_5MoeTextConfig if moe else transformers.Qwen3_5TextConfig
+    text_cfg = text_cls(**text, **(MOE if moe else {"intermediate_size": 96}), rope_parameters=MROPE)
+    if not layout.endswith("multimodal"):
+        return text_cfg
+    wrapper = transformers.Qwen3_5MoeConfig if moe else transformers.Qwen3_5Config
+    return wrapper(text_config=text_cfg.to_dict(), vision_config=dict(VISION, out_hidden_size=TEXT["hidden_size"]),
+                   tie_word_embeddings=tied)
+
+
+def _randomise(model, seed: int) -> None:
+    """Replace HF's init (zero norms, unit dt_bias, ...) by values that expose convention errors."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.log(torch.empty(p.shape).uniform_(1.0, 16.0, generator=gen)))
+            elif name.endswith("linear_attn.norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("dt_bias") or "norm" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            elif "embed_tokens" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            else:  # linears, conv taps, experts, router: keep activations O(1)
+                fan_in = p.shape[-1] if p.dim() > 1 else 1
+                p.copy_(torch.randn(p.shape, generator=gen) * (1.0 / math.sqrt(fan_in)))
+
+
+def make_tiny_checkpoint(out_dir, layout: str = "qwen3_5_text", *, tied: bool = True, seed: int = 0,
+                         shard_size: str | None = None, fused_experts: bool = False,
+                         layers: int | None = None) -> Path:
+    """Write a random checkpoint; returns ``out_dir``.
+
+    ``shard_size`` (e.g. ``"100KB"``) writes sharded safetensors with an index. ``fused_experts`` keeps
+    HF's runtime [E, 2F, H] expert tensors (as official bf16 MoE releases store them) instead of the
+    per-expert tensors ``save_pretrained`` writes by default.
+    """
+    import torch
+    import transformers
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+    torch.manual_seed(seed)
+    config = _config(layout, tied, layers)
+    model = getattr(transformers, LAYOUTS[layout])(config).eval()
+    _randomise(model, seed)
+    if tied:
+        model.tie_weights()
+    kwargs = {"max_shard_size": shard_size} if shard_size else {}
+    model.save_pretrained(out_dir, save_original_format=not fused_experts, **kwargs)
+    return Path(out_dir)
+
+
+def load_reference(model_dir):
+    """The HF text model in fp32 (what ``AutoModelForCausalLM`` gives for every layout)."""
+    import torch
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

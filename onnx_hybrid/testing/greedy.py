@@ -1,0 +1,84 @@
+"""A small greedy driver over an exported decoder: prefill, then one token per step, past <- present.
+
+It feeds exactly what onnxruntime-genai feeds a non-paged model (left padding, ``position_ids =
+cumsum(mask) - 1`` clipped at 0 on padding, the growing 2-D ``attention_mask``) and reads the graph's
+own I/O to know which states exist, so it serves any export of this package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ..exporter import io_names as io
+
+_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+          "tensor(int32)": np.int32}
+
+
+def make_session(model_dir, op_domain: str, threads: int = 2) -> ort.InferenceSession:
+    """A CPU session with our kernel library registered when the model uses our domain."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    if op_domain != "com.microsoft":
+        from ..ops import library
+        library.register(options)
+    return ort.InferenceSession(str(Path(model_dir) / "model.onnx"), options, providers=["CPUExecutionProvider"])
+
+
+@dataclass
+class GreedyResult:
+    tokens: list[list[int]]  # generated tokens per prompt (prompt excluded)
+    prefill_logits: np.ndarray  # logits of the prefill step as returned ([B, 1 or S, V])
+    extra_outputs: list[dict] = field(default_factory=list)  # per step: outputs not fed back (state updates)
+
+
+class GreedyDriver:
+    def __init__(self, session: ort.InferenceSession):
+        self.session = session
+        self.inputs = {i.name: i for i in session.get_inputs()}
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def _empty_states(self, batch: int) -> dict[str, np.ndarray]:
+        states = {}
+        for name, meta in self.inputs.items():
+            if name.startswith(("past_key_values.", "past.")):
+                shape = [batch if d == io.BATCH else 0 if d == io.PAST_SEQUENCE else d for d in meta.shape]
+                states[name] = np.zeros(shape, _NUMPY[meta.type])
+        return states
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, *, capture_count: int = 0,
+                 state_update_active: int = 1) -> GreedyResult:
+        batch, width = len(prompts), max(len(p) for p in prompts)
+        ids = np.zeros((batch, width), np.int64)
+        mask = np.zeros((batch, width), np.int64)
+        for row, prompt in enumerate(prompts):  # left padding
+            ids[row, width - len(prompt):] = prompt
+            mask[row, width - len(prompt):] = 1
+        states = self._empty_states(batch)
+        generated = [[] for _ in prompts]
+        result = GreedyResult(generated, None)
+        step_ids = ids
+        for step in range(max_new_tokens):
+            positions = np.cumsum(mask, axis=1) - 1
+            feeds = {io.INPUT_IDS: step_ids, io.ATTENTION_MASK: mask,
+                     io.POSITION_IDS: np.maximum(positions[:, -step_ids.shape[1]:], 0), **states}
+            if io.STATE_UPDATE_CAPTURE_COUNT in self.inputs:
+                feeds[io.STATE_UPDATE_CAPTURE_COUNT] = np.full([batch], capture_count, np.int32)
+                feeds[io.STATE_UPDATE_ACTIVE] = np.array([state_update_active], np.int32)
+            outs = dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
+            logits = outs.pop(io.LOGITS)
+            if step == 0:
+                result.prefill_logits = logits
+            states = {name.replace("present.", "past_key_values." if name.endswith((".key", ".value")) else "past.", 1):
+                      value for name, value in outs.items() if name.startswith("present.")}
+            result.extra_outputs.append({k: v for k, v in outs.items() if not k.startswith("present.")})
+            next_ids = logits[:, -1, :].argmax(-1)
+            for row, token in enumerate(next_ids):
+                generated[row].append(int(token))
+            step_ids = next_ids[:, None].astype(np.int64)
+            mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+        return result
