@@ -1,0 +1,116 @@
+"""Compile the CUDA C kernels with NVRTC (through CuPy) into one cubin per architecture, cached on disk.
+
+Works without a GPU: :func:`compile_image` takes the architecture explicitly and calls NVRTC directly
+(``cupy.cuda.compiler.compile_using_nvrtc`` would query the current device). The cache key hashes the
+sources, the options, the NVRTC version and the architecture; writes are atomic (temporary file + rename)
+because several processes may compile at once (spec/native_library.md §9).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).parent / "kernels"
+MAIN_SOURCE = "onnx_hybrid_kernels.cu"
+CACHE_ENV = "ONNX_HYBRID_KERNEL_CACHE"
+# No --use_fast_math: the state update's rounding is written out with __fmul_rn / __fmaf_rn, and the gate
+# and norm use accurate expf / log1pf (spec/native_library.md §9.3).
+BASE_OPTIONS = ("-std=c++17", "--device-int128")
+
+
+class KernelBuildError(RuntimeError):
+    """NVRTC rejected the kernel sources; the message carries its log."""
+
+
+def _nvrtc():
+    from cupy_backends.cuda.libs import nvrtc
+
+    return nvrtc
+
+
+def nvrtc_version() -> tuple[int, int]:
+    return tuple(_nvrtc().getVersion())
+
+
+@lru_cache(maxsize=1)
+def cuda_include_dir() -> str:
+    """Directory holding cuda_fp16.h / cuda_bf16.h (not built into NVRTC 13)."""
+    candidates = []
+    try:
+        import nvidia
+
+        candidates += [Path(p) / "cu13" / "include" for p in nvidia.__path__]
+    except ImportError:
+        pass
+    for env in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(env):
+            candidates.append(Path(os.environ[env]) / "include")
+    candidates.append(Path("/usr/local/cuda/include"))
+    for path in candidates:
+        if (path / "cuda_fp16.h").is_file():
+            return str(path)
+    raise KernelBuildError(
+        "cuda_fp16.h not found: install nvidia-cuda-runtime (13.x) or set CUDA_PATH to a CUDA toolkit")
+
+
+def options(arch: int) -> tuple[str, ...]:
+    return BASE_OPTIONS + (f"-arch=sm_{arch}", f"-I{KERNEL_DIR}", f"-I{cuda_include_dir()}")
+
+
+def sources() -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(KERNEL_DIR.iterdir()) if p.suffix in (".cu", ".cuh")}
+
+
+def cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "onnx_hybrid" / "kernels"
+
+
+def cache_key(arch: int) -> str:
+    h = hashlib.sha256()
+    for name, data in sources().items():
+        h.update(name.encode() + b"\0" + data + b"\0")
+    # The include path differs between machines; the options that change code are what matter.
+    h.update("\0".join(BASE_OPTIONS + (f"-arch=sm_{arch}",)).encode())
+    h.update(repr(nvrtc_version()).encode())
+    return f"sm{arch}-{h.hexdigest()[:24]}"
+
+
+def compile_image(arch: int, *, use_cache: bool = True) -> bytes:
+    """The cubin of every kernel for ``sm_<arch>`` (e.g. 80, 90), from the cache or NVRTC."""
+    path = cache_dir() / f"{cache_key(arch)}.cubin"
+    if use_cache and path.is_file():
+        return path.read_bytes()
+    image = _compile(arch)
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(image)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return image
+
+
+def _compile(arch: int) -> bytes:
+    nvrtc = _nvrtc()
+    if arch not in nvrtc.getSupportedArchs():
+        raise KernelBuildError(f"NVRTC {nvrtc_version()} cannot target sm_{arch}; it supports "
+                               f"{nvrtc.getSupportedArchs()}")
+    src = (KERNEL_DIR / MAIN_SOURCE).read_text()
+    prog = nvrtc.createProgram(src, MAIN_SOURCE, (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, options(arch))
+        except nvrtc.NVRTCError as exc:
+            raise KernelBuildError(f"NVRTC failed for sm_{arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
+        return nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)

@@ -1,0 +1,155 @@
+// Shared device helpers and the parameter structs of every kernel in this image.
+// The structs are passed by value; onnx_hybrid/cuda_ops/plan.py mirrors them field for field (ctypes),
+// and so must the C++ launcher of the custom-op library.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace ohk {
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+struct RowSpan {
+  int start;
+  int len;
+};
+
+// Offsets stay on the device. Malformed ones are contained, never trusted (spec/ops.md §2.12):
+// start = clamp(cu[b], 0, T), end = max(start, clamp(cu[b+1], 0, T)).
+__device__ __forceinline__ RowSpan row_span(const int* cu, int uniform_len, int b, int total) {
+  if (cu == nullptr) return {b * uniform_len, uniform_len};
+  const int s = min(max(cu[b], 0), total);
+  const int e = max(s, min(max(cu[b + 1], 0), total));
+  return {s, e - s};
+}
+
+}  // namespace ohk
+
+// GatedDeltaNet: one struct for the recurrent, chunked and tail-pass kernels.
+struct GdnParams {
+  const void* q;              // first element of head 0 of token 0 (packed QKV: row base + section offset)
+  const void* k;
+  const void* v;
+  const int* cu_seqlens;      // [B+1] or null (uniform packing: uniform_len tokens per row)
+  const float* decay;         // [T, Hv] or [T, Hv, Dk]; null without decay
+  const float* beta;          // [T, Hv]; null without delta retrieval
+  const float* state_in;      // [B, Hv, Dv, Dk] or null (zeros)
+  const float* a_log;         // [Hv] (qwen gate)
+  const float* dt_bias;       // [Hv] (qwen gate)
+  const int* capture_count;   // [B] (capacity > 0)
+  void* out;                  // [T, Hv, Dv] in the activation type
+  float* state_out;           // [B, Hv, Dv, Dk] or null; may alias state_in
+  float* capsule;             // [B, capacity * (Hv + Hk*Dk + Hv*Dv)] or null
+  long long q_stride;         // elements between consecutive tokens
+  long long k_stride;
+  long long v_stride;
+  int batch;
+  int total_tokens;
+  int uniform_len;
+  int hk;
+  int hv;
+  int dk;
+  int dv;
+  int has_decay;
+  int has_delta;
+  int gate_qwen;
+  int beta_sigmoid;
+  int l2norm;
+  int decay_per_key;
+  int capacity;
+  int capture_active;         // state_update_active (host value) and capacity > 0
+  int tail_only;              // recurrent kernel: serve only rows the chunked kernel skips
+  float scale;
+};
+
+// Rows the chunked engine leaves to the sequential one (spec/ops.md §2.8 rules 1 and 2), decided on the device.
+#define OHK_SEQUENTIAL_MIN_TOKENS 32
+__device__ __forceinline__ bool gdn_row_is_sequential(const GdnParams& p, int b, int len) {
+  const bool captured = p.capacity > 0 && p.capture_active && p.capture_count[b] > 0;
+  return captured || len < OHK_SEQUENTIAL_MIN_TOKENS;
+}
+
+__device__ __forceinline__ int gdn_captured_prefix(const GdnParams& p, int b, int len) {
+  if (p.capacity <= 0 || !p.capture_active) return 0;
+  return max(0, min(p.capture_count[b], min(p.capacity, len)));
+}
+
+// Log-space gate g of (token, value head, key column r) in fp32 (spec/ops.md §2.6).
+__device__ __forceinline__ float gdn_log_gate(const GdnParams& p, int tok, int h, int r) {
+  const float x = p.decay_per_key ? p.decay[((size_t)tok * p.hv + h) * p.dk + r] : p.decay[(size_t)tok * p.hv + h];
+  if (!p.gate_qwen) return x;
+  const float z = x + p.dt_bias[h];
+  const float softplus = z > 20.0f ? z : log1pf(expf(z));
+  return -expf(p.a_log[h]) * softplus;
+}
+
+__device__ __forceinline__ float gdn_beta(const GdnParams& p, int tok, int h) {
+  const float x = p.beta[(size_t)tok * p.hv + h];
+  return p.beta_sigmoid ? 1.0f / (1.0f + expf(-x)) : x;
+}
+
+// Capsule block offsets inside one row (spec/ops.md §2.9).
+__device__ __forceinline__ size_t gdn_capsule_row(const GdnParams& p) {
+  return (size_t)p.capacity * (p.hv + (size_t)p.hk * p.dk + (size_t)p.hv * p.dv);
+}
+__device__ __forceinline__ size_t gdn_capsule_key(const GdnParams& p) { return (size_t)p.capacity * p.hv; }
+__device__ __forceinline__ size_t gdn_capsule_delta(const GdnParams& p) {
+  return (size_t)p.capacity * (p.hv + (size_t)p.hk * p.dk);
+}
+
+struct ConvParams {
+  const void* x;              // [T, Ch]
+  const void* weight;         // [Ch, 1, K]
+  const void* bias;           // [Ch] or null
+  const void* state_in;       // [B, Ch, SL]
+  const int* cu_seqlens;      // [B+1]
+  const int* capture_count;   // [B] or null
+  void* out;                  // [T, Ch]
+  void* state_out;            // [B, Ch, SL]; may alias state_in
+  void* capsule;              // [B, capacity, Ch] or null
+  int batch;
+  int total_tokens;
+  int channels;
+  int kernel_size;
+  int dilation;
+  int state_len;
+  int capacity;
+  int silu;
+};
+
+struct GdnReplayParams {
+  const float* state_in;      // [B, Hv, Dv, Dk] committed state
+  float* state_out;           // may alias state_in
+  const float* capsule;       // [B, W]
+  const int* accepted;        // [B] transitions to replay, clamped to [0, capacity]
+  int batch;
+  int hk;
+  int hv;
+  int dk;
+  int dv;
+  int capacity;
+};
+
+struct ConvReplayParams {
+  const void* state_in;       // [B, Ch, SL]
+  void* state_out;            // may alias state_in
+  const void* capsule;        // [B, capacity, Ch]
+  const int* accepted;        // [B], clamped to [0, capacity]
+  int batch;
+  int channels;
+  int state_len;
+  int capacity;
+};

@@ -1,0 +1,208 @@
+// GatedDeltaNet sequential engine (spec/ops.md §2.6, §2.8): decode, verify, capture, and every shape the
+// chunked engine does not serve. One warp per (request, value head, kRecRows value rows); lanes span the key
+// axis (NPL consecutive key columns per lane), so a row's dot products are warp reductions and the state
+// of the warp's rows stays in registers across the request's tokens.
+//
+// State rounding is the CUDA rule of spec/ops.md §2.10: S' = __fmul_rn(S, decay), S = __fmaf_rn(key, delta, S').
+// The capsule stores exactly the decay, key and delta used here, so a replay is bit-exact.
+#include "common.cuh"
+
+namespace ohk {
+
+constexpr int kRecWarps = 4;  // warps per block
+constexpr int kRecRows = 4;   // value rows per warp
+
+template <int NPL>
+__device__ __forceinline__ void load_state_row(const float* row, int lane, int dk, float (&s)[NPL]) {
+  const int r0 = lane * NPL;
+  if constexpr (NPL % 4 == 0) {
+    if (dk == 32 * NPL && (reinterpret_cast<size_t>(row) & 15) == 0) {
+#pragma unroll
+      for (int i = 0; i < NPL; i += 4) {
+        const float4 x = *reinterpret_cast<const float4*>(row + r0 + i);
+        s[i] = x.x; s[i + 1] = x.y; s[i + 2] = x.z; s[i + 3] = x.w;
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) s[i] = (r0 + i < dk) ? row[r0 + i] : 0.0f;
+}
+
+template <int NPL>
+__device__ __forceinline__ void store_state_row(float* row, int lane, int dk, const float (&s)[NPL]) {
+  const int r0 = lane * NPL;
+  if constexpr (NPL % 4 == 0) {
+    if (dk == 32 * NPL && (reinterpret_cast<size_t>(row) & 15) == 0) {
+#pragma unroll
+      for (int i = 0; i < NPL; i += 4)
+        *reinterpret_cast<float4*>(row + r0 + i) = make_float4(s[i], s[i + 1], s[i + 2], s[i + 3]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NPL; ++i)
+    if (r0 + i < dk) row[r0 + i] = s[i];
+}
+
+template <typename T, int NPL>
+__device__ __forceinline__ void load_head(const T* base, int lane, int dk, float (&x)[NPL]) {
+  const int r0 = lane * NPL;
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) x[i] = (r0 + i < dk) ? to_f32(base[r0 + i]) : 0.0f;
+}
+
+template <int NPL>
+__device__ __forceinline__ void l2_normalise(float (&x)[NPL]) {
+  float sq = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) sq = fmaf(x[i], x[i], sq);
+  const float inv = rsqrtf(warp_sum(sq) + 1e-12f);
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) x[i] *= inv;
+}
+
+template <typename T, int NPL>
+__device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int b = blockIdx.z;
+  const int h = blockIdx.y;
+  const int c0 = (blockIdx.x * kRecWarps + warp) * kRecRows;
+  if (c0 >= p.dv) return;  // the kernel has no block-wide barrier
+  const RowSpan span = row_span(p.cu_seqlens, p.uniform_len, b, p.total_tokens);
+  if (p.tail_only && !gdn_row_is_sequential(p, b, span.len)) return;
+
+  const int group = p.hv / p.hk;
+  const int hk = h / group;
+  const int dk = p.dk;
+  const int m = gdn_captured_prefix(p, b, span.len);
+  // The decay slot of a head and the key slot of a key head are written by the head's first warp; the key
+  // slot by value head hk * group (spec/ops.md §2.9).
+  const bool first_warp = c0 == 0;
+  const bool owns_key = first_warp && (h % group == 0);
+  float* cap = p.capsule != nullptr ? p.capsule + (size_t)b * gdn_capsule_row(p) : nullptr;
+  const size_t key_off = gdn_capsule_key(p);
+  const size_t delta_off = gdn_capsule_delta(p);
+
+  const size_t head_base = ((size_t)b * p.hv + h) * p.dv;
+  float S[kRecRows][NPL];
+#pragma unroll
+  for (int j = 0; j < kRecRows; ++j) {
+    if (p.state_in != nullptr && c0 + j < p.dv) {
+      load_state_row<NPL>(p.state_in + (head_base + c0 + j) * dk, lane, dk, S[j]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) S[j][i] = 0.0f;
+    }
+  }
+
+  const T* qb = static_cast<const T*>(p.q) + (size_t)hk * dk;
+  const T* kb = static_cast<const T*>(p.k) + (size_t)hk * dk;
+  const T* vb = static_cast<const T*>(p.v) + (size_t)h * p.dv + c0;
+  T* ob = static_cast<T*>(p.out) + (size_t)h * p.dv + c0;
+
+  for (int t = 0; t < span.len; ++t) {
+    const int tok = span.start + t;
+    float q[NPL], k[NPL];
+    load_head<T, NPL>(qb + (size_t)tok * p.q_stride, lane, dk, q);
+    load_head<T, NPL>(kb + (size_t)tok * p.k_stride, lane, dk, k);
+    float v[kRecRows];
+#pragma unroll
+    for (int j = 0; j < kRecRows; ++j) v[j] = (c0 + j < p.dv) ? to_f32(vb[(size_t)tok * p.v_stride + j]) : 0.0f;
+    if (p.l2norm) {
+      l2_normalise<NPL>(q);
+      l2_normalise<NPL>(k);
+    }
+    float alpha[NPL];
+    float alpha_head = 1.0f;
+    if (p.has_decay && !p.decay_per_key) alpha_head = expf(gdn_log_gate(p, tok, h, 0));
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int r = lane * NPL + i;
+      alpha[i] = (p.decay_per_key && r < dk) ? expf(gdn_log_gate(p, tok, h, r)) : alpha_head;
+    }
+    const float beta = p.has_delta ? gdn_beta(p, tok, h) : 1.0f;
+
+    float dot[kRecRows];
+#pragma unroll
+    for (int j = 0; j < kRecRows; ++j) {
+      float d = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) {
+        S[j][i] = __fmul_rn(S[j][i], alpha[i]);
+        d = fmaf(S[j][i], k[i], d);
+      }
+      dot[j] = d;
+    }
+#pragma unroll
+    for (int j = 0; j < kRecRows; ++j) dot[j] = warp_sum(dot[j]);
+    float u[kRecRows], o[kRecRows];
+#pragma unroll
+    for (int j = 0; j < kRecRows; ++j) {
+      u[j] = p.has_delta ? beta * (v[j] - dot[j]) : v[j];
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) {
+        S[j][i] = __fmaf_rn(k[i], u[j], S[j][i]);
+        acc = fmaf(S[j][i], q[i], acc);
+      }
+      o[j] = acc;
+    }
+#pragma unroll
+    for (int j = 0; j < kRecRows; ++j) o[j] = warp_sum(o[j]);
+
+    float mine_o = 0.0f, mine_u = 0.0f;  // lane j < kRecRows writes row c0 + j
+#pragma unroll
+    for (int j = 0; j < kRecRows; ++j)
+      if (lane == j) { mine_o = o[j]; mine_u = u[j]; }
+    const bool row_lane = lane < kRecRows && c0 + lane < p.dv;
+    if (row_lane) ob[(size_t)tok * p.hv * p.dv + lane] = from_f32<T>(p.scale * mine_o);
+    if (t < m) {
+      if (first_warp && lane == 0) cap[(size_t)t * p.hv + h] = alpha_head;
+      if (owns_key) {
+#pragma unroll
+        for (int i = 0; i < NPL; ++i) {
+          const int r = lane * NPL + i;
+          if (r < dk) cap[key_off + ((size_t)t * p.hk + hk) * dk + r] = k[i];
+        }
+      }
+      if (row_lane) cap[delta_off + ((size_t)t * p.hv + h) * p.dv + c0 + lane] = mine_u;
+    }
+  }
+
+  // Slots beyond the captured prefix are zero (project rule, spec/ops.md §2.9).
+  if (cap != nullptr) {
+    for (int t = m; t < p.capacity; ++t) {
+      if (first_warp && lane == 0) cap[(size_t)t * p.hv + h] = 0.0f;
+      if (owns_key)
+        for (int r = lane; r < dk; r += 32) cap[key_off + ((size_t)t * p.hk + hk) * dk + r] = 0.0f;
+      if (lane < kRecRows && c0 + lane < p.dv) cap[delta_off + ((size_t)t * p.hv + h) * p.dv + c0 + lane] = 0.0f;
+    }
+  }
+
+  if (p.state_out != nullptr) {
+#pragma unroll
+    for (int j = 0; j < kRecRows; ++j)
+      if (c0 + j < p.dv) store_state_row<NPL>(p.state_out + (head_base + c0 + j) * dk, lane, dk, S[j]);
+  }
+}
+
+}  // namespace ohk
+
+#define OHK_GDN_RECURRENT(TNAME, T, NPL, KMAX)                                                      \
+  extern "C" __global__ void __launch_bounds__(ohk::kRecWarps * 32)                                \
+      gdn_recurrent_##TNAME##_k##KMAX(const GdnParams p) {                                        \
+    ohk::gdn_recurrent<T, NPL>(p);                                                                 \
+  }
+
+#define OHK_GDN_RECURRENT_ALL_K(TNAME, T) \
+  OHK_GDN_RECURRENT(TNAME, T, 1, 32)      \
+  OHK_GDN_RECURRENT(TNAME, T, 2, 64)      \
+  OHK_GDN_RECURRENT(TNAME, T, 4, 128)     \
+  OHK_GDN_RECURRENT(TNAME, T, 8, 256)     \
+  OHK_GDN_RECURRENT(TNAME, T, 16, 512)
+
+OHK_GDN_RECURRENT_ALL_K(f32, float)
+OHK_GDN_RECURRENT_ALL_K(f16, __half)
+OHK_GDN_RECURRENT_ALL_K(bf16, __nv_bfloat16)

@@ -1,0 +1,45 @@
+// Warp-level tensor-core helpers: ldmatrix fragment loads and mma.sync.m16n8k16 (fp16 in, fp32 accumulate).
+// Fragment layouts are the PTX ISA's: A 16x16 row-major, B 16x8 "col" (stored as [n][k]), C 16x8 with
+// thread (lane) holding rows lane/4 and lane/4 + 8, columns 2*(lane%4) and 2*(lane%4) + 1.
+#pragma once
+#include <cuda_fp16.h>
+
+namespace ohk {
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// A fragment of a 16x16 tile at `tile` (row-major, leading dimension ld halves).
+__device__ __forceinline__ void ldmatrix_a(unsigned (&a)[4], const __half* tile, int ld, int lane) {
+  const __half* p = tile + (lane & 15) * ld + (lane >> 4) * 8;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(smem_addr(p)));
+}
+
+// B fragment (16 k x 8 n) from storage [n][k] (k contiguous), tile at (n0, k0).
+__device__ __forceinline__ void ldmatrix_b(unsigned (&b)[2], const __half* tile, int ld, int lane) {
+  const __half* p = tile + (lane & 7) * ld + ((lane >> 3) & 1) * 8;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(b[0]), "=r"(b[1])
+               : "r"(smem_addr(p)));
+}
+
+// B fragment (16 k x 8 n) from storage [k][n] (n contiguous), tile at (k0, n0).
+__device__ __forceinline__ void ldmatrix_b_trans(unsigned (&b)[2], const __half* tile, int ld, int lane) {
+  const __half* p = tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(b[0]), "=r"(b[1])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+}  // namespace ohk

@@ -1,0 +1,161 @@
+"""Launch plans: which kernels run, with what grid, block, dynamic shared memory and parameters.
+
+This is the one place that states the launch configuration of every kernel in ``kernels/``. The parameter
+structs below mirror ``kernels/common.cuh`` field for field; the C++ launcher of the custom-op library
+mirrors both. Nothing here touches a device: a plan is computed from the geometry alone, so it can be
+checked (and mirrored) without a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+from ..ops.contract import ConvGeometry, GdnGeometry
+
+_p = ctypes.c_void_p
+_i = ctypes.c_int
+
+
+class GdnParams(ctypes.Structure):
+    _fields_ = [
+        ("q", _p), ("k", _p), ("v", _p), ("cu_seqlens", _p), ("decay", _p), ("beta", _p),
+        ("state_in", _p), ("a_log", _p), ("dt_bias", _p), ("capture_count", _p),
+        ("out", _p), ("state_out", _p), ("capsule", _p),
+        ("q_stride", ctypes.c_longlong), ("k_stride", ctypes.c_longlong), ("v_stride", ctypes.c_longlong),
+        ("batch", _i), ("total_tokens", _i), ("uniform_len", _i), ("hk", _i), ("hv", _i), ("dk", _i),
+        ("dv", _i), ("has_decay", _i), ("has_delta", _i), ("gate_qwen", _i), ("beta_sigmoid", _i),
+        ("l2norm", _i), ("decay_per_key", _i), ("capacity", _i), ("capture_active", _i), ("tail_only", _i),
+        ("scale", ctypes.c_float),
+    ]
+
+
+class ConvParams(ctypes.Structure):
+    _fields_ = [
+        ("x", _p), ("weight", _p), ("bias", _p), ("state_in", _p), ("cu_seqlens", _p),
+        ("capture_count", _p), ("out", _p), ("state_out", _p), ("capsule", _p),
+        ("batch", _i), ("total_tokens", _i), ("channels", _i), ("kernel_size", _i), ("dilation", _i),
+        ("state_len", _i), ("capacity", _i), ("silu", _i),
+    ]
+
+
+class GdnReplayParams(ctypes.Structure):
+    _fields_ = [
+        ("state_in", _p), ("state_out", _p), ("capsule", _p), ("accepted", _p),
+        ("batch", _i), ("hk", _i), ("hv", _i), ("dk", _i), ("dv", _i), ("capacity", _i),
+    ]
+
+
+class ConvReplayParams(ctypes.Structure):
+    _fields_ = [
+        ("state_in", _p), ("state_out", _p), ("capsule", _p), ("accepted", _p),
+        ("batch", _i), ("channels", _i), ("state_len", _i), ("capacity", _i),
+    ]
+
+
+# Kernel constants (kernels/*.cu). gdn_chunked_smem_bytes in the image holds the chunked kernel's value;
+# a GPU test checks it against CHUNK_SMEM_BYTES.
+REC_WARPS, REC_ROWS = 4, 4
+REC_KEY_SIZES = (32, 64, 128, 256, 512)  # instantiations: key head size up to this
+CHUNK_D, CHUNK_VT, CHUNK_THREADS = 128, 64, 256
+CHUNK_SMEM_BYTES = 169216
+SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
+CONV_THREADS, CONV_TOKENS = 128, 16
+REPLAY_THREADS = 256
+
+TYPE_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    params: ctypes.Structure
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class PlanError(ValueError):
+    """No kernel can serve the shape (the CUDA analogue of ORT's 'no supported plan')."""
+
+
+def chunked_supported(geo: GdnGeometry, dtype: str, arch: int) -> bool:
+    """Shapes the tensor-core chunked kernel serves (like ORT: Dk = Dv = 128, scalar decay, SM >= 80)."""
+    return (dtype in ("float16", "bfloat16") and geo.head_size_k == CHUNK_D and geo.head_size_v == CHUNK_D
+            and not geo.per_key_decay and arch >= 80)
+
+
+def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, engine: str = "auto") -> list[Launch]:
+    """The kernels of one GatedDeltaNet call.
+
+    ``engine``: ``auto`` launches the chunked kernel when the shape allows it and the batch averages at least
+    32 tokens per row (ORT's rule: T >= 32 B), then a recurrent tail pass over the same grid for the rows it
+    skips (captured rows, rows under 32 tokens; decided on the device from cu_seqlens and capture_count);
+    ``chunked`` does the same whatever the token count; ``recurrent`` runs every row sequentially.
+    """
+    if engine not in ("auto", "chunked", "recurrent"):
+        raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
+    kmax = next((k for k in REC_KEY_SIZES if geo.head_size_k <= k), None)
+    if kmax is None:
+        raise PlanError(f"GatedDeltaNet: no supported plan (head_size_qk {geo.head_size_k} > "
+                        f"{REC_KEY_SIZES[-1]})")
+    chunked = chunked_supported(geo, dtype, arch)
+    if engine == "chunked" and not chunked:
+        raise PlanError(f"GatedDeltaNet: the chunked engine needs float16/bfloat16, head sizes 128/128, "
+                        f"scalar decay and sm_80+; got {dtype}, {geo.head_size_k}/{geo.head_size_v}, "
+                        f"per-key decay {geo.per_key_decay}, sm_{arch}")
+    use_chunked = chunked and (engine == "chunked" or
+                               (engine == "auto" and geo.total_tokens >= SEQUENTIAL_MIN_TOKENS * geo.batch))
+    launches = []
+    if use_chunked:
+        launches.append(Launch(f"gdn_chunked_{TYPE_SUFFIX[dtype]}_d128",
+                               (geo.head_size_v // CHUNK_VT, geo.num_heads_v, geo.batch),
+                               (CHUNK_THREADS, 1, 1), CHUNK_SMEM_BYTES, _copy(params)))
+    rec = _copy(params)
+    rec.tail_only = int(use_chunked)
+    rows_per_block = REC_WARPS * REC_ROWS
+    launches.append(Launch(f"gdn_recurrent_{TYPE_SUFFIX[dtype]}_k{kmax}",
+                           (_ceil(geo.head_size_v, rows_per_block), geo.num_heads_v, geo.batch),
+                           (REC_WARPS * 32, 1, 1), 0, rec))
+    return launches
+
+
+def conv_plan(geo: ConvGeometry, dtype: str, params: ConvParams) -> list[Launch]:
+    """Output pass (reads the incoming state), then the state and capsule pass (may overwrite it)."""
+    sfx = TYPE_SUFFIX[dtype]
+    cx = _ceil(geo.channels, CONV_THREADS)
+    return [
+        Launch(f"conv_output_{sfx}", (cx, _ceil(geo.total_tokens, CONV_TOKENS), 1), (CONV_THREADS, 1, 1), 0,
+               params),
+        Launch(f"conv_state_{sfx}", (cx, geo.batch, 1), (CONV_THREADS, 1, 1), 0, params),
+    ]
+
+
+def gdn_replay_plan(params: GdnReplayParams) -> list[Launch]:
+    n = params.batch * params.hv * params.dv * params.dk
+    return [Launch("gdn_replay_f32", (_ceil(n, REPLAY_THREADS), 1, 1), (REPLAY_THREADS, 1, 1), 0, params)]
+
+
+def conv_replay_plan(dtype: str, params: ConvReplayParams) -> list[Launch]:
+    return [Launch(f"conv_replay_{TYPE_SUFFIX[dtype]}", (_ceil(params.channels, CONV_THREADS), params.batch, 1),
+                   (CONV_THREADS, 1, 1), 0, params)]
+
+
+def kernel_names() -> list[str]:
+    """Every extern "C" kernel of the image (what a driver-API loader looks up)."""
+    names = []
+    for sfx in TYPE_SUFFIX.values():
+        names += [f"gdn_recurrent_{sfx}_k{k}" for k in REC_KEY_SIZES]
+        names += [f"conv_output_{sfx}", f"conv_state_{sfx}", f"conv_replay_{sfx}"]
+    names += ["gdn_chunked_f16_d128", "gdn_chunked_bf16_d128", "gdn_replay_f32"]
+    return names
+
+
+def _copy(params: ctypes.Structure) -> ctypes.Structure:
+    out = type(params)()
+    ctypes.pointer(out)[0] = params
+    return out

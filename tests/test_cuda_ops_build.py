@@ -1,0 +1,89 @@
+"""CUDA kernels without a GPU: NVRTC compiles every kernel for sm_80 and sm_90 (a build break fails CI),
+the cubin cache behaves, and the launch plan picks the engines the contract asks for."""
+
+import pytest
+
+pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+
+from onnx_hybrid.cuda_ops import compiler, plan  # noqa: E402
+from onnx_hybrid.ops import contract  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kernel-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv(compiler.CACHE_ENV, str(path))
+    yield path
+    mp.undo()
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_every_kernel_compiles_offline(cache, arch):
+    image = compiler.compile_image(arch)
+    assert image[:4] == b"\x7fELF"
+    missing = [name for name in plan.kernel_names() if name.encode() + b"\0" not in image]
+    assert not missing, f"kernels missing from the sm_{arch} cubin: {missing}"
+    cached = cache / f"{compiler.cache_key(arch)}.cubin"
+    assert cached.read_bytes() == image
+    assert not list(cache.glob("*.tmp"))
+
+
+def test_cache_is_hit_and_keyed_by_arch(cache):
+    key80, key90 = compiler.cache_key(80), compiler.cache_key(90)
+    assert key80 != key90 and key80.startswith("sm80-")
+    marker = b"\x7fELF-cached"
+    (cache / f"{key80}.cubin").write_bytes(marker)
+    assert compiler.compile_image(80) == marker  # served from disk, NVRTC not called
+    (cache / f"{key80}.cubin").unlink()
+
+
+def test_unsupported_arch_is_a_clear_error():
+    with pytest.raises(compiler.KernelBuildError, match="sm_70"):
+        compiler.compile_image(70, use_cache=False)
+
+
+def _geo(lengths, hq=16, hv=48, dk=128, dv=128, per_key=False, capacity=0):
+    t = sum(lengths)
+    shapes = {"query": (t, hq, dk), "key": (t, hq, dk), "value": (t, hv, dv), "cu_seqlens": (len(lengths) + 1,),
+              "decay": (t, hv, dk) if per_key else (t, hv), "beta": (t, hv)}
+    if capacity:
+        shapes["capture_count"] = (len(lengths),)
+    attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, {"state_update_capacity": capacity})
+    return contract.resolve_gdn(shapes, attrs)
+
+
+def _kernels(geo, dtype="float16", engine="auto", arch=90):
+    return [(ln.kernel, ln.params.tail_only if ln.kernel.startswith("gdn_recurrent") else None)
+            for ln in plan.gdn_plan(geo, dtype, plan.GdnParams(), arch=arch, engine=engine)]
+
+
+def test_plan_engine_selection():
+    # decode and verify: the recurrent kernel alone, serving every row
+    assert _kernels(_geo([1] * 32)) == [("gdn_recurrent_f16_k128", 0)]
+    assert _kernels(_geo([4] * 32, capacity=4)) == [("gdn_recurrent_f16_k128", 0)]
+    # prefill: chunked, then the tail pass for the rows it skips (decided on the device)
+    assert _kernels(_geo([4096])) == [("gdn_chunked_f16_d128", None), ("gdn_recurrent_f16_k128", 1)]
+    assert _kernels(_geo([2048] * 8), "bfloat16")[0][0] == "gdn_chunked_bf16_d128"
+    # shapes the chunked kernel does not serve fall back to the recurrent kernel
+    assert _kernels(_geo([4096]), "float32") == [("gdn_recurrent_f32_k128", 0)]
+    assert _kernels(_geo([4096], dk=64, dv=32)) == [("gdn_recurrent_f16_k64", 0)]
+    assert _kernels(_geo([4096], per_key=True)) == [("gdn_recurrent_f16_k128", 0)]
+    assert _kernels(_geo([4096]), arch=75) == [("gdn_recurrent_f16_k128", 0)]
+    assert _kernels(_geo([1] * 4), engine="chunked")[0][0] == "gdn_chunked_f16_d128"
+    assert _kernels(_geo([4096]), engine="recurrent") == [("gdn_recurrent_f16_k128", 0)]
+
+
+def test_plan_rejects_what_no_kernel_serves():
+    with pytest.raises(plan.PlanError, match="no supported plan"):
+        _kernels(_geo([4], dk=640, dv=8))
+    with pytest.raises(plan.PlanError, match="chunked engine"):
+        _kernels(_geo([64], dk=64, dv=64), engine="chunked")
+
+
+def test_plan_grids_follow_the_geometry():
+    chunk, rec = plan.gdn_plan(_geo([100, 20]), "float16", plan.GdnParams(), arch=90)
+    assert chunk.grid == (2, 48, 2) and chunk.block == (256, 1, 1) and chunk.smem == plan.CHUNK_SMEM_BYTES
+    assert rec.grid == (8, 48, 2) and rec.block == (128, 1, 1) and rec.smem == 0
+    (rec,) = plan.gdn_plan(_geo([1]), "float32", plan.GdnParams(), arch=90)
+    assert rec.kernel == "gdn_recurrent_f32_k128"
