@@ -8,6 +8,7 @@ shapes. bfloat16 tensors (``ml_dtypes.bfloat16`` arrays) travel as OrtValues, wh
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Mapping, Sequence
 
 import ml_dtypes
@@ -80,10 +81,12 @@ def to_ort_value(array: np.ndarray):
 
 
 def from_ort_value(value) -> np.ndarray:
-    array = value.numpy()
-    if value.data_type() == "tensor(bfloat16)":
-        return array.view(ml_dtypes.bfloat16)
-    return array
+    if value.data_type() == "tensor(bfloat16)":  # no NumPy type in ORT's binding: copy the raw bits
+        shape = value.shape()
+        count = int(np.prod(shape))
+        raw = (ctypes.c_uint16 * count).from_address(value.data_ptr()) if count else []
+        return np.array(raw, dtype=np.uint16).view(ml_dtypes.bfloat16).reshape(shape)
+    return value.numpy()
 
 
 def run_session(session, feeds: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:

@@ -1,0 +1,263 @@
+"""Our CPU GatedDeltaNet against the float64 reference and against itself (spec/ops.md §5, GDN)."""
+
+import os
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from native_util import GDN, check_gdn, run_gdn
+from onnx_hybrid.ops import contract, library, replay, single_op
+from onnx_hybrid.ops.testing import random_gdn_case
+
+# Each entry: random_gdn_case keyword arguments. Rows of >= 32 tokens run the chunked engine, shorter
+# rows and captured rows the recurrence (spec/ops.md §2.8).
+REFERENCE_CASES = {
+    # chunk boundaries
+    **{f"T{n}_chunk{c}": dict(lengths=[n], chunk_size=c) for n in (63, 64, 65, 130) for c in (64, 32)},
+    **{f"T{n}_chunk32": dict(lengths=[n], chunk_size=32) for n in (128, 200)},
+    "ragged_unequal": dict(lengths=[40, 110, 50]),
+    "no_initial_state": dict(lengths=[128], with_state=False),
+    "ragged_with_length_1_rows": dict(lengths=[1, 70, 1, 33]),
+    "zero_length_middle": dict(lengths=[3, 0, 5]),
+    "zero_length_middle_chunked": dict(lengths=[40, 0, 50], with_state=False),
+    "capture_clamped": dict(lengths=[3, 5, 1], capacity=4, capture=[-1, 9, 2]),
+    "capture_active_1": dict(lengths=[3, 5, 1], capacity=4, capture=[-1, 9, 2], active=1),
+    "capture_active_0": dict(lengths=[3, 40, 1], capacity=4, capture=[2, 9, 2], active=0),
+    "capture_long_row": dict(lengths=[70, 2], capacity=8, capture=[8, 1]),
+    "capture_zero_count_long_row": dict(lengths=[70, 2], capacity=8, capture=[0, 1]),
+    "capacity_0_state_update_requested": dict(lengths=[4, 40]),
+    "dv_1_l2norm": dict(lengths=[5, 40], head_size_k=16, head_size_v=1),
+    "dk64_dv32": dict(lengths=[40, 7], head_size_k=64, head_size_v=32, num_heads_q=1, num_heads_v=1),
+    "dk128_dv64": dict(lengths=[33, 2], head_size_k=128, head_size_v=64, num_heads_q=1, num_heads_v=2),
+    "dk256": dict(lengths=[34, 3], head_size_k=256, head_size_v=32, num_heads_q=1, num_heads_v=1),
+    "dk128_dv128": dict(lengths=[36, 1], head_size_k=128, head_size_v=128, num_heads_q=1, num_heads_v=1),
+    "ratio_1": dict(lengths=[6, 35], num_heads_q=2, num_heads_v=2),
+    "ratio_2": dict(lengths=[6, 35], num_heads_q=2, num_heads_v=4),
+    "ratio_3_capture": dict(lengths=[6, 35], num_heads_q=2, num_heads_v=6, capacity=3, capture=[3, 2]),
+    "scale_explicit": dict(lengths=[6, 35], scale=0.5),
+    "scale_negative": dict(lengths=[6, 35], scale=-0.3),
+    "per_key_decay": dict(lengths=[40, 5], per_key_decay=True, gate_activation="none"),
+    "per_key_decay_qwen": dict(lengths=[40, 5], per_key_decay=True),
+    "uniform": dict(lengths=[40, 40], layout="uniform"),
+    "rank4": dict(lengths=[3, 3], layout="rank4"),
+    "packed_ragged": dict(lengths=[33, 4], layout="packed"),
+    "packed_uniform": dict(lengths=[5, 5], layout="packed_uniform"),
+    "packed_rank3": dict(lengths=[40, 40], layout="packed_rank3"),
+    "fp16": dict(lengths=[5, 70], dtype="float16"),
+    "bf16": dict(lengths=[5, 70], dtype="bfloat16"),
+    "fp16_capture": dict(lengths=[5, 3], dtype="float16", capacity=4, capture=[4, 2]),
+    "bf16_capture": dict(lengths=[5, 3], dtype="bfloat16", capacity=4, capture=[4, 2]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_CASES))
+def test_matches_reference(name):
+    kwargs = dict(REFERENCE_CASES[name])
+    lengths = kwargs.pop("lengths")
+    check_gdn(random_gdn_case(np.random.default_rng(zlib.crc32(name.encode())), lengths, **kwargs))
+
+
+def _rule_combinations():
+    for rule, (has_decay, has_delta) in contract.UPDATE_RULES.items():
+        for gate in ("none", "qwen") if has_decay else ("none",):
+            for beta in ("none", "sigmoid") if has_delta else ("none",):
+                for l2 in (0, 1):
+                    yield rule, gate, beta, l2
+
+
+@pytest.mark.parametrize("rule,gate,beta,l2", list(_rule_combinations()))
+def test_update_rules_and_activations(rule, gate, beta, l2):
+    case = random_gdn_case(np.random.default_rng(7), [5, 40], update_rule=rule, gate_activation=gate,
+                           beta_activation=beta, qk_l2_norm=l2)
+    check_gdn(case)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 100), min_size=1, max_size=4).filter(lambda xs: sum(xs) > 0),
+    ratio=st.sampled_from([1, 2, 3]),
+    dims=st.sampled_from([(16, 8), (8, 16), (32, 32), (24, 5)]),
+    rule=st.sampled_from(list(contract.UPDATE_RULES)),
+    chunk=st.sampled_from([32, 64]),
+    capacity=st.integers(0, 4),
+    seed=st.integers(0, 2**31),
+)
+def test_random_configurations(lengths, ratio, dims, rule, chunk, capacity, seed):
+    rng = np.random.default_rng(seed)
+    has_decay, has_delta = contract.UPDATE_RULES[rule]
+    capture = rng.integers(-1, 6, len(lengths)).tolist() if capacity else None
+    case = random_gdn_case(rng, lengths, num_heads_q=1 + seed % 2, num_heads_v=(1 + seed % 2) * ratio,
+                           head_size_k=dims[0], head_size_v=dims[1], update_rule=rule,
+                           gate_activation="qwen" if has_decay and seed % 3 else "none",
+                           beta_activation="sigmoid" if has_delta and seed % 2 else "none",
+                           chunk_size=chunk, capacity=capacity, capture=capture)
+    check_gdn(case)
+
+
+@pytest.mark.parametrize("engine", ["sequential", "chunked"])
+def test_forced_engines_match_reference(engine):
+    """The test hook sends every row to one engine: the chunked one on short rows, the recurrence on long."""
+    case = random_gdn_case(np.random.default_rng(3), [1, 2, 17, 31, 64, 97], chunk_size=32)
+    library.set_option("cpu_engine", engine)
+    try:
+        check_gdn(case)
+    finally:
+        library.set_option("cpu_engine", "auto")
+
+
+def test_capacity_0_state_update_shape_and_omitted():
+    case = random_gdn_case(np.random.default_rng(1), [4, 6])
+    assert run_gdn(case)["state_update"].shape == (2, 0)
+    omitted = run_gdn(case, outputs=["output", "final_state"])
+    assert set(omitted) == {"output", "final_state"}
+    only_output = run_gdn(case, outputs=["output"])
+    np.testing.assert_array_equal(only_output["output"], omitted["output"])
+
+
+def test_zero_length_request_copies_state_bitwise():
+    case = random_gdn_case(np.random.default_rng(2), [3, 0, 5], capacity=2, capture=[2, 2, 2])
+    out = run_gdn(case)
+    np.testing.assert_array_equal(out["final_state"][1], case.feeds["initial_state"][1])
+    assert not out["state_update"][1].any()
+    no_state = random_gdn_case(np.random.default_rng(2), [3, 0, 5], with_state=False)
+    assert not run_gdn(no_state)["final_state"][1].any()
+
+
+def _uniform_pair(lengths, layout):
+    rng_seed = 11
+    a = random_gdn_case(np.random.default_rng(rng_seed), lengths, layout="uniform")
+    b = random_gdn_case(np.random.default_rng(rng_seed), lengths, layout=layout)
+    return a, b
+
+
+@pytest.mark.parametrize("lengths", [[128, 128], [1, 1, 1]])
+def test_rank4_equals_rank3_uniform(lengths):
+    a, b = _uniform_pair(lengths, "rank4")
+    ra, rb = run_gdn(a), run_gdn(b)
+    np.testing.assert_array_equal(ra["output"].reshape(rb["output"].shape), rb["output"])
+    np.testing.assert_array_equal(ra["final_state"], rb["final_state"])
+
+
+@pytest.mark.parametrize("layout,lengths", [("packed", [40, 3]), ("packed_uniform", [6, 6]), ("packed_rank3", [40, 40])])
+def test_packed_qkv_equals_separate(layout, lengths):
+    separate_layout = "ragged" if layout == "packed" else "uniform"
+    sep = random_gdn_case(np.random.default_rng(5), lengths, layout=separate_layout)
+    packed = random_gdn_case(np.random.default_rng(5), lengths, layout=layout)
+    rs, rp = run_gdn(sep), run_gdn(packed)
+    np.testing.assert_array_equal(rs["output"], rp["output"].reshape(rs["output"].shape))
+    np.testing.assert_array_equal(rs["final_state"], rp["final_state"])
+
+
+def _split_case(case, at):
+    """The first `at` tokens of a one-row case, and the rest (without state)."""
+    first, rest = dict(case.feeds), dict(case.feeds)
+    for name in ("query", "key", "value", "decay", "beta"):
+        first[name], rest[name] = case.feeds[name][:at], case.feeds[name][at:]
+    n = case.feeds["query"].shape[0]
+    first["cu_seqlens"] = np.array([0, at], np.int32)
+    rest["cu_seqlens"] = np.array([0, n - at], np.int32)
+    return first, rest
+
+
+def test_two_calls_equal_one_call():
+    case = random_gdn_case(np.random.default_rng(8), [128])
+    whole = run_gdn(case)
+    first, rest = _split_case(case, 64)
+    a = single_op.run_single_op(GDN, first, case.attributes)
+    rest["initial_state"] = a["final_state"]
+    b = single_op.run_single_op(GDN, rest, case.attributes)
+    np.testing.assert_allclose(np.concatenate([a["output"], b["output"]]), whole["output"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(b["final_state"], whole["final_state"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("lengths", [[128], [3, 5]])
+def test_state_aliased_through_iobinding(lengths):
+    """initial_state and final_state bound to one buffer: the state advances in place, twice."""
+    case = random_gdn_case(np.random.default_rng(9), lengths)
+    model = single_op.single_op_model(GDN, case.feeds, case.attributes, outputs=["output", "final_state"])
+    session = single_op.make_session(model)
+    state = ort.OrtValue.ortvalue_from_numpy(case.feeds["initial_state"].copy())
+    expected_state = case.feeds["initial_state"]
+    for _ in range(2):
+        expected = single_op.run_session(session, {**case.feeds, "initial_state": expected_state})
+        binding = session.io_binding()
+        for name, value in case.feeds.items():
+            if name != "initial_state":
+                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value))
+        binding.bind_ortvalue_input("initial_state", state)
+        binding.bind_output("output")
+        binding.bind_ortvalue_output("final_state", state)
+        session.run_with_iobinding(binding)
+        np.testing.assert_array_equal(binding.get_outputs()[0].numpy(), expected["output"])
+        np.testing.assert_array_equal(state.numpy(), expected["final_state"])
+        expected_state = expected["final_state"]
+
+
+def test_decode_row_in_mixed_batch_is_bitwise_independent():
+    rng = np.random.default_rng(10)
+    mixed = random_gdn_case(rng, [64, 1])
+    alone = {name: value for name, value in mixed.feeds.items()}
+    for name in ("query", "key", "value", "decay", "beta"):
+        alone[name] = mixed.feeds[name][64:]
+    alone["initial_state"] = mixed.feeds["initial_state"][1:]
+    alone["cu_seqlens"] = np.array([0, 1], np.int32)
+    m = run_gdn(mixed)
+    a = single_op.run_single_op(GDN, alone, mixed.attributes)
+    np.testing.assert_array_equal(m["output"][64:], a["output"])
+    np.testing.assert_array_equal(m["final_state"][1], a["final_state"][0])
+    # a batch of only decode rows next to a batch with long rows
+    decode_only = random_gdn_case(np.random.default_rng(12), [1, 1, 1])
+    with_long = dict(decode_only.feeds)
+    long_case = random_gdn_case(np.random.default_rng(13), [100])
+    for name in ("query", "key", "value", "decay", "beta"):
+        with_long[name] = np.concatenate([decode_only.feeds[name], long_case.feeds[name]])
+    with_long["initial_state"] = np.concatenate([decode_only.feeds["initial_state"], long_case.feeds["initial_state"]])
+    with_long["cu_seqlens"] = np.array([0, 1, 2, 3, 103], np.int32)
+    d = run_gdn(decode_only)
+    w = single_op.run_single_op(GDN, with_long, decode_only.attributes)
+    np.testing.assert_array_equal(w["output"][:3], d["output"])
+    np.testing.assert_array_equal(w["final_state"][:3], d["final_state"])
+
+
+@pytest.mark.parametrize("dtype", ["float", "float16"])
+def test_capsule_replay_is_bit_exact(dtype):
+    """replay_gdn of the capsule for every prefix 1..C equals the op's final_state on that prefix alone."""
+    capacity = 8
+    case = random_gdn_case(np.random.default_rng(14), [8, 8, 8], capacity=capacity, capture=[0, 4, 8],
+                           num_heads_q=2, num_heads_v=4, dtype=dtype)
+    capsule = run_gdn(case)["state_update"]
+    for row, captured in enumerate([0, 4, 8]):
+        for n in range(1, captured + 1):
+            prefix = {"cu_seqlens": np.array([0, n], np.int32), "a_log": case.feeds["a_log"],
+                      "dt_bias": case.feeds["dt_bias"],
+                      "initial_state": case.feeds["initial_state"][row:row + 1]}
+            for name in ("query", "key", "value", "decay", "beta"):
+                prefix[name] = case.feeds[name][8 * row:8 * row + n]
+            attrs = {k: v for k, v in case.attributes.items() if k != "state_update_capacity"}
+            want = single_op.run_single_op(GDN, prefix, attrs)["final_state"]
+            state = case.feeds["initial_state"][row:row + 1].copy()
+            replay.replay_gdn(state, capsule[row:row + 1].copy(), n, capacity)
+            np.testing.assert_array_equal(state, want, err_msg=f"row {row}, prefix {n}")
+
+
+def test_generic_isa_matches_reference():
+    """The portable kernels (machines without AVX-512), forced through ONNX_HYBRID_CPU_ISA in a child."""
+    code = (
+        "import numpy as np, sys\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from native_util import check_gdn\n"
+        "from onnx_hybrid.ops import library\n"
+        "from onnx_hybrid.ops.testing import random_gdn_case\n"
+        "assert library.cpu_isa() == 'generic', library.cpu_isa()\n"
+        "for i, lengths in enumerate([[1, 70, 5], [65, 33]]):\n"
+        "    check_gdn(random_gdn_case(np.random.default_rng(i), lengths, head_size_k=128, head_size_v=24,"
+        " capacity=2, capture=[2, 1, 2][:len(lengths)]))\n"
+    )
+    env = {**os.environ, "ONNX_HYBRID_CPU_ISA": "generic"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
