@@ -32,12 +32,13 @@ void RunConvCpu(const ConvGeometry& geo, const ConvAttributes& attrs, const std:
 
     if (n > 0) {
       // weights [K, width] and the old state [SL, width] in fp32, then one output row per token.
-      auto scratch = Scratch(size_t(kernel * width + sl * width + 3 * width));
+      const int64_t row = std::max({width, kernel, sl});  // x holds a weight row, a state row or a token
+      auto scratch = Scratch(size_t(kernel * width + sl * width + 2 * width + row));
       float* w = scratch.get();
       float* history = w + kernel * width;
       float* bias = history + sl * width;
-      float* x = bias + width;
-      float* acc = x + width;
+      float* acc = bias + width;
+      float* x = acc + width;
       for (int64_t ci = 0; ci < width; ++ci) {
         LoadAsFloat(t.type, t.weight, (c0 + ci) * kernel, kernel, x);
         for (int64_t j = 0; j < kernel; ++j) w[j * width + ci] = x[j];
