@@ -63,14 +63,17 @@ def as_device_tensor(x: Any, name: str) -> DeviceTensor:
         shape = tuple(cai["shape"])
         if cai.get("strides") not in (None, _contiguous_strides(shape, ELEMENT_SIZE[dtype])):
             raise ValueError(f"{name} must be C-contiguous")
-        return DeviceTensor(int(cai["data"][0]), shape, dtype, _pointer_device(int(cai["data"][0])), x)
+        return DeviceTensor(int(cai["data"][0]), shape, dtype, _device_of(x, int(cai["data"][0])), x)
     if hasattr(x, "__dlpack__"):
         return _from_dlpack(x, name)
     raise TypeError(f"{name}: expected a CUDA array (CuPy, __cuda_array_interface__ or __dlpack__), "
                     f"got {type(x).__name__}")
 
 
-def _pointer_device(ptr: int) -> int:
+def _device_of(x: Any, ptr: int) -> int:
+    index = getattr(getattr(x, "device", None), "index", None)  # torch: no driver call (safe in graph capture)
+    if isinstance(index, int):
+        return index
     import cupy
 
     attrs = cupy.cuda.runtime.pointerGetAttributes(ptr)
@@ -96,7 +99,10 @@ _DL_TYPES = {(2, 32): "float32", (2, 16): "float16", (4, 16): "bfloat16", (0, 32
 
 
 def _from_dlpack(x: Any, name: str) -> DeviceTensor:
-    capsule = x.__dlpack__()
+    try:
+        capsule = x.__dlpack__(stream=-1)  # -1: the consumer asks for no synchronisation (array API)
+    except (TypeError, ValueError, RuntimeError, BufferError):
+        capsule = x.__dlpack__()
     get = ctypes.pythonapi.PyCapsule_GetPointer
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     t = _DLTensor.from_address(get(capsule, b"dltensor"))

@@ -1,0 +1,171 @@
+"""GatedDeltaNet CUDA kernels against FLA 0.6.0 on the same inputs, both replayed from CUDA graphs.
+
+27B geometry (Hk = 16, Hv = 48, D = 128), fp16/bf16 q/k/v, fp32 state, ragged cu_seqlens, qwen gate, sigmoid
+beta, in-kernel L2 norm. FLA gets q/k already expanded to Hv heads and g / sigmoid(beta) precomputed
+(outside the timed region: that is less work for FLA than for us). Each case first checks our output
+against FLA's, then times graph replays with CUDA events (median), rotating input sets so that the working
+set exceeds L2. Prints ours, FLA, ratio, and the fraction of the byte floor (decode, verify) or of the
+FLOP floor (prefill) reached by our kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import statistics
+
+import torch
+
+from onnx_hybrid import cuda_ops
+
+HK, HV, D = 16, 48, 128
+L2_BYTES = 60e6
+MATMUL_RATE = 790e12  # measured bf16 dense rate on this H200 (spec/performance.md)
+CHUNK_FLOP_PER_TOKEN_HEAD = 180e3  # chunk-64 algorithm (spec/performance.md)
+
+
+def copy_rate() -> float:
+    """Device-to-device copy rate in bytes (read + written) per second."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * a.numel() / statistics.median(times)
+
+
+def make_inputs(lengths, dtype, capacity, gen):
+    t, b = sum(lengths), len(lengths)
+    dev = "cuda"
+    q = torch.randn(t, HK, D, dtype=dtype, device=dev, generator=gen)
+    k = torch.randn(t, HK, D, dtype=dtype, device=dev, generator=gen)
+    v = torch.randn(t, HV, D, dtype=dtype, device=dev, generator=gen)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=dev)
+    feeds = {
+        "query": q, "key": k, "value": v, "cu_seqlens": cu,
+        "decay": torch.randn(t, HV, device=dev, generator=gen),
+        "beta": torch.randn(t, HV, device=dev, generator=gen),
+        "initial_state": 0.05 * torch.randn(b, HV, D, D, device=dev, generator=gen),
+        "a_log": torch.log(torch.rand(HV, device=dev, generator=gen) * 7.5 + 0.5),
+        "dt_bias": torch.rand(HV, device=dev, generator=gen) * 2 - 1,
+    }
+    if capacity:
+        feeds["capture_count"] = torch.full((b,), capacity, dtype=torch.int32, device=dev)
+    width = capacity * (HV + HK * D + HV * D)
+    outs = {"output": torch.empty(t, HV, D, dtype=dtype, device=dev),
+            "final_state": torch.empty(b, HV, D, D, device=dev),
+            "state_update": torch.empty(b, width, device=dev)}
+    g = -torch.exp(feeds["a_log"]) * torch.nn.functional.softplus(feeds["decay"] + feeds["dt_bias"])
+    fla = {"q": q.repeat_interleave(HV // HK, dim=1)[None], "k": k.repeat_interleave(HV // HK, dim=1)[None],
+           "v": v[None], "g": g[None].float(), "beta": torch.sigmoid(feeds["beta"])[None].to(dtype),
+           "h0": feeds["initial_state"].transpose(-1, -2).contiguous(), "cu": cu.long()}
+    return feeds, outs, fla
+
+
+ATTRS = dict(gate_activation="qwen", beta_activation="sigmoid", qk_l2_norm=1, update_rule="gated_delta")
+
+
+def ours_fn(feeds, outs, capacity):
+    attrs = dict(ATTRS, state_update_capacity=capacity)
+
+    def run():
+        cuda_ops.gated_delta_net(feeds, outputs=outs, stream=torch.cuda.current_stream().cuda_stream, **attrs)
+        return outs["output"]
+    return run
+
+
+def fla_fn(fla, tokens_per_row):
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+    def run():
+        f = fused_recurrent_gated_delta_rule if tokens_per_row <= 8 else chunk_gated_delta_rule
+        o, _ = f(fla["q"], fla["k"], fla["v"], g=fla["g"], beta=fla["beta"], scale=D ** -0.5,
+                 initial_state=fla["h0"], output_final_state=True, use_qk_l2norm_in_kernel=True,
+                 cu_seqlens=fla["cu"])
+        return o[0]
+    return run
+
+
+def graph_time(fns, reps=20) -> float:
+    """Seconds per call: one graph replays every fn (one per rotated input set) once."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        graph.replay()
+        en.record()
+        en.synchronize()
+        times.append(st.elapsed_time(en) / 1e3 / len(fns))
+    return statistics.median(times)
+
+
+CASES = [
+    ("decode B=1", [1], 0), ("decode B=32", [1] * 32, 0), ("decode B=128", [1] * 128, 0),
+    ("verify 4 tok B=32 cap", [4] * 32, 4), ("verify 4 tok B=32", [4] * 32, 0),
+    ("prefill 1x4096", [4096], 0), ("prefill 1x8192", [8192], 0), ("prefill 1x16384", [16384], 0),
+    ("prefill 8x2048", [2048] * 8, 0),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", choices=["float16", "bfloat16", "both"], default="both")
+    ap.add_argument("--cases", default="", help="comma-separated substrings of case names to run")
+    ap.add_argument("--no-fla", action="store_true")
+    args = ap.parse_args()
+    dtypes = ["float16", "bfloat16"] if args.dtype == "both" else [args.dtype]
+    rate = copy_rate()
+    print(f"# {datetime.date.today()} {torch.cuda.get_device_name()}  copy rate {rate / 1e12:.2f} TB/s")
+    print(f"{'case':24s} {'dtype':9s} {'ours us':>9s} {'FLA us':>9s} {'FLA/ours':>9s} {'floor':>7s} {'max err':>8s}")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for dtype_name in dtypes:
+        dtype = getattr(torch, dtype_name)
+        for name, lengths, capacity in CASES:
+            if args.cases and not any(c in name for c in args.cases.split(",")):
+                continue
+            state_bytes = 2 * len(lengths) * HV * D * D * 4
+            sets = max(1, min(16, math.ceil(2 * L2_BYTES / state_bytes)))
+            inputs = [make_inputs(lengths, dtype, capacity, gen) for _ in range(sets)]
+            ours = [ours_fn(f, o, capacity) for f, o, _ in inputs]
+            ours_out = ours[0]().float()
+            fla_t, err = float("nan"), float("nan")
+            if not args.no_fla:
+                fla = [fla_fn(x, lengths[0]) for _, _, x in inputs]
+                fla_out = fla[0]().float()
+                err = ((ours_out - fla_out).abs().max() / fla_out.abs().max().clamp(min=1)).item()
+                fla_t = graph_time(fla)
+            ours_t = graph_time(ours)
+            tokens = sum(lengths)
+            if lengths[0] <= 8:
+                bytes_moved = state_bytes + len(lengths) * capacity * (HV + HK * D + HV * D) * 4
+                floor = bytes_moved / rate / ours_t
+            else:
+                floor = CHUNK_FLOP_PER_TOKEN_HEAD * tokens * HV / MATMUL_RATE / ours_t
+            print(f"{name:24s} {dtype_name:9s} {ours_t * 1e6:9.1f} {fla_t * 1e6:9.1f} {fla_t / ours_t:9.2f} "
+                  f"{floor:7.1%} {err:8.1e}", flush=True)
+            del inputs, ours
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Small GPU driver for tools that wrap a whole process (compute-sanitizer): runs every kernel once on
+malformed offsets (negative, decreasing, beyond T, cu[0] != 0, cu[B] != T) and on a normal mixed batch,
+then synchronises. A memory fault shows up as a sanitizer error or a CUDA error here."""
+
+import numpy as np
+import torch
+
+from onnx_hybrid import cuda_ops
+from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case
+
+MALFORMED = [[0, 6, 12], [0, 5, 3, 12], [-4, 6, 12], [0, 40, 12], [3, 6, 12], [0, 6, 9], [0, 2**30, -2**30, 12]]
+D128 = dict(num_heads_q=2, num_heads_v=4, head_size_k=128, head_size_v=128)
+
+
+def gpu(x):
+    return None if x is None else torch.from_numpy(np.ascontiguousarray(x)).cuda()
+
+
+def main():
+    rng = np.random.default_rng(0)
+    for cu in MALFORMED:
+        b = len(cu) - 1
+        for kw, engine in ((dict(), "recurrent"), (dict(dtype="float16", **D128), "chunked")):
+            case = random_gdn_case(rng, lengths=(6, 6), capacity=4, **kw)
+            feeds = {k: gpu(v) for k, v in case.feeds.items()}
+            feeds["cu_seqlens"] = gpu(np.asarray(cu, np.int32))
+            feeds["capture_count"] = gpu(np.full(b, 4, np.int32))
+            feeds["initial_state"] = gpu(np.resize(case.feeds["initial_state"], (b,) + case.feeds["initial_state"].shape[1:]))
+            cuda_ops.gated_delta_net(feeds, engine=engine, **case.attributes)
+            state = feeds["initial_state"]
+            cuda_ops.replay_gdn(state, cuda_ops.gated_delta_net(feeds, engine=engine, **case.attributes)[2],
+                                [9, -1] + [2] * (b - 2), 4)
+        conv = random_conv_case(rng, lengths=(6, 6), capacity=2, capture=(1, 1))
+        feeds = {k: gpu(v) for k, v in conv.feeds.items()}
+        feeds["cumulative_sequence_length"] = gpu(np.asarray(cu, np.int32))
+        feeds["capture_count"] = gpu(np.ones(b, np.int32))
+        feeds["initial_state"] = gpu(np.resize(conv.feeds["initial_state"], (b,) + conv.feeds["initial_state"].shape[1:]))
+        _, st, cap = cuda_ops.varlen_causal_conv(feeds, **conv.attributes)
+        cuda_ops.replay_conv(st, cap, [5] + [1] * (b - 1))
+    torch.cuda.synchronize()
+    print("gpu_check: all kernels ran on malformed offsets without a CUDA error")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+#!/bin/bash
+# One device-machine session: install carried wheels (FLA), GPU tests, compute-sanitizer on malformed
+# offsets, benchmark. Logs go to $OUT (device tool) or ./out.
+set -o pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+nvidia-smi -L
+STEPS=${STEPS:-test,sanitize,bench}
+[[ $STEPS == *test* ]] && timeout 300 python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda_ops_gpu.py 2>&1 | tee "$OUT/pytest.log" | tail -40
+[[ $STEPS == *sanitize* ]] && timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/gpu_check.py 2>&1 | tee "$OUT/sanitizer.log" | tail -8
+[[ $STEPS == *bench* ]] && timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench_gpu.py ${BENCH_ARGS} 2>&1 | tee "$OUT/bench.log"
+exit 0

@@ -1,0 +1,370 @@
+"""CUDA kernels on a GPU against the float64 reference (spec/ops.md §5), FLA where it applies, and the
+bitwise rules: capsule replay, decode rows independent of the batch, malformed offsets contained.
+
+Tolerances (max |ours - ref| over max(|ref|, 1)): fp32 recurrent 1e-4 (fp32 arithmetic, accurate expf);
+fp16 I/O 5e-3 recurrent (output rounding) and 3e-2 chunked (fp16 tensor-core operands, ORT's own tolerance);
+bf16 I/O 2e-2 recurrent (bf16 output rounding is 4e-3) and 3e-2 chunked. Outputs are poisoned with NaN first,
+so an unwritten element fails.
+"""
+
+import numpy as np
+import pytest
+
+from onnx_hybrid.ops import contract, reference
+from onnx_hybrid.ops.testing import offsets, random_conv_case, random_gdn_case
+
+
+def _cuda_ready() -> bool:
+    try:
+        import cupy
+        import torch
+
+        return cupy.cuda.runtime.getDeviceCount() > 0 and torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _cuda_ready(), reason="needs a CUDA GPU with CuPy and torch")
+
+if _cuda_ready():
+    import ml_dtypes
+    import torch
+
+    from onnx_hybrid import cuda_ops
+    from onnx_hybrid.cuda_ops import launch, plan
+
+TORCH_TYPES = {}
+if _cuda_ready():
+    TORCH_TYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
+                   np.dtype(ml_dtypes.bfloat16): torch.bfloat16, np.dtype(np.int32): torch.int32}
+
+
+def to_gpu(x):
+    if x is None:
+        return None
+    x = np.ascontiguousarray(x)
+    if x.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
+    return torch.from_numpy(x).cuda()
+
+
+def to_host(t) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def poisoned(shape, dtype):
+    return torch.full(tuple(shape), float("nan"), dtype=dtype, device="cuda")
+
+
+def run_gdn(case, engine="auto", feeds=None):
+    feeds = dict(case.feeds if feeds is None else feeds)
+    attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, case.attributes)
+    geo = contract.resolve_gdn({k: (None if v is None else np.shape(v)) for k, v in feeds.items()}, attrs)
+    dev = {k: (v if k == "state_update_active" else to_gpu(v)) for k, v in feeds.items()}
+    act = TORCH_TYPES[np.dtype(feeds["query"].dtype)]
+    outs = {"output": poisoned(geo.output_shape, act),
+            "final_state": poisoned(geo.state_shape, torch.float32),
+            "state_update": poisoned((geo.batch, geo.capsule_width), torch.float32)}
+    out, state, capsule = cuda_ops.gated_delta_net(dev, outputs=outs, engine=engine, **case.attributes)
+    torch.cuda.synchronize()
+    return to_host(out).astype(np.float64), to_host(state), to_host(capsule)
+
+
+def rel_err(ours, ref):
+    return float(np.max(np.abs(ours - ref)) / max(np.max(np.abs(ref)), 1.0)) if ref.size else 0.0
+
+
+def check_gdn(case, tol, engine="auto"):
+    out, state, capsule = run_gdn(case, engine)
+    ref_out, ref_state, ref_capsule = reference.gated_delta_net(case.feeds, **case.attributes)
+    e_out, e_state = rel_err(out, ref_out), rel_err(state, ref_state)
+    assert np.isfinite(out).all() and np.isfinite(state).all() and np.isfinite(capsule).all()
+    assert e_out <= tol and e_state <= tol, f"{case.describe()}: output {e_out:.2e}, state {e_state:.2e}"
+    if ref_capsule.size:
+        # prefix within tolerance, zeros beyond it exactly (both are in ref_capsule's zeros)
+        assert np.array_equal(capsule == 0, ref_capsule == 0) or rel_err(capsule, ref_capsule) <= tol
+        assert np.all(capsule[ref_capsule == 0] == 0)
+        assert rel_err(capsule, ref_capsule) <= tol
+    return e_out, e_state
+
+
+D128 = dict(num_heads_q=2, num_heads_v=4, head_size_k=128, head_size_v=128)
+
+GDN_CONFIGS = [
+    # (id, case kwargs, tolerance, engine)
+    ("f32-ragged", dict(lengths=(5, 9)), 1e-4, "auto"),
+    ("f16-ragged", dict(lengths=(5, 9), dtype="float16"), 5e-3, "auto"),
+    ("bf16-ragged", dict(lengths=(5, 9), dtype="bfloat16"), 2e-2, "auto"),
+    ("gva3-dk32-dv16", dict(lengths=(3, 1, 7), num_heads_q=2, num_heads_v=6, head_size_k=32, head_size_v=16),
+     1e-4, "auto"),
+    ("gva1-dk64-dv32", dict(lengths=(12, 4), num_heads_q=2, num_heads_v=2, head_size_k=64, head_size_v=32), 1e-4,
+     "auto"),
+    ("dk128-dv64-f16", dict(lengths=(40, 150), num_heads_q=1, num_heads_v=2, head_size_k=128, head_size_v=64,
+                            dtype="float16"), 5e-3, "auto"),
+    ("dv1", dict(lengths=(6, 3), head_size_k=64, head_size_v=1), 1e-4, "auto"),
+    ("dk256", dict(lengths=(10,), num_heads_q=1, num_heads_v=2, head_size_k=256, head_size_v=64), 1e-4, "auto"),
+    ("dk40-odd", dict(lengths=(7, 2), head_size_k=40, head_size_v=24), 1e-4, "auto"),
+    ("chunk-63", dict(lengths=(63,), dtype="float16", **D128), 3e-2, "chunked"),
+    ("chunk-64", dict(lengths=(64,), dtype="float16", **D128), 3e-2, "chunked"),
+    ("chunk-65", dict(lengths=(65,), dtype="float16", **D128), 3e-2, "chunked"),
+    ("chunk-130", dict(lengths=(130,), dtype="float16", **D128), 3e-2, "chunked"),
+    ("chunk-ragged-bf16", dict(lengths=(40, 150, 200), dtype="bfloat16", **D128), 3e-2, "auto"),
+    ("chunk-mixed-short", dict(lengths=(300, 17, 64), dtype="float16", num_heads_q=2, num_heads_v=6,
+                               head_size_k=128, head_size_v=128), 3e-2, "chunked"),
+    ("chunk-gva3", dict(lengths=(200,), dtype="float16", num_heads_q=1, num_heads_v=3, head_size_k=128,
+                        head_size_v=128), 3e-2, "auto"),
+    ("chunk-linear", dict(lengths=(100,), dtype="float16", update_rule="linear", gate_activation="none", **D128),
+     3e-2, "chunked"),
+    ("chunk-gated", dict(lengths=(100,), dtype="float16", update_rule="gated", **D128), 3e-2, "chunked"),
+    ("chunk-delta", dict(lengths=(100,), dtype="float16", update_rule="delta", gate_activation="none", **D128),
+     3e-2, "chunked"),
+    ("chunk-no-norm-explicit-scale", dict(lengths=(96,), dtype="float16", qk_l2_norm=0, gate_activation="none",
+                                          beta_activation="none", scale=0.5, **D128), 3e-2, "chunked"),
+    ("chunk-no-state", dict(lengths=(128,), dtype="float16", with_state=False, **D128), 3e-2, "chunked"),
+    ("rec-linear", dict(lengths=(9, 4), update_rule="linear", gate_activation="none"), 1e-4, "auto"),
+    ("rec-gated-none", dict(lengths=(9, 4), update_rule="gated", gate_activation="none"), 1e-4, "auto"),
+    ("rec-delta-nonorm", dict(lengths=(9, 4), update_rule="delta", gate_activation="none", qk_l2_norm=0,
+                              beta_activation="none", scale=-0.3), 1e-4, "auto"),
+    ("per-key-decay", dict(lengths=(8, 5), per_key_decay=True), 1e-4, "auto"),
+    ("uniform", dict(lengths=(6, 6), layout="uniform"), 1e-4, "auto"),
+    ("rank4", dict(lengths=(5, 5, 5), layout="rank4"), 1e-4, "auto"),
+    ("packed", dict(lengths=(4, 9), layout="packed"), 1e-4, "auto"),
+    ("packed-uniform", dict(lengths=(3, 3), layout="packed_uniform"), 1e-4, "auto"),
+    ("packed-rank3-f16", dict(lengths=(2, 2), layout="packed_rank3", dtype="float16"), 5e-3, "auto"),
+    ("zero-length-middle", dict(lengths=(3, 0, 5)), 1e-4, "auto"),
+    ("capture-clamps", dict(lengths=(3, 5, 1), capacity=4, capture=(-1, 9, 2)), 1e-4, "auto"),
+    ("capture-active-0", dict(lengths=(3, 5, 1), capacity=4, capture=(2, 9, 2), active=0), 1e-4, "auto"),
+    ("capture-active-1", dict(lengths=(3, 5, 1), capacity=4, capture=(2, 9, 2), active=1), 1e-4, "auto"),
+    ("capture-chunked-rows", dict(lengths=(70, 40, 5), capacity=8, capture=(0, 4, 8), dtype="float16", **D128),
+     3e-2, "chunked"),
+    ("capture-off-chunked", dict(lengths=(70, 40), capacity=8, capture=(3, 4), active=0, dtype="float16", **D128),
+     3e-2, "chunked"),
+]
+
+
+@pytest.mark.parametrize("name,kwargs,tol,engine", GDN_CONFIGS, ids=[c[0] for c in GDN_CONFIGS])
+def test_gdn_matches_reference(name, kwargs, tol, engine):
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    check_gdn(random_gdn_case(rng, **kwargs), tol, engine)
+
+
+def test_zero_length_row_keeps_its_state_bitwise():
+    case = random_gdn_case(np.random.default_rng(1), lengths=(3, 0, 5))
+    _, state, _ = run_gdn(case)
+    assert np.array_equal(state[1], case.feeds["initial_state"][1])
+
+
+def test_chunked_smem_matches_plan():
+    assert launch.global_int(torch.cuda.current_device(), "gdn_chunked_smem_bytes") == plan.CHUNK_SMEM_BYTES
+
+
+def _prefix_case(case, n):
+    """The same rows cut to their first n tokens (ragged layout)."""
+    lengths = case.lengths
+    cu = offsets(lengths)
+    keep = np.concatenate([np.arange(cu[b], cu[b] + min(n, lengths[b])) for b in range(len(lengths))])
+    feeds = {}
+    for k, v in case.feeds.items():
+        if k in ("query", "key", "value", "decay", "beta"):
+            feeds[k] = v[keep]
+        elif k in ("capture_count", "state_update_active"):
+            continue
+        else:
+            feeds[k] = v
+    feeds["cu_seqlens"] = offsets([min(n, length) for length in lengths])
+    attrs = {k: v for k, v in case.attributes.items() if k != "state_update_capacity"}
+    return feeds, attrs
+
+
+@pytest.mark.parametrize("shape", ["small", "d128"])
+def test_capsule_replay_is_bitwise(shape):
+    kw = dict(lengths=(8, 8, 8), capacity=8, capture=(0, 4, 8))
+    engine = "auto"
+    if shape == "d128":  # row 0 runs chunked, the captured rows in the tail pass
+        kw.update(dtype="float16", lengths=(40, 8, 36), **D128)
+        engine = "chunked"
+    case = random_gdn_case(np.random.default_rng(7), **kw)
+    _, final, capsule = run_gdn(case, engine=engine)
+    m = [contract.captured_prefix(c, 8, n) for c, n in zip(case.feeds["capture_count"], case.lengths)]
+    for n in range(1, 9):
+        feeds, attrs = _prefix_case(case, n)
+        short = type(case)(feeds=feeds, attributes=attrs, lengths=case.lengths)
+        _, short_state, _ = run_gdn(short, engine="recurrent")
+        accepted = [min(n, mb) for mb in m]
+        state = to_gpu(case.feeds["initial_state"].copy())
+        cuda_ops.replay_gdn(state, to_gpu(capsule), accepted, 8)
+        torch.cuda.synchronize()
+        replayed = to_host(state)
+        for b in range(3):
+            if n <= m[b]:
+                assert np.array_equal(replayed[b], short_state[b]), f"row {b}, prefix {n}"
+            if n == m[b] == case.lengths[b]:
+                assert np.array_equal(replayed[b], final[b])
+
+
+def test_decode_row_in_mixed_batch_is_bitwise_alone():
+    rng = np.random.default_rng(3)
+    case = random_gdn_case(rng, lengths=(64, 1), dtype="float16", **D128)
+    out, state, _ = run_gdn(case, engine="auto")
+    alone = {k: v for k, v in case.feeds.items()}
+    for k in ("query", "key", "value", "decay", "beta"):
+        alone[k] = case.feeds[k][64:65]
+    alone["cu_seqlens"] = offsets([1])
+    alone["initial_state"] = case.feeds["initial_state"][1:2]
+    a_out, a_state, _ = run_gdn(type(case)(feeds=alone, attributes=case.attributes, lengths=[1]))
+    assert np.array_equal(out[64:65], a_out) and np.array_equal(state[1:2], a_state)
+    # a batch of only decode rows next to long rows: the decode rows do not see the long ones
+    case2 = random_gdn_case(rng, lengths=(1, 200, 1, 1, 150), dtype="float16", **D128)
+    out2, state2, _ = run_gdn(case2, engine="auto")
+    decode = {k: v for k, v in case2.feeds.items()}
+    rows = [0, 201, 202]
+    for k in ("query", "key", "value", "decay", "beta"):
+        decode[k] = case2.feeds[k][rows]
+    decode["cu_seqlens"] = offsets([1, 1, 1])
+    decode["initial_state"] = case2.feeds["initial_state"][[0, 2, 3]]
+    d_out, d_state, _ = run_gdn(type(case2)(feeds=decode, attributes=case2.attributes, lengths=[1, 1, 1]))
+    assert np.array_equal(out2[rows], d_out) and np.array_equal(state2[[0, 2, 3]], d_state)
+
+
+def test_in_place_state_and_two_call_continuation():
+    rng = np.random.default_rng(5)
+    case = random_gdn_case(rng, lengths=(128,), dtype="float16", **D128)
+    _, ref_state, _ = reference.gated_delta_net(case.feeds, **case.attributes)
+    half = {k: v for k, v in case.feeds.items()}
+    for k in ("query", "key", "value", "decay", "beta"):
+        half[k] = case.feeds[k][:64]
+    half["cu_seqlens"] = offsets([64])
+    state = to_gpu(case.feeds["initial_state"])
+    for part in range(2):
+        feeds = dict(half)
+        if part:
+            for k in ("query", "key", "value", "decay", "beta"):
+                feeds[k] = case.feeds[k][64:]
+        dev = {k: to_gpu(v) for k, v in feeds.items()}
+        dev["initial_state"] = state
+        cuda_ops.gated_delta_net(dev, outputs={"final_state": state,
+                                               "output": torch.empty((64, 4, 128), dtype=torch.float16,
+                                                                     device="cuda")},
+                                 engine="chunked", **case.attributes)
+    assert rel_err(to_host(state), ref_state) <= 3e-2
+
+
+MALFORMED = [[0, 5, 3, 12], [-4, 6, 12], [0, 40, 12], [3, 6, 12], [0, 6, 9], [0, 2**30, -2**30, 12]]
+
+
+@pytest.mark.parametrize("cu", MALFORMED, ids=[str(c) for c in MALFORMED])
+def test_malformed_offsets_are_contained(cu):
+    rng = np.random.default_rng(11)
+    for kw, engine in ((dict(), "recurrent"), (dict(dtype="float16", **D128), "chunked")):
+        case = random_gdn_case(rng, lengths=(6, 6), capacity=4, **kw)
+        feeds = dict(case.feeds)
+        feeds["cu_seqlens"] = np.asarray(cu, dtype=np.int32)
+        feeds["capture_count"] = np.full(len(cu) - 1, 4, dtype=np.int32)
+        feeds["initial_state"] = np.resize(case.feeds["initial_state"], (len(cu) - 1,) + case.feeds["initial_state"].shape[1:])
+        _, state, capsule = run_gdn(case, engine=engine, feeds=feeds)
+        assert np.isfinite(state).all() and np.isfinite(capsule).all()
+    conv = random_conv_case(rng, lengths=(6, 6), capacity=2, capture=(1, 1))
+    feeds = dict(conv.feeds)
+    feeds["cumulative_sequence_length"] = np.asarray(cu, dtype=np.int32)
+    feeds["capture_count"] = np.ones(len(cu) - 1, dtype=np.int32)
+    feeds["initial_state"] = np.resize(conv.feeds["initial_state"], (len(cu) - 1,) + conv.feeds["initial_state"].shape[1:])
+    _, st, cap = run_conv(type(conv)(feeds=feeds, attributes=conv.attributes, lengths=[]))
+    assert np.isfinite(st).all() and np.isfinite(cap).all()
+
+
+def test_rejections_use_the_contract_messages():
+    case = random_gdn_case(np.random.default_rng(2), lengths=(3,))
+    dev = {k: to_gpu(v) for k, v in case.feeds.items()}
+    with pytest.raises(contract.ContractError) as err:
+        cuda_ops.gated_delta_net(dict(dev, value=to_gpu(np.zeros((3, 5, 8), np.float32))), **case.attributes)
+    assert str(err.value) == contract.format_message("GatedDeltaNet", "gdn_heads_v", 5, 2)
+    with pytest.raises(contract.ContractError, match="state_update_capacity must be in"):
+        cuda_ops.gated_delta_net(dev, **dict(case.attributes, state_update_capacity=9))
+    with pytest.raises(TypeError, match="decay must be float32"):
+        cuda_ops.gated_delta_net(dict(dev, decay=dev["decay"].half()), **case.attributes)
+
+
+def test_fla_agrees_where_it_applies():
+    fla = pytest.importorskip("fla.ops.gated_delta_rule")
+    rng = np.random.default_rng(13)
+    case = random_gdn_case(rng, lengths=(300, 77, 129), dtype="float16", num_heads_q=2, num_heads_v=6,
+                           head_size_k=128, head_size_v=128)
+    out, state, _ = run_gdn(case)
+    f = case.feeds
+    g = -np.exp(f["a_log"]) * np.logaddexp(0, f["decay"] + f["dt_bias"])
+    beta = 1 / (1 + np.exp(-f["beta"]))
+    rep = lambda x: torch.repeat_interleave(to_gpu(x), 3, dim=1)[None]  # noqa: E731  (FLA 0.6 wants Hq == Hv)
+    o, s = fla.chunk_gated_delta_rule(
+        rep(f["query"]), rep(f["key"]), to_gpu(f["value"])[None], to_gpu(g.astype(np.float32))[None],
+        to_gpu(beta.astype(np.float32))[None].half(), scale=128 ** -0.5,
+        initial_state=to_gpu(f["initial_state"]).transpose(-1, -2).contiguous(), output_final_state=True,
+        use_qk_l2norm_in_kernel=True, cu_seqlens=to_gpu(f["cu_seqlens"]).long())
+    torch.cuda.synchronize()
+    fla_out = to_host(o[0].float()).astype(np.float64)
+    fla_state = to_host(s.transpose(-1, -2).float())
+    assert rel_err(out, fla_out) <= 3e-2 and rel_err(state, fla_state) <= 3e-2
+
+
+def run_conv(case, alias=False):
+    attrs = contract.resolve_attributes(contract.VARLEN_CAUSAL_CONV, case.attributes)
+    f = case.feeds
+    geo = contract.resolve_conv({k: (None if v is None else np.shape(v)) for k, v in f.items()}, attrs)
+    dev = {k: to_gpu(v) for k, v in f.items()}
+    act = TORCH_TYPES[np.dtype(f["input"].dtype)]
+    outs = {"output": poisoned((geo.total_tokens, geo.channels), act),
+            "final_state": dev["initial_state"] if alias else poisoned((geo.batch, geo.channels, geo.state_length), act),
+            "state_update": poisoned((geo.batch, geo.capacity, geo.channels), act)}
+    out, state, cap = cuda_ops.varlen_causal_conv(dev, outputs=outs, **case.attributes)
+    torch.cuda.synchronize()
+    return to_host(out).astype(np.float64), to_host(state), to_host(cap)
+
+
+CONV_CONFIGS = [
+    ("f32-k4", dict(), 1e-5),
+    ("f16-k4", dict(dtype="float16"), 2e-2),
+    ("bf16-k4", dict(dtype="bfloat16"), 2e-2),
+    ("k1", dict(kernel_size=1), 1e-5),
+    ("k2-dil2", dict(kernel_size=2, dilation=2), 1e-5),
+    ("k3-nobias-none", dict(kernel_size=3, with_bias=False, activation="none"), 1e-5),
+    ("k5-swish", dict(kernel_size=5, activation="swish"), 1e-5),
+    ("k7-dil2-short", dict(kernel_size=7, dilation=2, lengths=(3, 20, 1)), 1e-5),
+    ("decode", dict(lengths=(1, 1, 1, 1)), 1e-5),
+    ("wide-513", dict(channels=513, lengths=(40, 3)), 1e-5),
+    ("deep-k386", dict(channels=33, kernel_size=386, lengths=(400, 2)), 1e-5),
+    ("capture", dict(capacity=8, capture=(-1, 0, 3, 9)), 1e-5),
+    ("zero-length", dict(lengths=(4, 0, 5)), 1e-5),
+]
+
+
+@pytest.mark.parametrize("name,kwargs,tol", CONV_CONFIGS, ids=[c[0] for c in CONV_CONFIGS])
+def test_conv_matches_reference(name, kwargs, tol):
+    case = random_conv_case(np.random.default_rng(abs(hash(name)) % 2**32), **kwargs)
+    out, state, cap = run_conv(case)
+    ref_out, ref_state, ref_cap = reference.varlen_causal_conv(case.feeds, **case.attributes)
+    assert rel_err(out, ref_out) <= tol
+    assert np.array_equal(state.astype(np.float64), ref_state)  # raw samples: exact
+    assert np.array_equal(cap.astype(np.float64), ref_cap)  # bit copies and zeros: exact
+
+
+def test_conv_aliased_state_and_exact_replay():
+    rng = np.random.default_rng(17)
+    case = random_conv_case(rng, lengths=(10, 5, 1, 8), capacity=8, capture=(8, 5, 1, 8), kernel_size=4)
+    ref_out, ref_state, _ = reference.varlen_causal_conv(case.feeds, **case.attributes)
+    out, state, cap = run_conv(case, alias=True)
+    assert np.array_equal(state.astype(np.float64), ref_state)
+    for n in range(1, 9):
+        st = to_gpu(case.feeds["initial_state"].copy())
+        accepted = [min(n, c, length) for c, length in zip((8, 5, 1, 8), case.lengths)]
+        cuda_ops.replay_conv(st, to_gpu(cap), accepted)
+        torch.cuda.synchronize()
+        short = {k: v for k, v in case.feeds.items()}
+        cu = offsets(case.lengths)
+        keep = np.concatenate([np.arange(cu[b], cu[b] + accepted[b]) for b in range(4)]).astype(int)
+        short["input"] = case.feeds["input"][keep]
+        short["cumulative_sequence_length"] = offsets(accepted)
+        short.pop("capture_count")
+        _, short_state, _ = reference.varlen_causal_conv(short, activation="silu", dilation=1)
+        assert np.array_equal(to_host(st).astype(np.float64), short_state), f"prefix {n}"
