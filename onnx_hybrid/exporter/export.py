@@ -43,7 +43,7 @@ def _numpy_dtype(dtype: str) -> np.dtype:
 
 
 def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: int = 0,
-           op_domain: str = contract.MS_DOMAIN, overwrite: bool = False, all_logits: bool = False,
+           op_domain: str = contract.DOMAIN, overwrite: bool = False, all_logits: bool = False,
            progress: bool = True) -> Path:
     """Export ``model_dir`` to ``out_dir`` (model.onnx + external data, genai_config.json, tokenizer).
 

@@ -127,6 +127,6 @@ def _write_plan(checkpoint: Checkpoint, plan: TensorPlan, out: BinaryIO) -> int:
             if plan.add_one:
                 block = block.astype(np.float32) + np.float32(1.0)
             data = np.ascontiguousarray(block.astype(plan.dtype, copy=False))
-            out.write(data.data)
+            out.write(data.view(np.uint8).data)  # a byte view: buffers cannot carry bf16
             written += data.nbytes
     return written

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
@@ -130,7 +131,7 @@ def _preamble(ctx: GraphContext, input_ids, attention_mask, position_ids, captur
         keys_ok = ctx.op("Unsqueeze", ctx.op("Cast", attention_mask, to=ir.DataType.BOOL), ctx.const([1, 2, 3]))
         allowed = ctx.op("And", causal, keys_ok)  # [B, 1, 1, S, L]
         # A finite minimum (not -inf) keeps fully masked (padded) query rows finite, as HF does.
-        bias = ctx.op("Where", allowed, ctx.act_const(0.0), ctx.act_const(float(np.finfo(ctx.np_act).min)))
+        bias = ctx.op("Where", allowed, ctx.act_const(0.0), ctx.act_const(float(ml_dtypes.finfo(ctx.np_act).min)))
     return SharedInputs(batch=batch, seq=seq, mask_column=mask_column, cu_seqlens=cu_seqlens, cos=cos, sin=sin,
                         attention_bias=bias, capture_count=capture_count, state_update_active=active)
 

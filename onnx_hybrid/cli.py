@@ -1,0 +1,89 @@
+"""Command-line entry points: ``export-hybrid`` and ``onnx-hybrid <subcommand>``.
+
+User errors (a bad checkpoint, an existing output folder, a bad option) print one line to stderr and
+exit with status 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable
+
+from .ops import contract
+
+USAGE_ERROR = 2
+
+
+def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    from .exporter.export import DTYPES, OP_DOMAINS
+
+    parser.add_argument("model_dir", help="Hugging Face checkpoint folder (config.json + *.safetensors)")
+    parser.add_argument("-o", "--output", required=True, help="output folder (created; see --overwrite)")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32", help="activation and weight type")
+    parser.add_argument("--state-update-capacity", type=int, default=0, metavar="N",
+                        help=f"compact state-update slots per request, 0..{contract.MAX_STATE_UPDATE_CAPACITY}")
+    parser.add_argument("--op-domain", choices=list(OP_DOMAINS), default=contract.DOMAIN,
+                        help="domain of GatedDeltaNet / VarlenCausalConvWithState: ours (the library is copied "
+                             "next to the model) or com.microsoft (ONNX Runtime's own kernels)")
+    parser.add_argument("--all-logits", action="store_true",
+                        help="return logits for every position, not only each row's last one")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def _run_export(args: argparse.Namespace) -> None:
+    from .exporter import export
+
+    out = export(args.model_dir, args.output, dtype=args.dtype, state_update_capacity=args.state_update_capacity,
+                 op_domain=args.op_domain, overwrite=args.overwrite, all_logits=args.all_logits,
+                 progress=not args.quiet)
+    print(f"exported {args.model_dir} -> {out}")
+
+
+# Subcommands of `onnx-hybrid`: name -> (help, add_arguments, run). Add validate / convert-config here.
+SUBCOMMANDS: dict[str, tuple[str, Callable, Callable]] = {
+    "export": ("export a Hugging Face hybrid checkpoint to ONNX (same as export-hybrid)",
+               _add_export_arguments, _run_export),
+}
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from .exporter.errors import ExportError
+
+    return ExportError, contract.ContractError, FileExistsError
+
+
+def _run(prog: str, run: Callable, args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
+    try:
+        run(args)
+    except _user_errors() as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="export-hybrid", description=SUBCOMMANDS["export"][0])
+    _add_export_arguments(parser)
+    return _run(parser.prog, _run_export, parser.parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="onnx-hybrid", description="onnx-hybrid tools")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, add_arguments, run) in SUBCOMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        add_arguments(sub)
+        sub.set_defaults(run=run)
+    args = parser.parse_args(argv)
+    return _run(f"{parser.prog} {args.command}", args.run, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

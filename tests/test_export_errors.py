@@ -1,0 +1,136 @@
+"""Exporter behaviour around the happy path: imports, unsupported input, bad tensors, atomic output, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from onnx_hybrid.cli import export_main
+from onnx_hybrid.exporter import SUPPORTED_ARCHITECTURES, ExportError, export
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_exporter_imports_neither_torch_nor_transformers():
+    code = ("import sys, onnx_hybrid.exporter, onnx_hybrid.cli; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ck") / "hf", "qwen3_5_text", tied=True)
+
+
+def _copy_with(src: Path, dst: Path, edit) -> Path:
+    dst.mkdir()
+    config = json.loads((src / "config.json").read_text())
+    tensors = load_file(src / "model.safetensors")
+    config, tensors = edit(config, tensors)
+    (dst / "config.json").write_text(json.dumps(config))
+    save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+def test_unsupported_architecture_lists_supported(tiny, tmp_path):
+    bad = _copy_with(tiny, tmp_path / "bad", lambda c, t: ({**c, "architectures": ["LlamaForCausalLM"]}, t))
+    with pytest.raises(ExportError) as err:
+        export(bad, tmp_path / "out", progress=False)
+    assert "LlamaForCausalLM" in str(err.value)
+    assert all(arch in str(err.value) for arch in SUPPORTED_ARCHITECTURES)
+
+
+def test_misshaped_tensor_names_tensor_and_shapes(tiny, tmp_path):
+    name = "model.layers.0.linear_attn.in_proj_z.weight"
+
+    def shrink(config, tensors):
+        tensors[name] = tensors[name][:-1]
+        return config, tensors
+
+    bad = _copy_with(tiny, tmp_path / "bad", shrink)
+    with pytest.raises(ExportError, match=rf"{name}.*\[127, 64\].*expected \[128, 64\]"):
+        export(bad, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_tensor_is_named(tiny, tmp_path):
+    name = "model.layers.2.self_attn.k_norm.weight"
+    bad = _copy_with(tiny, tmp_path / "bad", lambda c, t: (c, {k: v for k, v in t.items() if k != name}))
+    with pytest.raises(ExportError, match=name):
+        export(bad, tmp_path / "out", progress=False)
+
+
+def test_failed_export_leaves_no_partial_output_and_keeps_existing(tiny, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("old")
+    with pytest.raises(ExportError, match="already exists"):
+        export(tiny, out, progress=False)
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    # The package re-exports the function export(), which hides the module of the same name.
+    monkeypatch.setattr(sys.modules["onnx_hybrid.exporter.export"], "write_external_data", fail)
+    with pytest.raises(OSError):
+        export(tiny, out, overwrite=True, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (out / "keep.txt").read_text() == "old"
+    with pytest.raises(OSError):
+        export(tiny, tmp_path / "new", progress=False)
+    assert not (tmp_path / "new").exists()
+
+
+def test_overwrite_replaces_output(tiny, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("x")
+    export(tiny, out, overwrite=True, progress=False)
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".so")) == [
+        "genai_config.json", "generation_config.json", "model.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_cli_user_error_exits_2_without_traceback(tmp_path):
+    code = "import sys; from onnx_hybrid.cli import export_main; sys.exit(export_main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "missing"), "-o", str(tmp_path / "o")],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("export-hybrid: error:") and "Traceback" not in proc.stderr
+    assert export_main([str(tmp_path), "-o", str(tmp_path / "o"), "--state-update-capacity", "9"]) == 2
+
+
+def test_cli_exports(tiny, tmp_path):
+    assert export_main([str(tiny), "-o", str(tmp_path / "o"), "--state-update-capacity", "2", "-q"]) == 0
+    decoder = json.loads((tmp_path / "o" / "genai_config.json").read_text())["model"]["decoder"]
+    assert decoder["state_update_capacity"] == 2
+    assert decoder["session_options"]["custom_ops_library"] == "libonnx_hybrid_ortops.so"
+    assert (tmp_path / "o" / "libonnx_hybrid_ortops.so").is_file()
+
+
+def test_genai_config_parses_in_onnxruntime_genai(tiny, tmp_path):
+    og = pytest.importorskip("onnxruntime_genai")
+    for capacity in (0, 3):
+        out = export(tiny, tmp_path / f"c{capacity}", state_update_capacity=capacity, progress=False)
+        og.Config(str(out))  # raises on anything 0.18.0 rejects (genai_config.md §4.1, §4.2)
+
+
+def test_tied_embedding_is_stored_once(tiny, tmp_path):
+    import onnx
+
+    out = export(tiny, tmp_path / "o", progress=False)
+    graph = onnx.load(out / "model.onnx", load_external_data=False).graph
+    names = [i.name for i in graph.initializer]
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    big = [i for i in graph.initializer if np.prod(i.dims) >= 160 * 64]
+    assert [i.name for i in big if list(i.dims) == [160, 64]] == ["model.embed_tokens.weight"]
