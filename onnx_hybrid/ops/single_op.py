@@ -31,15 +31,18 @@ def _activation_type(op_name: str, feeds: Mapping[str, np.ndarray | None]) -> in
 
 
 def single_op_model(op_name: str, feeds: Mapping[str, np.ndarray | None], attributes: Mapping[str, Any] | None = None,
-                    outputs: Sequence[str] | None = None, domain: str = DOMAIN) -> onnx.ModelProto:
+                    outputs: Sequence[str] | None = None, domain: str = DOMAIN, *,
+                    validate: bool = True) -> onnx.ModelProto:
     """A model with one ``op_name`` node whose graph inputs are the present feeds (None = omitted).
 
     ``outputs``: the op outputs to request by name (default: all); the others are omitted.
+    ``validate=False`` skips the contract's node checks (attribute values, input presence rules), to
+    build the invalid nodes that error tests feed to the kernels.
     """
     op = OPS[op_name]
     present = {name: np.asarray(value) for name, value in feeds.items() if value is not None}
     wanted = [p.name for p in op.outputs] if outputs is None else list(outputs)
-    node = _node(op_name, present, wanted, attributes, domain)
+    node = (_node if validate else _unchecked_node)(op_name, present, wanted, attributes, domain)
     t_type = _activation_type(op_name, feeds)
     graph_inputs = [helper.make_tensor_value_info(name, _ONNX_TYPES[value.dtype], list(value.shape))
                     for name, value in present.items()]
@@ -56,6 +59,17 @@ def _node(op_name, present, wanted, attributes, domain):
     op = OPS[op_name]
     return make_onnx_node(op, {name: name for name in present}, {p.name: p.name for p in op.outputs if p.name in wanted},
                           attributes, domain=domain)
+
+
+def _unchecked_node(op_name, present, wanted, attributes, domain):
+    op = OPS[op_name]
+    inputs = [p.name if p.name in present else "" for p in op.inputs]
+    outputs = [p.name if p.name in wanted else "" for p in op.outputs]
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    while outputs and not outputs[-1]:
+        outputs.pop()
+    return helper.make_node(op_name, inputs, outputs, domain=domain, **dict(attributes or {}))
 
 
 def make_session(model: onnx.ModelProto, with_library: bool = True, intra_op_threads: int | None = None):
@@ -101,9 +115,9 @@ def run_session(session, feeds: Mapping[str, np.ndarray | None]) -> dict[str, np
 
 def run_single_op(op_name: str, feeds: Mapping[str, np.ndarray | None], attributes: Mapping[str, Any] | None = None,
                   domain: str = DOMAIN, with_library: bool = True, outputs: Sequence[str] | None = None,
-                  intra_op_threads: int | None = None) -> dict[str, np.ndarray]:
+                  intra_op_threads: int | None = None, validate: bool = True) -> dict[str, np.ndarray]:
     """Build, load and run a one-node model; ``with_library=False`` runs ORT's own kernels (com.microsoft)."""
-    model = single_op_model(op_name, feeds, attributes, outputs=outputs, domain=domain)
+    model = single_op_model(op_name, feeds, attributes, outputs=outputs, domain=domain, validate=validate)
     session = make_session(model, with_library=with_library, intra_op_threads=intra_op_threads)
     return run_session(session, feeds)
 
