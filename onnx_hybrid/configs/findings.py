@@ -1,0 +1,95 @@
+"""Findings of the genai_config validator, and the report that collects them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ERROR = "error"
+WARNING = "warning"
+
+# Stages, in the order the runtime meets them (spec/genai_config.md §4).
+PARSE = "parse"  # 4.1: JSON reading (og.Config raises while parsing)
+CONFIG = "config"  # 4.2: ModelStateManifest::ValidateConfig (og.Config)
+SESSION = "session"  # 4.3: ModelStateManifest::ValidateSession (og.Model)
+ENGINE = "engine"  # 4.4: dynamic batching (og.Engine)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken (or doubtful) rule.
+
+    ``rule`` is the spec's rule id (C1..C17, S1..S9) or ours (``parse.*``, ``engine.*``, ``export.*``);
+    ``message`` is onnxruntime-genai's message where it has one, so the two can be compared verbatim.
+    """
+
+    rule: str
+    stage: str
+    path: str  # JSON path in genai_config.json
+    message: str
+    tensor: str | None = None
+    expected: Any = None
+    actual: Any = None
+    severity: str = ERROR
+
+    def format(self) -> str:
+        text = f"{self.severity.upper()} [{self.rule}] {self.path}: {self.message}"
+        details = []
+        if self.tensor is not None:
+            details.append(f"tensor {self.tensor!r}")
+        if self.expected is not None:
+            details.append(f"expected {self.expected}")
+        if self.actual is not None:
+            details.append(f"actual {self.actual}")
+        return text + (f" ({'; '.join(details)})" if details else "")
+
+
+@dataclass
+class Report:
+    """Everything the validator found in one export folder."""
+
+    config_path: str
+    form: str | None = None  # "released" | "bindings" | None when there is no state_groups
+    graph_path: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+    def add(self, finding: Finding) -> None:
+        self.findings.append(finding)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def errors_at(self, *stages: str) -> list[Finding]:
+        return [f for f in self.errors if f.stage in stages]
+
+    def to_dict(self) -> dict:
+        return {
+            "config": self.config_path,
+            "graph": self.graph_path,
+            "form": self.form,
+            "ok": self.ok,
+            "errors": len(self.errors),
+            "warnings": len(self.warnings),
+            "findings": [asdict(f) for f in self.findings],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def format(self) -> str:
+        head = f"{self.config_path}: form {self.form or 'none (legacy contract)'}"
+        if self.graph_path:
+            head += f", graph {self.graph_path}"
+        lines = [head] + [f.format() for f in self.findings]
+        lines.append("OK" if self.ok else f"FAILED: {len(self.errors)} error(s), {len(self.warnings)} warning(s)")
+        return "\n".join(lines)
