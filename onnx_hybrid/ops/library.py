@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import pathlib
 import warnings
 
 ABI_VERSION = 1
-_LIBRARY = pathlib.Path(__file__).resolve().parent / "_native" / "libonnx_hybrid_ortops.so"
+# ONNX_HYBRID_LIBRARY points the package at another build of the library (e.g. the AddressSanitizer
+# copy of scripts/asan_check.py).
+_LIBRARY = pathlib.Path(os.environ.get("ONNX_HYBRID_LIBRARY") or
+                        pathlib.Path(__file__).resolve().parent / "_native" / "libonnx_hybrid_ortops.so").resolve()
 
 
 class LibraryNotBuiltError(FileNotFoundError):
@@ -31,10 +35,22 @@ def library_path() -> str:
     return str(_LIBRARY)
 
 
+# Session-config key that marks options already registered: ORT accepts a second registration into the
+# same options but then fails session creation with "Domain already set in registry".
+_REGISTERED_KEY = "onnx_hybrid.custom_ops_library"
+
+
 def register(session_options) -> None:
-    """Register the library's ops (domain ``onnx_hybrid``) into ``session_options``."""
+    """Register the library's ops (domain ``onnx_hybrid``) into ``session_options``; idempotent."""
+    path = library_path()
+    try:
+        if session_options.get_session_config_entry(_REGISTERED_KEY) == path:
+            return
+    except Exception:  # onnxruntime raises when the key is absent
+        pass
     control()  # refuse a library with another control ABI before ORT loads it into a session
-    session_options.register_custom_ops_library(library_path())
+    session_options.register_custom_ops_library(path)
+    session_options.add_session_config_entry(_REGISTERED_KEY, path)
 
 
 @functools.cache

@@ -1,0 +1,59 @@
+"""How the native library is compiled: sources, flags, and the two generated/fetched include folders.
+
+Shared by setup.py (the package build) and scripts/asan_check.py (an AddressSanitizer copy), which load
+this file by path. Standard library only: it runs before the package's dependencies are installed.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+NATIVE = pathlib.Path(__file__).resolve().parent
+ROOT = NATIVE.parent.parent.parent
+ORT_API_VERSION = 21
+HEADER_CACHE = ROOT / "build" / "ort-headers"
+GENERATED = ROOT / "build" / "generated"
+
+# spec/native_library.md §4: no FMA contraction (the recurrence's rounding is part of the contract), no
+# fast-math, hidden symbols; AVX-512 code is confined to one file by a target pragma.
+COMPILE_ARGS = ["-std=c++17", "-O2", "-g0", "-fPIC", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+                "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+LINK_ARGS = ["-Wl,--exclude-libs,ALL", "-Wl,--as-needed", f"-Wl,--version-script={NATIVE / 'exports.map'}"]
+
+
+def sources() -> list[pathlib.Path]:
+    return sorted(NATIVE.glob("*.cc"))
+
+
+class BuildConfigError(RuntimeError):
+    pass
+
+
+def ort_include_dir() -> pathlib.Path:
+    """$ONNX_HYBRID_ORT_INCLUDE, or Debian trixie's API-21 headers fetched once into build/ort-headers."""
+    given = os.environ.get("ONNX_HYBRID_ORT_INCLUDE")
+    include = pathlib.Path(given) if given else HEADER_CACHE
+    if not given and not (include / "onnxruntime_c_api.h").exists():
+        subprocess.run(["sh", str(NATIVE / "fetch_ort_headers.sh"), str(include)], check=True)
+    header = include / "onnxruntime_c_api.h"
+    if not header.exists():
+        raise BuildConfigError(f"{header} not found; set ONNX_HYBRID_ORT_INCLUDE to a folder with the ONNX Runtime "
+                               f"API {ORT_API_VERSION} C/C++ headers")
+    found = re.search(r"^#define ORT_API_VERSION (\d+)", header.read_text(), re.M)
+    if not found or int(found.group(1)) != ORT_API_VERSION:
+        raise BuildConfigError(
+            f"{header} has ORT_API_VERSION {found.group(1) if found else 'none'}, expected {ORT_API_VERSION} "
+            "(libonnxruntime-dev 1.21.0+dfsg-1); newer headers would make the library refuse older runtimes")
+    return include
+
+
+def include_dirs() -> list[str]:
+    """Fetch the ORT headers if needed, generate the contract header, and return the include path."""
+    include = ort_include_dir()
+    subprocess.run([sys.executable, str(NATIVE / "gen_contract_header.py"), str(GENERATED / "contract_generated.h")],
+                   check=True)
+    return [str(include), str(GENERATED), str(NATIVE)]

@@ -1,0 +1,118 @@
+"""The shared library itself: interface, dependencies, registration, control functions, memory safety."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from native_util import GDN, run_gdn
+from onnx_hybrid.ops import library, library_path, register, single_op
+from onnx_hybrid.ops.contract import MS_DOMAIN
+from onnx_hybrid.ops.testing import random_gdn_case
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tool_output(*command):
+    if not shutil.which(command[0]):
+        pytest.fail(f"{command[0]} (binutils) is needed to inspect the library")
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
+def test_library_path_is_absolute_and_stable():
+    path = library_path()
+    assert os.path.isabs(path) and os.path.isfile(path) and path == library_path()
+
+
+def test_exports_only_the_entry_point_and_control_functions():
+    symbols = re.findall(r"^\S+ [A-Za-z] (\S+)$", tool_output("nm", "-D", "--defined-only", library_path()), re.M)
+    assert "RegisterCustomOps" in symbols
+    assert all(s == "RegisterCustomOps" or s.startswith("onnx_hybrid_") for s in symbols), symbols
+
+
+def test_needs_only_the_c_and_cxx_runtimes():
+    needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", tool_output("readelf", "-d", library_path())))
+    assert needed <= {"libstdc++.so.6", "libgcc_s.so.1", "libc.so.6", "libm.so.6"}, needed
+    assert "libc.so.6" in needed
+
+
+def test_registers_into_many_session_options_and_twice_into_one():
+    case = random_gdn_case(np.random.default_rng(0), [3, 40])
+    model = single_op.single_op_model(GDN, case.feeds, case.attributes).SerializeToString()
+    sessions = []
+    for _ in range(4):
+        so = ort.SessionOptions()
+        register(so)
+        register(so)  # idempotent on the same options
+        sessions.append(ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]))
+    results = [single_op.run_session(s, case.feeds)["output"] for s in sessions]
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+
+
+def test_control_functions():
+    lib = library.control()
+    assert lib.onnx_hybrid_abi_version() == library.ABI_VERSION
+    assert library.cpu_isa() in ("avx512", "generic")
+    with pytest.raises(ValueError, match="unknown key or value"):
+        library.set_option("no_such_option", "1")
+    with pytest.raises(ValueError, match="cpu_engine"):
+        library.set_option("cpu_engine", "fastest")
+
+
+def test_com_microsoft_alias_is_opt_in_and_runs_our_kernels():
+    case = random_gdn_case(np.random.default_rng(1), [5, 40], capacity=2, capture=[2, 1])
+    ours = run_gdn(case)
+    model = single_op.single_op_model(GDN, case.feeds, case.attributes, domain=MS_DOMAIN)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        library.enable_com_microsoft_alias()
+    try:
+        own_kernels = tuple(int(x) for x in ort.__version__.split(".")[:2]) >= (1, 32)
+        assert any("overrides them" in str(w.message) for w in caught) == own_kernels
+        aliased = single_op.run_session(single_op.make_session(model), case.feeds)
+    finally:
+        library.enable_com_microsoft_alias(False)
+    for name, value in ours.items():
+        np.testing.assert_array_equal(aliased[name], value)  # bitwise: the very same kernels ran
+    # Off again: options registered from now on carry only the onnx_hybrid domain.
+    so = ort.SessionOptions()
+    register(so)
+    if not own_kernels:
+        with pytest.raises(Exception):
+            ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def test_com_microsoft_alias_from_the_environment():
+    code = ("import numpy as np\n"
+            "from onnx_hybrid.ops import single_op\n"
+            "from onnx_hybrid.ops.testing import random_gdn_case\n"
+            "c = random_gdn_case(np.random.default_rng(2), [4, 1])\n"
+            "a = single_op.run_single_op('GatedDeltaNet', c.feeds, c.attributes, domain='com.microsoft')\n"
+            "b = single_op.run_single_op('GatedDeltaNet', c.feeds, c.attributes)\n"
+            "assert all(np.array_equal(a[k], b[k]) for k in a)\n")
+    env = {**os.environ, "ONNX_HYBRID_REGISTER_COM_MICROSOFT": "1"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT)
+
+
+def test_missing_library_error_says_how_to_build():
+    code = "from onnx_hybrid.ops import library_path\nlibrary_path()\n"
+    env = {**os.environ, "ONNX_HYBRID_LIBRARY": "/nonexistent/libonnx_hybrid_ortops.so"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode != 0 and "pip install -e ." in result.stderr
+
+
+def test_malformed_offsets_are_memory_safe_under_asan():
+    """scripts/asan_check.py --quick: an AddressSanitizer build runs the malformed-offset cases (~10 s)."""
+    if not shutil.which("g++"):
+        pytest.fail("g++ is needed to build the AddressSanitizer copy of the library")
+    result = subprocess.run([sys.executable, "scripts/asan_check.py", "--quick"], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout + result.stderr[-5000:]
+    assert "no memory errors" in result.stdout
