@@ -11,6 +11,8 @@ import logging
 import sys
 from typing import Callable
 
+from .configs.commands import SUBCOMMANDS as CONFIG_SUBCOMMANDS
+from .configs.state_groups import FORMS, RELEASED
 from .ops import contract
 
 USAGE_ERROR = 2
@@ -29,6 +31,9 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "next to the model) or com.microsoft (ONNX Runtime's own kernels)")
     parser.add_argument("--all-logits", action="store_true",
                         help="return logits for every position, not only each row's last one")
+    parser.add_argument("--manifest-format", choices=FORMS, default=RELEASED,
+                        help="state_groups form in genai_config.json: released (onnxruntime-genai 0.18) or "
+                             "bindings (PR #2454)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -38,14 +43,15 @@ def _run_export(args: argparse.Namespace) -> None:
 
     out = export(args.model_dir, args.output, dtype=args.dtype, state_update_capacity=args.state_update_capacity,
                  op_domain=args.op_domain, overwrite=args.overwrite, all_logits=args.all_logits,
-                 progress=not args.quiet)
+                 progress=not args.quiet, manifest_format=args.manifest_format)
     print(f"exported {args.model_dir} -> {out}")
 
 
-# Subcommands of `onnx-hybrid`: name -> (help, add_arguments, run). Add validate / convert-config here.
+# Subcommands of `onnx-hybrid`: name -> (help, add_arguments, run); run may return an exit status.
 SUBCOMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "export": ("export a Hugging Face hybrid checkpoint to ONNX (same as export-hybrid)",
                _add_export_arguments, _run_export),
+    **CONFIG_SUBCOMMANDS,
 }
 
 
@@ -58,14 +64,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def _run(prog: str, run: Callable, args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
     try:
-        run(args)
+        status = run(args)
     except _user_errors() as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return status or 0
 
 
 def export_main(argv: list[str] | None = None) -> int:

@@ -1,14 +1,17 @@
-"""Write ``genai_config.json`` for a non-paged hybrid decoder export (onnxruntime-genai 0.18, released form).
+"""Write ``genai_config.json`` for a hybrid decoder export, non-paged or paged (onnxruntime-genai 0.18).
 
 :func:`genai_config` is a pure function of a typed :class:`DecoderExport`; the exporter fills the
 description, and other writers (state_groups variants, the paged export) can build on the same data.
-Layout follows genai_config.md §7.4; with a state-update capacity the decoder also declares the
-released (V4) ``state_groups`` of §2.5 so that the capture inputs and update outputs are bound.
+Layout follows genai_config.md §7.4; with a state-update capacity, and always in paged exports, the
+decoder also declares its ``state_groups`` (``state_groups.py``: the released form of §2.5 by default,
+the #2454 bindings form on request) so that the capture inputs and update outputs are bound.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from .state_groups import FULL_ATTENTION, LINEAR_ATTENTION, RELEASED, DecoderStates, manifest_for, write_state_groups
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,14 @@ class DecoderIO:
 
     inputs: dict[str, str]
     outputs: dict[str, str]
+
+
+@dataclass(frozen=True)
+class PagedCache:
+    """The paged KV pool of a paged export: ``engine.dynamic_batching`` (genai_config.md §7.4)."""
+
+    block_size: int
+    num_blocks: int | None = None  # None: the runtime sizes the pool (GPU); required on CPU
 
 
 @dataclass(frozen=True)
@@ -39,17 +50,13 @@ class DecoderExport:
     pad_token_id: int | None = None
     custom_ops_library: str | None = None
     session_options: dict = field(default_factory=dict)  # extra entries, e.g. intra_op_num_threads
+    paged: PagedCache | None = None
+    manifest_format: str = RELEASED  # state_groups form: "released" (0.18) or "bindings" (#2454)
 
-
-def state_groups(desc: DecoderExport) -> list[dict]:
-    """The fixed-state groups of the linear layers, with compact updates (genai_config.md §2.2, §2.5)."""
-    cap = desc.state_update_capacity
-    layers = list(desc.linear_layer_ids)
-    return [
-        {"kind": "fixed_conv", "layer_ids": layers, "state_update": {"capacity": cap}},
-        {"kind": "fixed_recurrent", "layer_ids": layers,
-         "state_update": {"capacity": cap, "key_head_count": desc.gdn_key_heads}},
-    ]
+    def decoder_states(self) -> DecoderStates:
+        layer_types = tuple(LINEAR_ATTENTION if i in self.linear_layer_ids else FULL_ATTENTION
+                            for i in range(self.num_hidden_layers))
+        return DecoderStates(layer_types, self.gdn_key_heads, self.state_update_capacity, paged=self.paged is not None)
 
 
 def genai_config(desc: DecoderExport) -> dict:
@@ -67,9 +74,8 @@ def genai_config(desc: DecoderExport) -> dict:
         "num_hidden_layers": desc.num_hidden_layers,
         "num_key_value_heads": desc.num_key_value_heads,
     }
-    if desc.state_update_capacity:
-        decoder["state_groups"] = state_groups(desc)
-        decoder["state_update_capacity"] = desc.state_update_capacity
+    if desc.state_update_capacity or desc.paged:
+        write_state_groups(decoder, manifest_for(desc.decoder_states()), desc.manifest_format)
     pad = desc.pad_token_id if desc.pad_token_id is not None else (desc.eos_token_id or (0,))[0]
     model = {
         "bos_token_id": desc.bos_token_id if desc.bos_token_id is not None else pad,
@@ -88,4 +94,10 @@ def genai_config(desc: DecoderExport) -> dict:
         "past_present_share_buffer": False,
         "repetition_penalty": 1.0, "temperature": 1.0, "top_k": 50, "top_p": 1.0,
     }
-    return {"model": model, "search": search}
+    config = {"model": model, "search": search}
+    if desc.paged:
+        pool = {"block_size": desc.paged.block_size}
+        if desc.paged.num_blocks is not None:
+            pool["num_blocks"] = desc.paged.num_blocks
+        config["engine"] = {"dynamic_batching": pool}
+    return config

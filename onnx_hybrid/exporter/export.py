@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -12,6 +13,7 @@ import onnx_ir as ir
 from tqdm.auto import tqdm
 
 from ..configs.genai_config import DecoderExport, DecoderIO, genai_config
+from ..configs.state_groups import FORMS, RELEASED
 from ..ops import contract
 from . import io_names as io
 from .checkpoint import Checkpoint
@@ -44,17 +46,21 @@ def _numpy_dtype(dtype: str) -> np.dtype:
 
 def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: int = 0,
            op_domain: str = contract.DOMAIN, overwrite: bool = False, all_logits: bool = False,
-           progress: bool = True) -> Path:
+           progress: bool = True, manifest_format: str = RELEASED) -> Path:
     """Export ``model_dir`` to ``out_dir`` (model.onnx + external data, genai_config.json, tokenizer).
 
     ``all_logits`` keeps logits for every position ([B, S, V]); by default only each row's last
     position is computed ([B, 1, V]), which is all greedy decoding and onnxruntime-genai need.
+    ``manifest_format`` picks the state_groups form of genai_config.json: ``released`` (what
+    onnxruntime-genai 0.18 parses) or ``bindings`` (PR #2454).
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     np_act = _numpy_dtype(dtype)
     if not 0 <= state_update_capacity <= contract.MAX_STATE_UPDATE_CAPACITY:
         raise ExportError(f"state_update_capacity must be in [0, {contract.MAX_STATE_UPDATE_CAPACITY}], "
                           f"got {state_update_capacity}")
+    if manifest_format not in FORMS:
+        raise ExportError(f"manifest_format must be one of {', '.join(FORMS)}, got {manifest_format!r}")
     if op_domain not in OP_DOMAINS:
         raise ExportError(f"op_domain must be one of {', '.join(OP_DOMAINS)}, got {op_domain!r}")
     cfg = load_model_config(model_dir)
@@ -71,7 +77,8 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
             write_external_data(ctx.weights, stage / DATA_FILE, lambda plan: bar.update())
         ir.save(assemble_model(ctx, inputs, outputs), stage / MODEL_FILE)
         library = _copy_op_library(stage) if op_domain == contract.DOMAIN else None
-        desc = decoder_export(cfg, state_update_capacity, library)
+        desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library),
+                                   manifest_format=manifest_format)
         (stage / GENAI_CONFIG).write_text(json.dumps(genai_config(desc), indent=4) + "\n")
         for name in TOKENIZER_FILES:
             if (model_dir / name).is_file():
