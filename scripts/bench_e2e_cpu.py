@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""End-to-end CPU speed through onnxruntime-genai: our export against onnxruntime-genai's builder export.
+
+Both models come from the same synthetic checkpoint (real Qwen3.5-0.8B geometry, random bf16 weights,
+see onnx_hybrid.testing.synthetic) and run in the same process, one after the other, with
+``intra_op_num_threads`` set in session_options. Measured: prefill of a P-token prompt (append_tokens,
+which includes the first logits) and greedy decode of N tokens, median of R runs each.
+
+    python scripts/bench_e2e_cpu.py --work /tmp/bench            # creates what is missing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def ensure_exports(work: Path, our_domains: list[str]) -> dict[str, Path]:
+    from onnx_hybrid.exporter import export
+    from onnx_hybrid.testing.synthetic import QWEN3_5_0_8B, write_checkpoint
+
+    checkpoint = work / "checkpoint_0.8b"
+    if not (checkpoint / "config.json").is_file():
+        write_checkpoint(checkpoint, QWEN3_5_0_8B)
+    models = {}
+    builder = work / "builder_0.8b_fp32"
+    if not (builder / "genai_config.json").is_file():
+        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o",
+                        str(builder), "-p", "fp32", "-e", "cpu", "-c", str(work / "cache")], check=True)
+    models["builder fp32 (LinearAttention, all logits)"] = builder
+    for domain in our_domains:
+        out = work / f"ours_0.8b_fp32_{domain}"
+        if not (out / "genai_config.json").is_file():
+            export(checkpoint, out, op_domain=domain)
+        models[f"ours fp32 ({domain} kernels, last-token logits)"] = out
+    return models
+
+
+def run_model(path: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+    import onnxruntime_genai as og
+
+    config = og.Config(str(path))
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+    model = og.Model(config)
+    prompt = np.random.default_rng(0).integers(1000, 200000, prompt_len).tolist()
+    prefill, decode, tokens = [], [], None
+    for _ in range(repeats + 1):  # the first run warms up (prepacking, allocations)
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=prompt_len + new_tokens)
+        gen = og.Generator(model, params)
+        t0 = time.perf_counter()
+        gen.append_tokens(prompt)
+        t1 = time.perf_counter()
+        while not gen.is_done():
+            gen.generate_next_token()
+        t2 = time.perf_counter()
+        produced = len(gen.get_sequence(0)) - prompt_len
+        prefill.append(t1 - t0)
+        decode.append(produced / (t2 - t1))
+        tokens = [int(t) for t in gen.get_sequence(0)][prompt_len:]
+    return {"prefill_ms": 1e3 * statistics.median(prefill[1:]), "decode_tok_s": statistics.median(decode[1:]),
+            "tokens": tokens}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/bench"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--domains", nargs="+", default=["onnx_hybrid", "com.microsoft"])
+    args = parser.parse_args()
+    models = ensure_exports(args.work, args.domains)
+    results = {}
+    for label, path in models.items():
+        results[label] = run_model(path, args.threads, args.prompt, args.new_tokens, args.repeats)
+        r = results[label]
+        print(f"{label}: prefill {args.prompt} tokens {r['prefill_ms']:.0f} ms, decode {r['decode_tok_s']:.2f} tok/s",
+              flush=True)
+    base = results[next(iter(models))]
+    for label, r in list(results.items())[1:]:
+        same = next((i for i, (a, b) in enumerate(zip(r["tokens"], base["tokens"])) if a != b), len(r["tokens"]))
+        print(f"{label}: prefill speed-up {base['prefill_ms'] / r['prefill_ms']:.2f}x, decode "
+              f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x, first {same} greedy tokens equal to the builder's")
+
+
+if __name__ == "__main__":
+    main()
