@@ -34,6 +34,13 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--manifest-format", choices=FORMS, default=RELEASED,
                         help="state_groups form in genai_config.json: released (onnxruntime-genai 0.18) or "
                              "bindings (PR #2454)")
+    parser.add_argument("--paged", action="store_true",
+                        help="packed tokens and com.microsoft::PagedAttention over a block pool: the graph "
+                             "onnxruntime-genai's Engine (dynamic batching) runs; CUDA only in stock ORT")
+    parser.add_argument("--block-size", type=int, default=256, metavar="N",
+                        help="tokens per KV block of the paged export (power of two >= 16)")
+    parser.add_argument("--num-blocks", type=int, default=None, metavar="N",
+                        help="KV blocks in the paged pool, written to engine.dynamic_batching (needed on CPU)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -43,7 +50,8 @@ def _run_export(args: argparse.Namespace) -> None:
 
     out = export(args.model_dir, args.output, dtype=args.dtype, state_update_capacity=args.state_update_capacity,
                  op_domain=args.op_domain, overwrite=args.overwrite, all_logits=args.all_logits,
-                 progress=not args.quiet, manifest_format=args.manifest_format)
+                 progress=not args.quiet, manifest_format=args.manifest_format, paged=args.paged,
+                 block_size=args.block_size, num_blocks=args.num_blocks)
     print(f"exported {args.model_dir} -> {out}")
 
 

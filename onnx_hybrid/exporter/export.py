@@ -12,7 +12,7 @@ import numpy as np
 import onnx_ir as ir
 from tqdm.auto import tqdm
 
-from ..configs.genai_config import DecoderExport, DecoderIO, genai_config
+from ..configs.genai_config import DecoderExport, DecoderIO, PagedCache, genai_config
 from ..configs.state_groups import FORMS, RELEASED
 from ..ops import contract
 from . import io_names as io
@@ -20,6 +20,7 @@ from .checkpoint import Checkpoint
 from .errors import ExportError
 from .graph.context import GraphContext
 from .graph.decoder import GraphOptions, assemble_model, build_decoder
+from .graph.paged_attention import PagedLayout
 from .model_config import ModelConfig, load_model_config
 from .output_dir import staged_output
 from .weights import Weights, write_external_data
@@ -46,19 +47,29 @@ def _numpy_dtype(dtype: str) -> np.dtype:
 
 def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: int = 0,
            op_domain: str = contract.DOMAIN, overwrite: bool = False, all_logits: bool = False,
-           progress: bool = True, manifest_format: str = RELEASED) -> Path:
+           progress: bool = True, manifest_format: str = RELEASED, paged: bool = False,
+           block_size: int = 256, num_blocks: int | None = None) -> Path:
     """Export ``model_dir`` to ``out_dir`` (model.onnx + external data, genai_config.json, tokenizer).
 
     ``all_logits`` keeps logits for every position ([B, S, V]); by default only each row's last
     position is computed ([B, 1, V]), which is all greedy decoding and onnxruntime-genai need.
     ``manifest_format`` picks the state_groups form of genai_config.json: ``released`` (what
     onnxruntime-genai 0.18 parses) or ``bindings`` (PR #2454).
+
+    ``paged`` exports what onnxruntime-genai's Engine (dynamic batching) runs: requests packed on one
+    token axis, full attention as ``com.microsoft::PagedAttention`` over a pool of ``block_size``-token
+    blocks, logits for every token, and ``engine.dynamic_batching`` in genai_config.json
+    (``num_blocks`` pins the pool size; the CPU Engine needs it).
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     np_act = _numpy_dtype(dtype)
     if not 0 <= state_update_capacity <= contract.MAX_STATE_UPDATE_CAPACITY:
         raise ExportError(f"state_update_capacity must be in [0, {contract.MAX_STATE_UPDATE_CAPACITY}], "
                           f"got {state_update_capacity}")
+    if paged and (block_size < 16 or block_size & (block_size - 1)):
+        raise ExportError(f"block_size must be a power of two >= 16, got {block_size}")
+    if paged and num_blocks is not None and num_blocks <= 0:
+        raise ExportError(f"num_blocks must be positive, got {num_blocks}")
     if manifest_format not in FORMS:
         raise ExportError(f"manifest_format must be one of {', '.join(FORMS)}, got {manifest_format!r}")
     if op_domain not in OP_DOMAINS:
@@ -70,15 +81,17 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
 
     ctx = GraphContext(config=cfg, weights=Weights(checkpoint), act=ir.DataType.from_numpy(np_act),
                        np_act=np_act, op_domain=op_domain, capacity=state_update_capacity)
-    inputs, outputs = build_decoder(ctx, GraphOptions(last_token_logits=not all_logits))
+    layout = PagedLayout(block_size) if paged else None
+    inputs, outputs = build_decoder(ctx, GraphOptions(last_token_logits=not all_logits, paged=layout))
 
     with staged_output(out_dir, overwrite) as stage:
         with tqdm(total=len(ctx.weights.plans), unit="tensor", desc="writing weights", disable=not progress) as bar:
             write_external_data(ctx.weights, stage / DATA_FILE, lambda plan: bar.update())
         ir.save(assemble_model(ctx, inputs, outputs), stage / MODEL_FILE)
         library = _copy_op_library(stage) if op_domain == contract.DOMAIN else None
-        desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library),
-                                   manifest_format=manifest_format)
+        desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library, paged=paged),
+                                   manifest_format=manifest_format,
+                                   paged=PagedCache(block_size, num_blocks) if paged else None)
         (stage / GENAI_CONFIG).write_text(json.dumps(genai_config(desc), indent=4) + "\n")
         for name in TOKENIZER_FILES:
             if (model_dir / name).is_file():
@@ -86,10 +99,16 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
     return out_dir
 
 
-def decoder_export(cfg: ModelConfig, capacity: int, custom_ops_library: str | None) -> DecoderExport:
-    inputs = {"input_ids": io.INPUT_IDS, "attention_mask": io.ATTENTION_MASK, "position_ids": io.POSITION_IDS,
-              "past_key_names": io.PAST_KEY, "past_value_names": io.PAST_VALUE,
-              "past_conv_names": io.PAST_CONV, "past_recurrent_names": io.PAST_RECURRENT}
+def decoder_export(cfg: ModelConfig, capacity: int, custom_ops_library: str | None, *,
+                   paged: bool = False) -> DecoderExport:
+    if paged:  # genai_config.md §2.5: packed-batch metadata instead of attention_mask
+        inputs = {"input_ids": io.INPUT_IDS, "position_ids": io.POSITION_IDS, "block_table": io.BLOCK_TABLE,
+                  "cumulative_sequence_lengths": io.CUMULATIVE_SEQUENCE_LENGTHS,
+                  "past_sequence_lengths": io.PAST_SEQUENCE_LENGTHS, "attention_metadata": io.ATTENTION_METADATA}
+    else:
+        inputs = {"input_ids": io.INPUT_IDS, "attention_mask": io.ATTENTION_MASK, "position_ids": io.POSITION_IDS}
+    inputs.update(past_key_names=io.PAST_KEY, past_value_names=io.PAST_VALUE,
+                  past_conv_names=io.PAST_CONV, past_recurrent_names=io.PAST_RECURRENT)
     outputs = {"logits": io.LOGITS, "present_key_names": io.PRESENT_KEY, "present_value_names": io.PRESENT_VALUE,
                "present_conv_names": io.PRESENT_CONV, "present_recurrent_names": io.PRESENT_RECURRENT}
     if capacity:

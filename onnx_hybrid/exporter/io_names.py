@@ -1,4 +1,4 @@
-"""Graph input and output names: onnxruntime-genai 0.18's non-paged conventions (genai_config.md §2.3, §7)."""
+"""Graph input and output names: onnxruntime-genai 0.18's conventions (genai_config.md §2.3, §7)."""
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
@@ -24,3 +24,13 @@ BATCH = "batch_size"
 SEQUENCE = "sequence_length"
 PAST_SEQUENCE = "past_sequence_length"
 TOTAL_SEQUENCE = "total_sequence_length"
+
+# Paged export (genai_config.md §2.5, §7.2): packed tokens, the block pool and its metadata.
+CUMULATIVE_SEQUENCE_LENGTHS = "cumulative_sequence_lengths"
+PAST_SEQUENCE_LENGTHS = "past_sequence_lengths"
+BLOCK_TABLE = "block_table"
+ATTENTION_METADATA = "attention_metadata"
+TOKENS = "num_tokens"
+BATCH_PLUS_ONE = "batch_size_plus_1"
+NUM_BLOCKS = "num_blocks"
+MAX_BLOCKS = "max_num_blocks"

@@ -30,12 +30,11 @@ def rotate(ctx: GraphContext, x: ir.Value) -> ir.Value:
     return rot if rest is None else ctx.op("Concat", rot, rest, axis=-1)
 
 
-def attention(ctx: GraphContext, layer: int, x: ir.Value, past_key: ir.Value, past_value: ir.Value,
-              present_key: ir.Value, present_value: ir.Value) -> ir.Value:
-    cfg, sh, w = ctx.config, ctx.shared, ctx.weights
+def project(ctx: GraphContext, layer: int, x: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """q [N, Hq, D] and k [N, Hkv, D] (normed, rotated), v [N, Hkv, D] and the output gate [N, Hq, D]."""
+    cfg, w = ctx.config, ctx.weights
     prefix = f"model.layers.{layer}.self_attn."
     hq, hkv, d, hidden = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
-    groups = hq // hkv
 
     names = [("q_proj", 2 * hq * d), ("k_proj", hkv * d), ("v_proj", hkv * d)]
     for part, rows in names:
@@ -51,6 +50,25 @@ def attention(ctx: GraphContext, layer: int, x: ir.Value, past_key: ir.Value, pa
     v = ctx.op("Reshape", v, ctx.const([0, hkv, d]))
     q = rotate(ctx, ctx.rms_norm(q, ctx.norm_weight(f"{prefix}q_norm.weight", f"{prefix}q_norm.weight", d)))
     k = rotate(ctx, ctx.rms_norm(k, ctx.norm_weight(f"{prefix}k_norm.weight", f"{prefix}k_norm.weight", d)))
+    return q, k, v, gate
+
+
+def gated_output(ctx: GraphContext, layer: int, out: ir.Value, gate: ir.Value) -> ir.Value:
+    """sigmoid(gate) * attention output [N, Hq, D], then o_proj: [N, H]."""
+    cfg = ctx.config
+    hq, d = cfg.num_heads, cfg.head_dim
+    out = ctx.op("Mul", out, ctx.op("Sigmoid", gate))
+    o_proj = ctx.weights.tensor(f"model.layers.{layer}.self_attn.o_proj.weight",
+                                f"model.layers.{layer}.self_attn.o_proj.weight", [cfg.hidden_size, hq * d], ctx.np_act)
+    return ctx.linear(ctx.op("Reshape", out, ctx.const([0, hq * d])), o_proj)
+
+
+def attention(ctx: GraphContext, layer: int, x: ir.Value, past_key: ir.Value, past_value: ir.Value,
+              present_key: ir.Value, present_value: ir.Value) -> ir.Value:
+    cfg, sh = ctx.config, ctx.shared
+    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    groups = hq // hkv
+    q, k, v, gate = project(ctx, layer, x)
 
     def heads_first(t: ir.Value, heads: int) -> ir.Value:  # [N, h, D] -> [B, h, S, D]
         shape = ctx.op("Concat", sh.batch, sh.seq, ctx.const([heads, d]), axis=0)
@@ -69,8 +87,4 @@ def attention(ctx: GraphContext, layer: int, x: ir.Value, past_key: ir.Value, pa
                        to=ctx.act)
     out = ctx.op("MatMul", probs, ctx.op("Unsqueeze", present_value, ctx.const([2])))  # [B, Hkv, G, S, D]
     out = ctx.op("Transpose", ctx.op("Reshape", out, ctx.const([0, hq, -1, d])), perm=[0, 2, 1, 3])
-    out = ctx.op("Reshape", out, ctx.const([-1, hq, d]))
-    out = ctx.op("Mul", out, ctx.op("Sigmoid", gate))
-    o_proj = w.tensor(f"{prefix}o_proj.weight", f"{prefix}o_proj.weight", [hidden, hq * d], ctx.np_act)
-    return ctx.linear(ctx.op("Reshape", out, ctx.const([0, hq * d])), o_proj)
-
+    return gated_output(ctx, layer, ctx.op("Reshape", out, ctx.const([-1, hq, d])), gate)

@@ -21,19 +21,36 @@ OPSET = 23  # RMSNormalization
 FLOAT = ir.DataType.FLOAT
 
 
+@dataclass(frozen=True)
+class PackedInputs:
+    """Graph inputs of the paged export: requests packed on one token axis (genai_config.md §7.2)."""
+
+    input_ids: ir.Value  # int64 [num_tokens]
+    position_ids: ir.Value  # int64 [num_tokens]
+    cumulative_sequence_lengths: ir.Value  # int32 [B+1]
+    past_sequence_lengths: ir.Value  # int32 [B]
+    block_table: ir.Value  # int32 [B, max_num_blocks]
+    attention_metadata: ir.Value  # int32 [3], host memory
+
+    def values(self) -> list[ir.Value]:
+        return [self.input_ids, self.position_ids, self.cumulative_sequence_lengths, self.past_sequence_lengths,
+                self.block_table, self.attention_metadata]
+
+
 @dataclass
 class SharedInputs:
     """Tensors computed once in the preamble and read by many layers."""
 
     batch: ir.Value  # int64 [1]
-    seq: ir.Value  # int64 [1]
-    mask_column: ir.Value  # act [N, 1]: 1 for real tokens of this step, 0 for padding
-    cu_seqlens: ir.Value  # int32 [B+1] = 0, S, 2S, ... (uniform rows) for the conv op
+    seq: ir.Value | None  # int64 [1]; None in the paged graph (no [B, S] grid)
+    mask_column: ir.Value | None  # act [N, 1]: 1 for real tokens of this step, 0 for padding; None when packed
+    cu_seqlens: ir.Value  # int32 [B+1] = 0, S, 2S, ... (uniform rows), or the packed requests' offsets
     cos: ir.Value | None  # act [N, 1, R]
     sin: ir.Value | None
     attention_bias: ir.Value | None  # act [B, 1, 1, S, L]: 0 where allowed, dtype min elsewhere
     capture_count: ir.Value | None  # int32 [B]
     state_update_active: ir.Value | None  # int32 [1]
+    packed: PackedInputs | None = None  # the paged graph's inputs
 
 
 @dataclass

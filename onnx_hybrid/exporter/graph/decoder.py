@@ -12,9 +12,10 @@ from ...ops import contract
 from .. import io_names as io
 from ..model_config import FULL, LINEAR
 from .attention import attention
-from .context import FLOAT, OPSET, GraphContext, SharedInputs
+from .context import FLOAT, OPSET, GraphContext, PackedInputs, SharedInputs
 from .feed_forward import dense_mlp, sparse_moe
 from .gated_deltanet import gated_deltanet
+from .paged_attention import PagedLayout, cache_dtype, paged_attention
 
 INT64, INT32 = ir.DataType.INT64, ir.DataType.INT32
 
@@ -22,6 +23,8 @@ INT64, INT32 = ir.DataType.INT64, ir.DataType.INT32
 @dataclass(frozen=True)
 class GraphOptions:
     last_token_logits: bool  # logits [B, 1, V] for each row's last position instead of [B, S, V]
+    # Packed tokens, PagedAttention over a block pool and logits for every token (paged_attention.py).
+    paged: PagedLayout | None = None
 
 
 def _input(name: str, dtype: ir.DataType, dims) -> ir.Value:
@@ -30,12 +33,16 @@ def _input(name: str, dtype: ir.DataType, dims) -> ir.Value:
 
 def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Value], list[ir.Value]]:
     """Emit every node onto ``ctx.tape`` and every weight recipe into ``ctx.weights``; return the graph I/O."""
-    cfg, act = ctx.config, ctx.act
+    cfg, act, paged = ctx.config, ctx.act, options.paged
     b, s = io.BATCH, io.SEQUENCE
-    input_ids = _input(io.INPUT_IDS, INT64, [b, s])
-    attention_mask = _input(io.ATTENTION_MASK, INT64, [b, io.TOTAL_SEQUENCE])
-    position_ids = _input(io.POSITION_IDS, INT64, [b, s])
-    inputs, outputs = [input_ids, attention_mask, position_ids], []
+    if paged:
+        packed = _packed_inputs()
+        input_ids, inputs = packed.input_ids, packed.values()
+    else:
+        input_ids = _input(io.INPUT_IDS, INT64, [b, s])
+        attention_mask = _input(io.ATTENTION_MASK, INT64, [b, io.TOTAL_SEQUENCE])
+        position_ids = _input(io.POSITION_IDS, INT64, [b, s])
+        inputs = [input_ids, attention_mask, position_ids]
     state_inputs, state_outputs, update_outputs = [], [], []
     layer_io = {}
     k1 = cfg.conv_kernel - 1
@@ -55,6 +62,13 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
             layer_io[i] = (pc, pr, nc, nr, cu, cap)
             state_inputs += [pc, pr]
             state_outputs += [nc, nr]
+        elif paged:  # past and present are the same pool, updated in place
+            pool, kv_type = [io.NUM_BLOCKS, paged.block_size, cfg.num_kv_heads, cfg.head_dim], cache_dtype(act)
+            pk, pv = _input(io.PAST_KEY % i, kv_type, pool), _input(io.PAST_VALUE % i, kv_type, pool)
+            nk, nv = _input(io.PRESENT_KEY % i, kv_type, pool), _input(io.PRESENT_VALUE % i, kv_type, pool)
+            layer_io[i] = (pk, pv, nk, nv)
+            state_inputs += [pk, pv]
+            state_outputs += [nk, nv]
         else:
             kv = [cfg.num_kv_heads, cfg.head_dim]
             pk = _input(io.PAST_KEY % i, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]])
@@ -70,7 +84,11 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
         active = _input(io.STATE_UPDATE_ACTIVE, INT32, [1])
     inputs += state_inputs + ([capture_count, active] if ctx.capacity else [])
 
-    ctx.shared = _preamble(ctx, input_ids, attention_mask, position_ids, capture_count, active)
+    if paged:
+        ctx.shared = _packed_preamble(ctx, packed, capture_count, active)
+    else:
+        ctx.shared = _preamble(ctx, input_ids, attention_mask, position_ids, capture_count, active)
+    full_attention = paged_attention if paged else attention
     embed = ctx.weights.tensor("model.embed_tokens.weight", "model.embed_tokens.weight",
                                [cfg.vocab_size, cfg.hidden_size], ctx.np_act)
     hidden = ctx.op("Gather", embed, ctx.op("Reshape", input_ids, ctx.const([-1])), axis=0)  # [N, H]
@@ -79,7 +97,8 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
         prefix = f"model.layers.{i}."
         x = ctx.rms_norm(hidden, ctx.norm_weight(f"{prefix}input_layernorm.weight",
                                                  f"{prefix}input_layernorm.weight", cfg.hidden_size))
-        mixed = (gated_deltanet(ctx, i, x, *layer_io[i]) if kind == LINEAR else attention(ctx, i, x, *layer_io[i]))
+        mixed = (gated_deltanet(ctx, i, x, *layer_io[i]) if kind == LINEAR
+                 else full_attention(ctx, i, x, *layer_io[i]))
         hidden = ctx.op("Add", hidden, mixed)
         x = ctx.rms_norm(hidden, ctx.norm_weight(f"{prefix}post_attention_layernorm.weight",
                                                  f"{prefix}post_attention_layernorm.weight", cfg.hidden_size))
@@ -94,8 +113,14 @@ def assemble_model(ctx: GraphContext, inputs: list[ir.Value], outputs: list[ir.V
     """The model, once every weight value carries its (external) data."""
     initializers = list(ctx.tape.initializers) + [plan.value for plan in ctx.weights.plans.values()]
     graph = ir.Graph(inputs, outputs, nodes=ctx.tape.nodes, initializers=initializers,
-                     opset_imports={"": OPSET, ctx.op_domain: contract.OPSET_VERSION}, name="hybrid_decoder")
+                     opset_imports=_opset_imports(ctx), name="hybrid_decoder")
     return ir.Model(graph, ir_version=10, producer_name="onnx-hybrid")
+
+
+def _opset_imports(ctx: GraphContext) -> dict[str, int]:
+    """The standard opset and every custom domain a node uses (ours or com.microsoft's PagedAttention)."""
+    custom = {node.domain for node in ctx.tape.nodes if node.domain not in ("", "ai.onnx")}
+    return {"": OPSET, **{domain: contract.OPSET_VERSION for domain in sorted(custom | {ctx.op_domain})}}
 
 
 def _preamble(ctx: GraphContext, input_ids, attention_mask, position_ids, capture_count, active) -> SharedInputs:
@@ -112,18 +137,7 @@ def _preamble(ctx: GraphContext, input_ids, attention_mask, position_ids, captur
 
     cos = sin = bias = None
     if FULL in cfg.layer_types:
-        half = cfg.rotary_dim // 2
-        # inv_freq as HF builds it in fp32: theta ** (-2i / R).
-        inv_freq = (1.0 / (cfg.rope_theta ** (np.arange(0, cfg.rotary_dim, 2, dtype=np.int64)
-                                              .astype(np.float32) / cfg.rotary_dim))).astype(np.float32)
-        assert inv_freq.shape == (half,)
-        pos = ctx.op("Cast", ctx.op("Reshape", position_ids, ctx.const([-1, 1])), to=FLOAT)
-        freqs = ctx.op("Mul", pos, ctx.const(inv_freq, np.float32))
-        angles = ctx.op("Unsqueeze", ctx.op("Concat", freqs, freqs, axis=-1), ctx.const([1]))  # [N, 1, R]
-        cos, sin = ctx.op("Cos", angles), ctx.op("Sin", angles)
-        if ctx.act != FLOAT:
-            cos, sin = ctx.op("Cast", cos, to=ctx.act), ctx.op("Cast", sin, to=ctx.act)
-
+        cos, sin = _rotary_tables(ctx, position_ids)
         total = ctx.op("Squeeze", ctx.op("Shape", attention_mask, start=1, end=2))
         key_pos = ctx.op("Range", ctx.const(0), total, ctx.const(1))
         query_pos = ctx.op("Range", ctx.op("Sub", total, seq_scalar), total, ctx.const(1))
@@ -136,9 +150,49 @@ def _preamble(ctx: GraphContext, input_ids, attention_mask, position_ids, captur
                         attention_bias=bias, capture_count=capture_count, state_update_active=active)
 
 
+def _rotary_tables(ctx: GraphContext, position_ids: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """cos and sin [N, 1, R] of every token's position."""
+    cfg = ctx.config
+    half = cfg.rotary_dim // 2
+    # inv_freq as HF builds it in fp32: theta ** (-2i / R).
+    inv_freq = (1.0 / (cfg.rope_theta ** (np.arange(0, cfg.rotary_dim, 2, dtype=np.int64)
+                                          .astype(np.float32) / cfg.rotary_dim))).astype(np.float32)
+    assert inv_freq.shape == (half,)
+    pos = ctx.op("Cast", ctx.op("Reshape", position_ids, ctx.const([-1, 1])), to=FLOAT)
+    freqs = ctx.op("Mul", pos, ctx.const(inv_freq, np.float32))
+    angles = ctx.op("Unsqueeze", ctx.op("Concat", freqs, freqs, axis=-1), ctx.const([1]))  # [N, 1, R]
+    cos, sin = ctx.op("Cos", angles), ctx.op("Sin", angles)
+    if ctx.act != FLOAT:
+        cos, sin = ctx.op("Cast", cos, to=ctx.act), ctx.op("Cast", sin, to=ctx.act)
+    return cos, sin
+
+
+def _packed_inputs() -> PackedInputs:
+    """The paged export's inputs, named as onnxruntime-genai 0.18 names them (genai_config.md §2.5, §7.2).
+    Positions are text positions [num_tokens], one of the two geometries the Engine accepts (§4.4)."""
+    b = io.BATCH
+    return PackedInputs(
+        input_ids=_input(io.INPUT_IDS, INT64, [io.TOKENS]),
+        position_ids=_input(io.POSITION_IDS, INT64, [io.TOKENS]),
+        cumulative_sequence_lengths=_input(io.CUMULATIVE_SEQUENCE_LENGTHS, INT32, [io.BATCH_PLUS_ONE]),
+        past_sequence_lengths=_input(io.PAST_SEQUENCE_LENGTHS, INT32, [b]),
+        block_table=_input(io.BLOCK_TABLE, INT32, [b, io.MAX_BLOCKS]),
+        attention_metadata=_input(io.ATTENTION_METADATA, INT32, [3]),
+    )
+
+
+def _packed_preamble(ctx: GraphContext, packed: PackedInputs, capture_count, active) -> SharedInputs:
+    """No padding and no [B, S] grid: requests are ragged rows of the token axis."""
+    batch = ctx.op("Shape", packed.past_sequence_lengths)
+    cos, sin = _rotary_tables(ctx, packed.position_ids) if FULL in ctx.config.layer_types else (None, None)
+    return SharedInputs(batch=batch, seq=None, mask_column=None, cu_seqlens=packed.cumulative_sequence_lengths,
+                        cos=cos, sin=sin, attention_bias=None, capture_count=capture_count,
+                        state_update_active=active, packed=packed)
+
+
 def _head(ctx: GraphContext, hidden: ir.Value, embed: ir.Value, options: GraphOptions) -> ir.Value:
     cfg, sh = ctx.config, ctx.shared
-    if options.last_token_logits:
+    if options.last_token_logits and not options.paged:  # paged: one row per packed token (drafts are verified)
         rows = ctx.op("Reshape", hidden, ctx.op("Concat", sh.batch, sh.seq, ctx.const([cfg.hidden_size]), axis=0))
         hidden = ctx.op("Reshape", ctx.op("Slice", rows, ctx.const([-1]), ctx.const([np.iinfo(np.int64).max]),
                                           ctx.const([1])), ctx.const([-1, cfg.hidden_size]))
@@ -149,6 +203,8 @@ def _head(ctx: GraphContext, hidden: ir.Value, embed: ir.Value, options: GraphOp
     # A tied head reuses the embedding initializer through Gemm(transB=1): one copy of the matrix.
     lm_head = embed if cfg.tie_word_embeddings else ctx.weights.tensor(
         "lm_head.weight", "lm_head.weight", [cfg.vocab_size, cfg.hidden_size], ctx.np_act)
+    if options.paged:
+        return ctx.op("Gemm", hidden, lm_head, transB=1, output=_input(io.LOGITS, ctx.act, [io.TOKENS, cfg.vocab_size]))
     logits = ctx.linear(hidden, lm_head)
     shape = ctx.op("Concat", sh.batch, out_seq, ctx.const([cfg.vocab_size]), axis=0)
     return ctx.op("Reshape", logits, shape, output=_input(io.LOGITS, ctx.act, [io.BATCH, "logits_sequence_length"

@@ -46,8 +46,8 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
     hk, hv, dk, dv = cfg.gdn_key_heads, cfg.gdn_value_heads, cfg.gdn_key_dim, cfg.gdn_value_dim
     kd, vd, channels = cfg.key_dim, cfg.value_dim, cfg.conv_channels
 
-    # HF zeroes padded positions before the layer (model.md §4.1): exact for left padding.
-    x = ctx.op("Mul", x, sh.mask_column)
+    if sh.mask_column is not None:  # HF zeroes padded positions before the layer (model.md §4.1)
+        x = ctx.op("Mul", x, sh.mask_column)
     in_proj = ctx.weights.rows(f"{prefix}in_proj.weight", in_projection_segments(ctx, prefix),
                                [channels + vd + 2 * hv, cfg.hidden_size], ctx.np_act)
     mixed, z, b, a = ctx.ops("Split", ctx.linear(x, in_proj), ctx.const([channels, vd, hv, hv]),
@@ -71,13 +71,15 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
     core = ir.Value()
     gdn_capture = ({"capture_count": sh.capture_count, "state_update_active": sh.state_update_active}
                    if ctx.capacity else {})
+    # Packed requests of different lengths are ragged rows; the dense graph's rows are uniform.
+    ragged = {"cu_seqlens": sh.cu_seqlens} if sh.packed else {}
     ctx.add_node(contract.make_ir_node(
         contract.GATED_DELTA_NET,
         {"query": ctx.op("Reshape", q, ctx.const([0, hk, dk])),
          "key": ctx.op("Reshape", k, ctx.const([0, hk, dk])),
          "value": ctx.op("Reshape", v, ctx.const([0, hv, dv])),
          "decay": ctx.op("Cast", a, to=FLOAT), "beta": ctx.op("Cast", b, to=FLOAT),
-         "initial_state": past_recurrent, "a_log": a_log, "dt_bias": dt_bias, **gdn_capture},
+         "initial_state": past_recurrent, "a_log": a_log, "dt_bias": dt_bias, **ragged, **gdn_capture},
         [core, present_recurrent, capsule],
         {"update_rule": "gated_delta", "scale": 0.0, "gate_activation": "qwen", "beta_activation": "sigmoid",
          "qk_l2_norm": 1, "state_update_capacity": ctx.capacity},
