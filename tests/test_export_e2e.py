@@ -158,3 +158,23 @@ def _genai_matches(case, tmp_path, domain):
         while not generator.is_done():
             generator.generate_next_token()
         assert [int(t) for t in generator.get_sequence(0)][len(prompt):] == expected
+
+
+def test_onnxruntime_genai_feeds_2d_positions_and_growing_mask(text_case, tmp_path):
+    """What genai 0.18 feeds our declared model.type: position_ids [B, S] (not M-RoPE's [3, B, S]), and
+    the 2-D attention_mask over all tokens so far, which the graph uses for both masks."""
+    og = pytest.importorskip("onnxruntime_genai")
+    _, model_dir, _ = text_case
+    out = export(model_dir, tmp_path / "onnx", progress=False)
+    model = og.Model(og.Config(str(out)))
+    params = og.GeneratorParams(model)
+    prompt = PROMPTS[0]
+    params.set_search_options(do_sample=False, max_length=len(prompt) + 4)
+    generator = og.Generator(model, params)
+    generator.append_tokens(prompt)
+    np.testing.assert_array_equal(generator.get_input("position_ids"), [np.arange(len(prompt))])
+    np.testing.assert_array_equal(generator.get_input("attention_mask"), np.ones((1, len(prompt))))
+    generator.generate_next_token()
+    generator.generate_next_token()  # runs the first single-token step
+    np.testing.assert_array_equal(generator.get_input("position_ids"), [[len(prompt)]])
+    np.testing.assert_array_equal(generator.get_input("attention_mask"), np.ones((1, len(prompt) + 1)))

@@ -36,16 +36,31 @@ class GreedyResult:
     extra_outputs: list[dict] = field(default_factory=list)  # per step: outputs not fed back (state updates)
 
 
+_STATE_TEMPLATES = [(io.PRESENT_KEY, io.PAST_KEY), (io.PRESENT_VALUE, io.PAST_VALUE),
+                    (io.PRESENT_CONV, io.PAST_CONV), (io.PRESENT_RECURRENT, io.PAST_RECURRENT)]
+
+
+def _past_name(present: str) -> str | None:
+    """The input a ``present.*`` output feeds on the next step (None for other outputs)."""
+    for out_template, in_template in _STATE_TEMPLATES:
+        prefix, suffix = out_template.split("%d")
+        middle = present[len(prefix):len(present) - len(suffix)]
+        if present.startswith(prefix) and present.endswith(suffix) and middle.isdigit():
+            return in_template % int(middle)
+    return None
+
+
 class GreedyDriver:
     def __init__(self, session: ort.InferenceSession):
         self.session = session
         self.inputs = {i.name: i for i in session.get_inputs()}
         self.output_names = [o.name for o in session.get_outputs()]
+        self.feedback = {name: _past_name(name) for name in self.output_names if _past_name(name)}
 
     def _empty_states(self, batch: int) -> dict[str, np.ndarray]:
         states = {}
         for name, meta in self.inputs.items():
-            if name.startswith(("past_key_values.", "past.")):
+            if name in self.feedback.values():
                 shape = [batch if d == io.BATCH else 0 if d == io.PAST_SEQUENCE else d for d in meta.shape]
                 states[name] = np.zeros(shape, _NUMPY[meta.type])
         return states
@@ -73,9 +88,8 @@ class GreedyDriver:
             logits = outs.pop(io.LOGITS)
             if step == 0:
                 result.prefill_logits = logits
-            states = {name.replace("present.", "past_key_values." if name.endswith((".key", ".value")) else "past.", 1):
-                      value for name, value in outs.items() if name.startswith("present.")}
-            result.extra_outputs.append({k: v for k, v in outs.items() if not k.startswith("present.")})
+            states = {self.feedback[name]: value for name, value in outs.items() if name in self.feedback}
+            result.extra_outputs.append({k: v for k, v in outs.items() if k not in self.feedback})
             next_ids = logits[:, -1, :].argmax(-1)
             for row, token in enumerate(next_ids):
                 generated[row].append(int(token))
