@@ -177,27 +177,34 @@ class _Reader:
     def repeated(self, obj: dict, key: str) -> bool:
         return [k for k, _ in getattr(obj, "pairs", ())].count(key) > 1
 
+    def is_group(self, group: Any, path: str) -> bool:
+        if not isinstance(group, dict):
+            self.parse(path, 'Unknown value ""', expected="object", actual=_json_type(group))
+        return isinstance(group, dict)
+
+    def group_kind(self, value: Any, path: str, allowed: tuple[str, ...]) -> str:
+        kind = self.string(value, path) or ""
+        if kind and kind not in allowed:
+            self.parse(path, f"Unsupported decoder state group kind '{kind}'", expected=list(allowed), actual=kind)
+        return kind
+
     # -- released form ------------------------------------------------------------------------------
 
     def released_group(self, index: int, group: Any, names: StateNames) -> StateGroup | None:
         path = f"{GROUPS_PATH}[{index}]"
-        if not isinstance(group, dict):
-            self.parse(path, 'Unknown value ""', expected="object", actual=_json_type(group))
+        if not self.is_group(group, path):
             return None
         kind = ""
         for key, value in group.items():
             if key == "bindings":
                 self.parse(f"{path}.bindings",
                            f"Legacy decoder state group bindings are no longer supported; {MOVE_BINDINGS}")
+            elif key == "kind" and value == FIXED:
+                self.parse(f"{path}.kind", "Decoder state group kind 'fixed' is no longer supported; use "
+                           f"'fixed_conv' or 'fixed_recurrent' and {MOVE_BINDINGS}",
+                           expected=list(RELEASED_KINDS), actual=value)
             elif key == "kind":
-                kind = self.string(value, f"{path}.kind") or ""
-                if kind == FIXED:
-                    self.parse(f"{path}.kind", "Decoder state group kind 'fixed' is no longer supported; use "
-                               f"'fixed_conv' or 'fixed_recurrent' and {MOVE_BINDINGS}",
-                               expected=list(RELEASED_KINDS), actual=kind)
-                elif kind and kind not in RELEASED_KINDS:
-                    self.parse(f"{path}.kind", f"Unsupported decoder state group kind '{kind}'",
-                               expected=list(RELEASED_KINDS), actual=kind)
+                kind = self.group_kind(value, f"{path}.kind", RELEASED_KINDS)
             elif key not in ("layer_ids", "state_update"):
                 self.parse(f"{path}.{key}", f'Unknown value "{key}"', expected="kind, layer_ids, state_update")
         ids = self.layer_ids(group, path)
@@ -257,16 +264,12 @@ class _Reader:
 
     def bindings_group(self, index: int, group: Any, names: StateNames) -> StateGroup | None:
         path = f"{GROUPS_PATH}[{index}]"
-        if not isinstance(group, dict):
-            self.parse(path, 'Unknown value ""', expected="object", actual=_json_type(group))
+        if not self.is_group(group, path):
             return None
         kind = ""
         for key, value in group.items():
             if key == "kind":
-                kind = self.string(value, f"{path}.kind") or ""
-                if kind and kind not in (PAGED_KV, FIXED):
-                    self.parse(f"{path}.kind", f"Unsupported decoder state group kind '{kind}'",
-                               expected=[PAGED_KV, FIXED], actual=kind)
+                kind = self.group_kind(value, f"{path}.kind", (PAGED_KV, FIXED))
             elif key in V2_GROUP_FIELDS:
                 self.warn("parse.v2_checkpoint", f"{path}.{key}",
                           "V2 checkpoint field: ignored by the #2454 runtime, no released-form equivalent")

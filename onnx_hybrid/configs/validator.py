@@ -116,7 +116,8 @@ def _binding_path(form: str, index: int, kind: str, sem: str, side: str) -> str:
 def _update_path(form: str, index: int, kind: str, field: str) -> str:
     """``field``: "output", "capture_count" or "active"."""
     if form == BINDINGS:
-        return f"{GROUPS_PATH}[{index}].state_update.{UPDATE_OUTPUT_FIELD.get(kind, 'value') if field == 'output' else field}"
+        key = UPDATE_OUTPUT_FIELD.get(kind, "value") if field == "output" else field
+        return f"{GROUPS_PATH}[{index}].state_update.{key}"
     if field == "output":
         return f"model.decoder.outputs.{UPDATE_OUTPUT_KEY[kind]}"
     return f"model.decoder.inputs.state_update_{field}"
@@ -510,21 +511,20 @@ def _check_engine(config: dict, manifest: StateManifest | None, graph: GraphIO, 
                 "Dynamic batching requires exactly one paged_kv decoder state group", expected=1, actual=len(paged))
     if paged:
         _check_paged_pool(paged[0][1], engine, decoder, graph, finding)
-    for group in fixed:
-        binding = group.bindings.get("state")
+    for index, group in enumerate(groups):
+        binding = group.bindings.get("state") if group.kind in FIXED_KINDS else None
         for layer in group.layer_ids if binding else ():
             state = graph.inputs.get(expand(binding.input, layer))
             if state is not None and state.rank and state.shape[0] >= 0:
-                finding("engine.fixed_batch", "model.decoder.inputs",
+                finding("engine.fixed_batch", _binding_path(report.form, index, group.kind, "state", "input"),
                         "Dynamic batching requires fixed decoder state groups with a dynamic batch axis, but this "
                         f"model declares a fixed (static) batch dimension of {state.shape[0]}", tensor=state.name,
                         expected="symbolic batch", actual=state.describe())
     position_name = (decoder.get("inputs") or {}).get("position_ids", "position_ids")
     position = graph.inputs.get(position_name)
-    if groups and position is not None and not (
-            position.dtype == "int64" and position.shape is not None
-            and (position.shape[:1] == (-1,) and position.rank == 1
-                 or position.rank == 2 and position.shape[0] == 3 and position.shape[1] < 0)):
+    packed_geometry = position is not None and position.dtype == "int64" and (
+        position.shape == (-1,) or (position.rank == 2 and position.shape[0] == 3 and position.shape[1] < 0))
+    if groups and position is not None and not packed_geometry:
         finding("engine.position_ids", "model.decoder.inputs.position_ids",
                 "Packed hybrid execution requires position_ids with dynamic int64 [num_tokens] or [3, num_tokens] "
                 "geometry", tensor=position.name, expected="int64 [num_tokens] or [3, num_tokens]",
