@@ -148,7 +148,24 @@ float SumSquares(const float* x, int64_t n) {
   return _mm512_reduce_add_ps(acc);
 }
 
-const CpuKernels kAvx512 = {"avx512", Gemm, RecurrentRow, SumSquares};
+void Scale(const float* x, float s, float* y, int64_t n) {
+  const __m512 ss = _mm512_set1_ps(s);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = TailMask(n - j);
+    _mm512_mask_storeu_ps(y + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), ss));
+  }
+}
+
+void DeltaRhs(const float* v, const float* w, float e, float b, float* out, int64_t n) {
+  const __m512 ee = _mm512_set1_ps(e), bb = _mm512_set1_ps(b);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = TailMask(n - j);
+    const __m512 ew = _mm512_mul_ps(ee, _mm512_maskz_loadu_ps(m, w + j));
+    _mm512_mask_storeu_ps(out + j, m, _mm512_mul_ps(bb, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, v + j), ew)));
+  }
+}
+
+const CpuKernels kAvx512 = {"avx512", Gemm, RecurrentRow, SumSquares, Scale, DeltaRhs};
 
 }  // namespace
 }  // namespace onnx_hybrid

@@ -53,7 +53,15 @@ float SumSquares(const float* x, int64_t n) {
   return acc;
 }
 
-const CpuKernels kGeneric = {"generic", Gemm, RecurrentRow, SumSquares};
+void Scale(const float* x, float s, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
+}
+
+void DeltaRhs(const float* v, const float* w, float e, float b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = b * (v[i] - e * w[i]);
+}
+
+const CpuKernels kGeneric = {"generic", Gemm, RecurrentRow, SumSquares, Scale, DeltaRhs};
 
 const CpuKernels& Select() {
   const char* forced = std::getenv("ONNX_HYBRID_CPU_ISA");

@@ -32,16 +32,21 @@ struct WorkItem {
   // Query/key head of token tok, widened to fp32 and L2-normalised when asked. One function for
   // every engine and every value head, so heads sharing a key head see bit-identical keys.
   void LoadQk(const void* src, int64_t stride, int64_t offset, int64_t tok, float* dst) const {
-    const int64_t dk = geo.head_size_k;
-    LoadAsFloat(t.type, src, tok * stride + offset + hk * dk, dk, dst);
-    if (attrs.qk_l2_norm) {
-      const float inv = 1.0f / std::sqrt(kern.sum_squares(dst, dk) + contract::kL2NormEps);
-      for (int64_t r = 0; r < dk; ++r) dst[r] *= inv;
-    }
+    const int64_t dk = geo.head_size_k, at = tok * stride + offset + hk * dk;
+    const float* x = dst;
+    if (t.type == ElemType::kFloat)
+      x = static_cast<const float*>(src) + at;
+    else
+      LoadAsFloat(t.type, src, at, dk, dst);
+    const float inv = attrs.qk_l2_norm ? 1.0f / std::sqrt(kern.sum_squares(x, dk) + contract::kL2NormEps) : 1.0f;
+    kern.scale(x, inv, dst, dk);
   }
   void LoadV(int64_t tok, float* dst) const {
-    const int64_t dv = geo.head_size_v;
-    LoadAsFloat(t.type, t.value, tok * t.qkv.v_token_stride + t.qkv.v_offset + hv * dv, dv, dst);
+    const int64_t dv = geo.head_size_v, at = tok * t.qkv.v_token_stride + t.qkv.v_offset + hv * dv;
+    if (t.type == ElemType::kFloat)
+      kern.scale(static_cast<const float*>(t.value) + at, 1.0f, dst, dv);
+    else
+      LoadAsFloat(t.type, t.value, at, dv, dst);
   }
 
   // Log-space gate g of token tok (column r for per-key decay).
@@ -65,8 +70,12 @@ struct WorkItem {
   float* FinalState() const {
     return t.final_state ? t.final_state + (b * geo.num_heads_v + hv) * geo.head_size_v * geo.head_size_k : nullptr;
   }
-  void StoreOutput(int64_t tok, const float* o) const {
-    StoreFromFloat(t.type, o, geo.head_size_v, t.output, (tok * geo.num_heads_v + hv) * geo.head_size_v);
+  // Output row of token tok, multiplied by `factor` on the way (o is scratch and may be modified).
+  void StoreOutput(int64_t tok, float* o, float factor) const {
+    const int64_t dv = geo.head_size_v, at = (tok * geo.num_heads_v + hv) * dv;
+    if (t.type == ElemType::kFloat) return kern.scale(o, factor, static_cast<float*>(t.output) + at, dv);
+    if (factor != 1.0f) kern.scale(o, factor, o, dv);
+    StoreFromFloat(t.type, o, dv, t.output, at);
   }
 
   void EmptyRow() const {
@@ -138,7 +147,7 @@ void WorkItem::Sequential() const {
       args.delta = delta + c;
       kern.recurrent_row(args);
     }
-    for (int64_t i = 0; i < len; ++i) StoreOutput(start + t0 + i, out + i * dv);
+    for (int64_t i = 0; i < len; ++i) StoreOutput(start + t0 + i, out + i * dv, 1.0f);
     for (int64_t i = 0; capsule && i < len && t0 + i < captured; ++i) {
       const int64_t slot = t0 + i;
       capsule[slot * hvs + hv] = alpha[i];
@@ -187,24 +196,29 @@ void WorkItem::Chunked(int64_t chunk) const {
     }
     for (int64_t i = 0; i < L; ++i)
       for (int64_t r = 0; r < dk; ++r) kt[r * bt + i] = keys[i * dk + r];
-    kern.gemm(2 * L, L, dk, qk, dk, kt, bt, gram, bt, false);  // [K;Q] K^T
-    kern.gemm(2 * L, dv, dk, qk, dk, st, dv, ks, dv, false);   // [K;Q] S0
+    // Gram matrices, lower triangles only (row blocks stop at their diagonal).
     float* gkk = gram;
     float* gqk = gram + L * bt;
+    for (int64_t r0 = 0; r0 < L; r0 += kSolveBlock) {
+      const int64_t rows = std::min(kSolveBlock, L - r0), cols = r0 + rows;
+      kern.gemm(rows, cols, dk, keys + r0 * dk, dk, kt, bt, gkk + r0 * bt, bt, false);
+      kern.gemm(rows, cols, dk, queries + r0 * dk, dk, kt, bt, gqk + r0 * bt, bt, false);
+    }
+    kern.gemm(2 * L, dv, dk, qk, dk, st, dv, ks, dv, false);  // [K;Q] S0
     // Decay ratios, shared by M (strictly lower) and P (lower with diagonal).
     for (int64_t i = 0; i < L; ++i) {
+      const float b = attrs.has_delta ? -betas[i] : 0.0f;
       for (int64_t s = 0; s <= i; ++s) {
         const float ratio = std::exp(gamma[i] - gamma[s]);
         gqk[i * bt + s] *= ratio;
-        gkk[i * bt + s] = s < i ? -(attrs.has_delta ? betas[i] : 0.0f) * gkk[i * bt + s] * ratio : 0.0f;
+        gkk[i * bt + s] = s < i ? b * gkk[i * bt + s] * ratio : 0.0f;
       }
-      for (int64_t s = i + 1; s < L; ++s) gqk[i * bt + s] = gkk[i * bt + s] = 0.0f;
+      for (int64_t s = i + 1; s < L; ++s) gqk[i * bt + s] = 0.0f;  // read by P U inside the diagonal block
     }
     if (attrs.has_delta) {
       // U = (I + M)^-1 (diag(β) V - diag(β e^γ) K S0): forward substitution, blocked so that most of
       // it runs as matrix products (gkk holds -M).
-      for (int64_t i = 0; i < L; ++i)
-        for (int64_t c = 0; c < dv; ++c) u[i * dv + c] = betas[i] * (v[i * dv + c] - egamma[i] * ks[i * dv + c]);
+      for (int64_t i = 0; i < L; ++i) kern.delta_rhs(v + i * dv, ks + i * dv, egamma[i], betas[i], u + i * dv, dv);
       for (int64_t r0 = 0; r0 < L; r0 += kSolveBlock) {
         const int64_t rows = std::min(kSolveBlock, L - r0);
         if (r0 > 0) kern.gemm(rows, dv, r0, gkk + r0 * bt, bt, u, dv, u + r0 * dv, dv, true);
@@ -214,23 +228,20 @@ void WorkItem::Chunked(int64_t chunk) const {
     } else {
       std::memcpy(u, v, sizeof(float) * L * dv);
     }
-    // O = scale (P U + diag(e^γ) Q S0)
+    // O = scale (P U + diag(e^γ) Q S0); P is lower triangular, so row block r0 needs U rows < r0 + rows.
     float* o = ks + L * dv;
-    for (int64_t i = 0; i < L; ++i)
-      for (int64_t c = 0; c < dv; ++c) o[i * dv + c] *= egamma[i];
-    kern.gemm(L, dv, L, gqk, bt, u, dv, o, dv, true);
-    for (int64_t i = 0; i < L; ++i) {
-      for (int64_t c = 0; c < dv; ++c) o[i * dv + c] *= scale;
-      StoreOutput(start + t0 + i, o + i * dv);
+    for (int64_t i = 0; i < L; ++i) kern.scale(o + i * dv, egamma[i], o + i * dv, dv);
+    for (int64_t r0 = 0; r0 < L; r0 += kSolveBlock) {
+      const int64_t rows = std::min(kSolveBlock, L - r0);
+      kern.gemm(rows, dv, r0 + rows, gqk + r0 * bt, bt, u, dv, o + r0 * dv, dv, true);
     }
+    for (int64_t i = 0; i < L; ++i) StoreOutput(start + t0 + i, o + i * dv, scale);
     // S_L = e^γL S0 + Kd^T U with Kd[s] = k_s e^(γL - γs)
     const float glast = gamma[L - 1];
     for (int64_t s = 0; s < L; ++s) tail[s] = std::exp(glast - gamma[s]);
     for (int64_t r = 0; r < dk; ++r)
       for (int64_t s = 0; s < L; ++s) kt[r * bt + s] *= tail[s];
-    const float decay_all = egamma[L - 1];
-    if (attrs.has_decay)
-      for (int64_t i = 0; i < dk * dv; ++i) st[i] *= decay_all;
+    if (attrs.has_decay) kern.scale(st, egamma[L - 1], st, dk * dv);
     kern.gemm(dk, dv, L, kt, bt, u, dv, st, dv, true);
   }
 
