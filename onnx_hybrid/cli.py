@@ -23,7 +23,9 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("model_dir", help="Hugging Face checkpoint folder (config.json + *.safetensors)")
     parser.add_argument("-o", "--output", required=True, help="output folder (created; see --overwrite)")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32", help="activation and weight type")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32",
+                        help="activation and weight type (recurrent state and norm statistics stay fp32); "
+                             "bf16 graphs need an execution provider with bf16 kernels, ORT's CPU EP has few")
     parser.add_argument("--state-update-capacity", type=int, default=0, metavar="N",
                         help=f"compact state-update slots per request, 0..{contract.MAX_STATE_UPDATE_CAPACITY}")
     parser.add_argument("--op-domain", choices=list(OP_DOMAINS), default=contract.DOMAIN,

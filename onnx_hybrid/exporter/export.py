@@ -33,6 +33,8 @@ MODEL_FILE, DATA_FILE, GENAI_CONFIG = "model.onnx", "model.onnx.data", "genai_co
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
                    "generation_config.json")
+# genai model.type per family. 0.18 has no qwen3_next type; the decoder I/O is that of qwen3_5_moe_text,
+# and genai feeds these types the 2-D position_ids the graph declares (tests/test_export_e2e.py).
 GENAI_MODEL_TYPES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_5_moe_text"}
 
 

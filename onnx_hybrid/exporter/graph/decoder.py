@@ -27,7 +27,8 @@ class GraphOptions:
     paged: PagedLayout | None = None
 
 
-def _input(name: str, dtype: ir.DataType, dims) -> ir.Value:
+def _tensor(name: str, dtype: ir.DataType, dims) -> ir.Value:
+    """A named graph input or output."""
     return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(dims))
 
 
@@ -39,9 +40,9 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
         packed = _packed_inputs()
         input_ids, inputs = packed.input_ids, packed.values()
     else:
-        input_ids = _input(io.INPUT_IDS, INT64, [b, s])
-        attention_mask = _input(io.ATTENTION_MASK, INT64, [b, io.TOTAL_SEQUENCE])
-        position_ids = _input(io.POSITION_IDS, INT64, [b, s])
+        input_ids = _tensor(io.INPUT_IDS, INT64, [b, s])
+        attention_mask = _tensor(io.ATTENTION_MASK, INT64, [b, io.TOTAL_SEQUENCE])
+        position_ids = _tensor(io.POSITION_IDS, INT64, [b, s])
         inputs = [input_ids, attention_mask, position_ids]
     state_inputs, state_outputs, update_outputs = [], [], []
     layer_io = {}
@@ -50,38 +51,38 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
         if kind == LINEAR:
             conv_shape = [b, cfg.conv_channels, k1]
             rec_shape = [b, cfg.gdn_value_heads, cfg.gdn_value_dim, cfg.gdn_key_dim]  # V-major
-            pc, pr = _input(io.PAST_CONV % i, act, conv_shape), _input(io.PAST_RECURRENT % i, FLOAT, rec_shape)
-            nc, nr = _input(io.PRESENT_CONV % i, act, conv_shape), _input(io.PRESENT_RECURRENT % i, FLOAT, rec_shape)
+            pc, pr = _tensor(io.PAST_CONV % i, act, conv_shape), _tensor(io.PAST_RECURRENT % i, FLOAT, rec_shape)
+            nc, nr = _tensor(io.PRESENT_CONV % i, act, conv_shape), _tensor(io.PRESENT_RECURRENT % i, FLOAT, rec_shape)
             cu = cap = None
             if ctx.capacity:
-                cu = _input(io.STATE_UPDATE_CONV_VALUE % i, act, [b, ctx.capacity, cfg.conv_channels])
+                cu = _tensor(io.STATE_UPDATE_CONV_VALUE % i, act, [b, ctx.capacity, cfg.conv_channels])
                 width = contract.gdn_capsule_width(ctx.capacity, cfg.gdn_value_heads, cfg.gdn_key_heads,
                                                    cfg.gdn_key_dim, cfg.gdn_value_dim)
-                cap = _input(io.STATE_UPDATE_RECURRENT_CAPSULE % i, FLOAT, [b, width])
+                cap = _tensor(io.STATE_UPDATE_RECURRENT_CAPSULE % i, FLOAT, [b, width])
                 update_outputs += [cu, cap]
             layer_io[i] = (pc, pr, nc, nr, cu, cap)
             state_inputs += [pc, pr]
             state_outputs += [nc, nr]
         elif paged:  # past and present are the same pool, updated in place
             pool, kv_type = [io.NUM_BLOCKS, paged.block_size, cfg.num_kv_heads, cfg.head_dim], cache_dtype(act)
-            pk, pv = _input(io.PAST_KEY % i, kv_type, pool), _input(io.PAST_VALUE % i, kv_type, pool)
-            nk, nv = _input(io.PRESENT_KEY % i, kv_type, pool), _input(io.PRESENT_VALUE % i, kv_type, pool)
+            pk, pv = _tensor(io.PAST_KEY % i, kv_type, pool), _tensor(io.PAST_VALUE % i, kv_type, pool)
+            nk, nv = _tensor(io.PRESENT_KEY % i, kv_type, pool), _tensor(io.PRESENT_VALUE % i, kv_type, pool)
             layer_io[i] = (pk, pv, nk, nv)
             state_inputs += [pk, pv]
             state_outputs += [nk, nv]
         else:
             kv = [cfg.num_kv_heads, cfg.head_dim]
-            pk = _input(io.PAST_KEY % i, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]])
-            pv = _input(io.PAST_VALUE % i, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]])
-            nk = _input(io.PRESENT_KEY % i, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]])
-            nv = _input(io.PRESENT_VALUE % i, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]])
+            pk = _tensor(io.PAST_KEY % i, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]])
+            pv = _tensor(io.PAST_VALUE % i, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]])
+            nk = _tensor(io.PRESENT_KEY % i, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]])
+            nv = _tensor(io.PRESENT_VALUE % i, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]])
             layer_io[i] = (pk, pv, nk, nv)
             state_inputs += [pk, pv]
             state_outputs += [nk, nv]
     capture_count = active = None
     if ctx.capacity:
-        capture_count = _input(io.STATE_UPDATE_CAPTURE_COUNT, INT32, [b])
-        active = _input(io.STATE_UPDATE_ACTIVE, INT32, [1])
+        capture_count = _tensor(io.STATE_UPDATE_CAPTURE_COUNT, INT32, [b])
+        active = _tensor(io.STATE_UPDATE_ACTIVE, INT32, [1])
     inputs += state_inputs + ([capture_count, active] if ctx.capacity else [])
 
     if paged:
@@ -172,12 +173,12 @@ def _packed_inputs() -> PackedInputs:
     Positions are text positions [num_tokens], one of the two geometries the Engine accepts (§4.4)."""
     b = io.BATCH
     return PackedInputs(
-        input_ids=_input(io.INPUT_IDS, INT64, [io.TOKENS]),
-        position_ids=_input(io.POSITION_IDS, INT64, [io.TOKENS]),
-        cumulative_sequence_lengths=_input(io.CUMULATIVE_SEQUENCE_LENGTHS, INT32, [io.BATCH_PLUS_ONE]),
-        past_sequence_lengths=_input(io.PAST_SEQUENCE_LENGTHS, INT32, [b]),
-        block_table=_input(io.BLOCK_TABLE, INT32, [b, io.MAX_BLOCKS]),
-        attention_metadata=_input(io.ATTENTION_METADATA, INT32, [3]),
+        input_ids=_tensor(io.INPUT_IDS, INT64, [io.TOKENS]),
+        position_ids=_tensor(io.POSITION_IDS, INT64, [io.TOKENS]),
+        cumulative_sequence_lengths=_tensor(io.CUMULATIVE_SEQUENCE_LENGTHS, INT32, [io.BATCH_PLUS_ONE]),
+        past_sequence_lengths=_tensor(io.PAST_SEQUENCE_LENGTHS, INT32, [b]),
+        block_table=_tensor(io.BLOCK_TABLE, INT32, [b, io.MAX_BLOCKS]),
+        attention_metadata=_tensor(io.ATTENTION_METADATA, INT32, [3]),
     )
 
 
@@ -204,10 +205,10 @@ def _head(ctx: GraphContext, hidden: ir.Value, embed: ir.Value, options: GraphOp
     lm_head = embed if cfg.tie_word_embeddings else ctx.weights.tensor(
         "lm_head.weight", "lm_head.weight", [cfg.vocab_size, cfg.hidden_size], ctx.np_act)
     if options.paged:
-        return ctx.op("Gemm", hidden, lm_head, transB=1, output=_input(io.LOGITS, ctx.act, [io.TOKENS, cfg.vocab_size]))
+        return ctx.op("Gemm", hidden, lm_head, transB=1, output=_tensor(io.LOGITS, ctx.act, [io.TOKENS, cfg.vocab_size]))
     logits = ctx.linear(hidden, lm_head)
     shape = ctx.op("Concat", sh.batch, out_seq, ctx.const([cfg.vocab_size]), axis=0)
-    return ctx.op("Reshape", logits, shape, output=_input(io.LOGITS, ctx.act, [io.BATCH, "logits_sequence_length"
+    return ctx.op("Reshape", logits, shape, output=_tensor(io.LOGITS, ctx.act, [io.BATCH, "logits_sequence_length"
                                                                                   if options.last_token_logits
                                                                                   else io.SEQUENCE,
                                                                                   cfg.vocab_size]))
