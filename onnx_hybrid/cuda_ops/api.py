@@ -65,8 +65,10 @@ def _host_flag(value: Any) -> int | None:
 
 
 def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None, stream: Any = None,
-                    engine: str = "auto", **attributes):
-    """Run GatedDeltaNet; returns (output, final_state, state_update) as device arrays."""
+                    engine: str = "auto", rec_rows: int | None = None, **attributes):
+    """Run GatedDeltaNet; returns (output, final_state, state_update) as device arrays.
+
+    ``engine`` (auto | chunked | recurrent) and ``rec_rows`` are tuning and test knobs of ``plan.gdn_plan``."""
     op = contract.GATED_DELTA_NET.name
     attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, attributes)
     t = _tensors(contract.GATED_DELTA_NET, feeds, host=("state_update_active",))
@@ -115,7 +117,8 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
         decay_per_key=int(geo.per_key_decay), capacity=geo.capacity,
         capture_active=int(geo.capacity > 0 and (active is None or active != 0)), tail_only=0, scale=scale,
     )
-    launches = plan.gdn_plan(geo, q.dtype, params, arch=launch.device_arch(device), engine=engine)
+    launches = plan.gdn_plan(geo, q.dtype, params, arch=launch.device_arch(device), engine=engine,
+                             rec_rows=rec_rows)
     launch.run(launches, device, stream_pointer(stream))
     return out_arr, state_arr, cap_arr
 

@@ -79,7 +79,7 @@ def global_int(device: int, name: str) -> int:
 
     img = image(device)
     with cupy.cuda.Device(device):
-        ptr, size = driver.moduleGetGlobal(img.module, name)
+        ptr = driver.moduleGetGlobal(img.module, name)
         out = cupy.empty(1, dtype=cupy.int32)
         cupy.cuda.runtime.memcpy(out.data.ptr, ptr, 4, cupy.cuda.runtime.memcpyDeviceToDevice)
         return int(out.get()[0])

@@ -55,8 +55,12 @@ class ConvReplayParams(ctypes.Structure):
 
 # Kernel constants (kernels/*.cu). gdn_chunked_smem_bytes in the image holds the chunked kernel's value;
 # a GPU test checks it against CHUNK_SMEM_BYTES.
-REC_WARPS, REC_ROWS = 4, 4
+REC_WARPS = 4
 REC_KEY_SIZES = (32, 64, 128, 256, 512)  # instantiations: key head size up to this
+# Value rows per warp instantiated for each key size (gdn_recurrent.cu), and the default choice. Fewer rows
+# per warp mean more warps in flight; more rows share the per-token work (loads, gate, norms).
+REC_ROW_VARIANTS = {32: (1, 2, 4, 8), 64: (1, 2, 4, 8), 128: (1, 2, 4, 8), 256: (2, 4), 512: (1, 2)}
+REC_ROWS = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
 CHUNK_D, CHUNK_VT, CHUNK_THREADS = 128, 64, 256
 CHUNK_SMEM_BYTES = 169216
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
@@ -89,13 +93,15 @@ def chunked_supported(geo: GdnGeometry, dtype: str, arch: int) -> bool:
             and not geo.per_key_decay and arch >= 80)
 
 
-def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, engine: str = "auto") -> list[Launch]:
+def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, engine: str = "auto",
+             rec_rows: int | None = None) -> list[Launch]:
     """The kernels of one GatedDeltaNet call.
 
     ``engine``: ``auto`` launches the chunked kernel when the shape allows it and the batch averages at least
     32 tokens per row (ORT's rule: T >= 32 B), then a recurrent tail pass over the same grid for the rows it
     skips (captured rows, rows under 32 tokens; decided on the device from cu_seqlens and capture_count);
     ``chunked`` does the same whatever the token count; ``recurrent`` runs every row sequentially.
+    ``rec_rows`` overrides the recurrent kernel's value rows per warp (a tuning knob for benchmarks).
     """
     if engine not in ("auto", "chunked", "recurrent"):
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
@@ -117,8 +123,11 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, engi
                                (CHUNK_THREADS, 1, 1), CHUNK_SMEM_BYTES, _copy(params)))
     rec = _copy(params)
     rec.tail_only = int(use_chunked)
-    rows_per_block = REC_WARPS * REC_ROWS
-    launches.append(Launch(f"gdn_recurrent_{TYPE_SUFFIX[dtype]}_k{kmax}",
+    rows = rec_rows or REC_ROWS[kmax]
+    if rows not in REC_ROW_VARIANTS[kmax]:
+        raise ValueError(f"rec_rows {rows} is not instantiated for key size {kmax}: {REC_ROW_VARIANTS[kmax]}")
+    rows_per_block = REC_WARPS * rows
+    launches.append(Launch(f"gdn_recurrent_{TYPE_SUFFIX[dtype]}_k{kmax}_r{rows}",
                            (_ceil(geo.head_size_v, rows_per_block), geo.num_heads_v, geo.batch),
                            (REC_WARPS * 32, 1, 1), 0, rec))
     return launches
@@ -149,7 +158,7 @@ def kernel_names() -> list[str]:
     """Every extern "C" kernel of the image (what a driver-API loader looks up)."""
     names = []
     for sfx in TYPE_SUFFIX.values():
-        names += [f"gdn_recurrent_{sfx}_k{k}" for k in REC_KEY_SIZES]
+        names += [f"gdn_recurrent_{sfx}_k{k}_r{r}" for k, rows in REC_ROW_VARIANTS.items() for r in rows]
         names += [f"conv_output_{sfx}", f"conv_state_{sfx}", f"conv_replay_{sfx}"]
     names += ["gdn_chunked_f16_d128", "gdn_chunked_bf16_d128", "gdn_replay_f32"]
     return names

@@ -118,7 +118,7 @@ def _from_dlpack(x: Any, name: str) -> DeviceTensor:
         if any(d > 1 and s != c for d, s, c in zip(shape, strides, _contiguous_strides(shape, ELEMENT_SIZE[dtype]))):
             raise ValueError(f"{name} must be C-contiguous")
     # The capsule is not consumed; its destructor releases the export, while `x` keeps the memory alive.
-    return DeviceTensor(t.data + t.byte_offset, shape, dtype, t.device.device_id, x)
+    return DeviceTensor((t.data or 0) + t.byte_offset, shape, dtype, t.device.device_id, x)  # data is NULL when empty
 
 
 def stream_pointer(stream: Any) -> int:

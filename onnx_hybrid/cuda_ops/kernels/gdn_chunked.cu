@@ -48,10 +48,51 @@ constexpr int SMEM_BYTES = OFF_VEC + 4 * BT * 4;
 
 }  // namespace chunk
 
+constexpr int kRowsPerWarp = chunk::BT / chunk::WARPS;
+
+// One warp's share of a chunk's raw inputs (kRowsPerWarp tokens), kept packed in registers: lane holds 4
+// consecutive q and k elements and 2 consecutive v elements of each token. Rows past the request are zero.
+struct ChunkRaw {
+  uint2 q[kRowsPerWarp], k[kRowsPerWarp];
+  unsigned v[kRowsPerWarp];
+  float decay[kRowsPerWarp], beta[kRowsPerWarp];
+};
+
 template <typename T>
-__device__ __forceinline__ void load4(const T* p, float (&x)[4]) {
+__device__ __forceinline__ void load_chunk_raw(const GdnParams& p, const RowSpan& span, int t0, int h, int lane,
+                                               int warp, const T* qb, const T* kb, const T* vb, ChunkRaw& raw) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) x[i] = to_f32(p[i]);
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int t = t0 + warp * kRowsPerWarp + rr;
+    if (t < span.len) {
+      const size_t tok = (size_t)span.start + t;
+      raw.q[rr] = *reinterpret_cast<const uint2*>(qb + tok * p.q_stride + lane * 4);
+      raw.k[rr] = *reinterpret_cast<const uint2*>(kb + tok * p.k_stride + lane * 4);
+      raw.v[rr] = *reinterpret_cast<const unsigned*>(vb + tok * p.v_stride + lane * 2);
+      raw.decay[rr] = p.has_decay ? p.decay[tok * p.hv + h] : 0.f;
+      raw.beta[rr] = p.has_delta ? p.beta[tok * p.hv + h] : 0.f;
+    } else {
+      raw.q[rr] = make_uint2(0u, 0u);
+      raw.k[rr] = make_uint2(0u, 0u);
+      raw.v[rr] = 0u;
+      raw.decay[rr] = 0.f;
+      raw.beta[rr] = 0.f;
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack4(uint2 r, float (&x)[4]) {
+  const T* e = reinterpret_cast<const T*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) x[i] = to_f32(e[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack2(unsigned r, float (&x)[2]) {
+  const T* e = reinterpret_cast<const T*>(&r);
+  x[0] = to_f32(e[0]);
+  x[1] = to_f32(e[1]);
 }
 
 template <typename T>
@@ -100,6 +141,8 @@ __device__ __forceinline__ void gdn_chunked(const GdnParams& p) {
   if (gdn_row_is_sequential(p, b, span.len)) return;  // uniform over the block: the tail pass serves it
   const int group = p.hv / p.hk;
   const int hk = h / group;
+  const float neg_a = p.gate_qwen ? -expf(p.a_log[h]) : 0.0f;
+  const float dt_bias = p.gate_qwen ? p.dt_bias[h] : 0.0f;
 
   // This row has no captured prefix here (capture inactive or capture_count <= 0): zero the capsule slots
   // this block owns.
@@ -137,20 +180,22 @@ __device__ __forceinline__ void gdn_chunked(const GdnParams& p) {
   const int q2 = (lane & 3) * 2;
   __syncthreads();
 
+  ChunkRaw raw;
+  if (span.len > 0) load_chunk_raw<T>(p, span, 0, h, lane, warp, qb, kb, vb, raw);
   for (int t0 = 0; t0 < span.len; t0 += BT) {
     const int L = min(BT, span.len - t0);
 
-    // 1. Stage the chunk: normalised q/k as fp16 operands, beta * v, log gates.
-    for (int rr = 0; rr < BT / WARPS; ++rr) {
-      const int t = warp * (BT / WARPS) + rr;
-      float qv[4] = {0.f, 0.f, 0.f, 0.f}, kv[4] = {0.f, 0.f, 0.f, 0.f}, vv[2] = {0.f, 0.f};
+    // 1. Stage the chunk (raw inputs were loaded during the previous chunk): normalised q/k as fp16
+    //    operands, beta * v, log gates.
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int t = warp * kRowsPerWarp + rr;
+      float qv[4], kv[4], vv[2];
+      unpack4<T>(raw.q[rr], qv);
+      unpack4<T>(raw.k[rr], kv);
+      unpack2<T>(raw.v[rr], vv);
       float g = 0.f, be = 0.f;
       if (t < L) {
-        const int tok = span.start + t0 + t;
-        load4<T>(qb + (size_t)tok * p.q_stride + lane * 4, qv);
-        load4<T>(kb + (size_t)tok * p.k_stride + lane * 4, kv);
-        vv[0] = to_f32(vb[(size_t)tok * p.v_stride + lane * 2]);
-        vv[1] = to_f32(vb[(size_t)tok * p.v_stride + lane * 2 + 1]);
         if (p.l2norm) {
           float sq = 0.f, sk = 0.f;
 #pragma unroll
@@ -159,8 +204,12 @@ __device__ __forceinline__ void gdn_chunked(const GdnParams& p) {
 #pragma unroll
           for (int i = 0; i < 4; ++i) { qv[i] *= iq; kv[i] *= ik; }
         }
-        g = p.has_decay ? gdn_log_gate(p, tok, h, 0) : 0.f;
-        be = p.has_delta ? gdn_beta(p, tok, h) : 1.f;
+        g = raw.decay[rr];
+        if (p.has_decay && p.gate_qwen) {
+          const float z = g + dt_bias;
+          g = neg_a * (z > 20.0f ? z : log1pf(expf(z)));
+        }
+        be = p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-raw.beta[rr])) : raw.beta[rr]) : 1.f;
       }
       *reinterpret_cast<__half2*>(Qh + t * LDH + lane * 4) = __floats2half2_rn(qv[0], qv[1]);
       *reinterpret_cast<__half2*>(Qh + t * LDH + lane * 4 + 2) = __floats2half2_rn(qv[2], qv[3]);
@@ -170,6 +219,8 @@ __device__ __forceinline__ void gdn_chunked(const GdnParams& p) {
       Rf[t * LDR + lane * 2 + 1] = be * vv[1];
       if (lane == 0) { gam[t] = g; bet[t] = be; }
     }
+    // Prefetch the next chunk's raw inputs; their latency hides behind this chunk's products.
+    if (t0 + BT < span.len) load_chunk_raw<T>(p, span, t0 + BT, h, lane, warp, qb, kb, vb, raw);
     __syncthreads();
 
     // 2. Inclusive cumulative log decay within the chunk (padding rows add 0).
