@@ -7,12 +7,17 @@ Stock ONNX Runtime has ``com.microsoft::PagedAttention`` only on CUDA, so on CPU
   PagedAttention node replaced by a stand-in of the same I/O, every other kernel loads and runs;
 * the graph's numerics are checked with ONNX's reference evaluator, running our float64 operator
   references and a NumPy PagedAttention with the semantics of speculative.md §4.2, against transformers
-  on two packed requests of different lengths (prefill, then one decode step on the updated pool).
+  on two packed requests of different lengths (prefill, then one decode step on the updated pool);
+* onnxruntime-genai 0.18's Engine runs the export on CPU (our library for GDN/conv, PagedAttention
+  replaced by standard ops from ``onnx_hybrid.testing.paged_attention``): concurrent greedy requests
+  equal transformers, external drafts end in partial accepts replayed from our capsules with the same
+  tokens, and zeroed capsules (negative control) make the output diverge.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import onnx
@@ -250,3 +255,96 @@ def test_cpu_session_fails_exactly_at_paged_attention(paged_export, tmp_path):
                  "state_update.1.conv_value", "state_update.1.recurrent_capsule"):
         np.testing.assert_allclose(results[name], expected[name], atol=1e-4, rtol=1e-4, err_msg=name)
     assert results["logits"].shape == (sum(map(len, PROMPTS)), 160)
+
+
+# --- onnxruntime-genai's Engine on CPU (PagedAttention as standard ops) -----------------------------
+
+ENGINE_PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150], [44, 3, 150, 12, 9]]
+ENGINE_TOKENS = 16
+NEVER_GENERATED = 159  # eos/pad: the tiny checkpoint's config has no EOS; 159 does not occur in these runs
+
+
+def engine_package(paged_export, directory, *, zero_capsules: bool = False):
+    """The paged export with PagedAttention replaced by standard ops (and, for the negative control, every
+    GDN capsule multiplied by 0, which keeps names, types and shapes, so validation still passes)."""
+    from onnx_hybrid.testing.paged_attention import replace_paged_attention
+
+    shutil.copytree(paged_export, directory)
+    model = onnx.load(str(directory / "model.onnx"))
+    assert replace_paged_attention(model) == 1
+    if zero_capsules:
+        for node in model.graph.node:
+            if node.op_type == "GatedDeltaNet":
+                capsule = node.output[2]
+                node.output[2] = capsule + ".raw"
+                model.graph.node.append(onnx.helper.make_node("Mul", [capsule + ".raw", "zero_f32"], [capsule]))
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros([1], np.float32), "zero_f32"))
+    onnx.save(model, str(directory / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
+    config = read_config(directory)
+    config["model"].update(eos_token_id=[NEVER_GENERATED], pad_token_id=NEVER_GENERATED)
+    (directory / "genai_config.json").write_text(json.dumps(config))
+    assert validate(directory).ok
+    return directory
+
+
+def run_engine(package, drafts_from: list[list[int]] | None = None) -> tuple[list[list[int]], dict]:
+    """Both prompts as concurrent greedy requests. With ``drafts_from``, every request that is decoding
+    gets the next C tokens of that reference as external drafts, the second one wrong every other round,
+    so rounds end in partial accepts that og replays from the captured capsules."""
+    engine = og.Engine(og.Model(str(package)))
+    capacity = engine.max_draft_tokens_per_proposal()
+    assert capacity == CAPACITY
+    requests = []
+    for prompt in ENGINE_PROMPTS:
+        request = engine.create_request()
+        options = og.TurnOptions(request)
+        options.set_do_sample(False)
+        options.set_max_generated_tokens(ENGINE_TOKENS)
+        request.begin_turn(np.array(prompt, dtype=np.int32), options)
+        requests.append(request)
+    tokens = [[] for _ in requests]
+    events = engine.create_event_buffer(256)
+    for step in range(10 * ENGINE_TOKENS):
+        if not engine.has_pending_requests():
+            break
+        engine.run(events)
+        for i in range(len(events)):
+            event = events[i]
+            assert event.error_code == og.EngineErrorCode.NONE, event.error_code
+            if event.flags & og.EngineEventFlags.TOKEN:
+                tokens[next(k for k, r in enumerate(requests) if r == event.request)].append(event.token)
+        for k, request in enumerate(requests):
+            done = len(tokens[k])
+            if drafts_from and done and ENGINE_TOKENS - done > capacity:
+                proposal = list(drafts_from[k][done:done + capacity])
+                if step % 2:
+                    proposal[1] = (proposal[1] + 1) % 160
+                request.set_draft_tokens(np.array(proposal, dtype=np.int32))
+    return tokens, engine.get_speculative_stats()
+
+
+@pytest.fixture(scope="module")
+def reference_tokens(checkpoints):
+    hf = load_reference(checkpoints["qwen3_5_text"])
+    with torch.no_grad():
+        return [hf.generate(torch.tensor([p]), max_new_tokens=ENGINE_TOKENS, min_new_tokens=ENGINE_TOKENS,
+                            do_sample=False)[0, len(p):].tolist() for p in ENGINE_PROMPTS]
+
+
+def test_engine_greedy_matches_transformers(paged_export, reference_tokens, tmp_path):
+    tokens, _ = run_engine(engine_package(paged_export, tmp_path / "pkg"))
+    assert tokens == reference_tokens
+
+
+def test_engine_replays_partial_accepts_from_our_capsules(paged_export, reference_tokens, tmp_path):
+    tokens, stats = run_engine(engine_package(paged_export, tmp_path / "pkg"), reference_tokens)
+    assert tokens == reference_tokens
+    histogram = stats["acceptance_length_histogram"]
+    assert stats["partial_accept_rounds"] > 0 and histogram[1] > 0 and histogram[CAPACITY] > 0, stats
+    assert stats["target_forward_passes"] < ENGINE_TOKENS
+
+
+def test_engine_negative_control_zeroed_capsules_diverge(paged_export, reference_tokens, tmp_path):
+    tokens, stats = run_engine(engine_package(paged_export, tmp_path / "pkg", zero_capsules=True), reference_tokens)
+    assert stats["partial_accept_rounds"] > 0
+    assert tokens != reference_tokens
