@@ -231,7 +231,7 @@ class _Config:
                 well_formed = False
         if not well_formed:
             return
-        for layer in group.layer_ids:
+        for layer in dict.fromkeys(group.layer_ids):  # a repeated id is C13, not a second binding
             for _, _, template in templates:
                 name = expand(template, layer)
                 if name in names_seen:
@@ -249,6 +249,7 @@ class _Config:
             self.fail("C17", f"{GROUPS_PATH}[{missing[0]}].state_update",
                       "All fixed state groups must declare state_update when any fixed group declares it",
                       expected="state_update", actual=None)
+        updates = [(i, u) for i, u in updates if 1 <= u.capacity <= 8]  # a bad capacity is C7's
         if not updates:
             return
         first = updates[0][1]
