@@ -101,10 +101,9 @@ class _Reader:
         self.report = report
         self.failed = False
 
-    def parse(self, path: str, message: str, *, expected: Any = None, actual: Any = None,
-              rule: str = "parse") -> None:
+    def parse(self, path: str, message: str, *, expected: Any = None, actual: Any = None) -> None:
         self.failed = True
-        self.report.add(Finding(rule, PARSE, path, message, expected=expected, actual=actual))
+        self.report.add(Finding("parse", PARSE, path, message, expected=expected, actual=actual))
 
     def config(self, rule: str, path: str, message: str, **kw) -> None:
         self.report.add(Finding(rule, CONFIG, path, message, **kw))
