@@ -246,18 +246,30 @@ def test_capsule_replay_is_bit_exact(dtype):
             np.testing.assert_array_equal(state, want, err_msg=f"row {row}, prefix {n}")
 
 
-def test_generic_isa_matches_reference():
-    """The portable kernels (machines without AVX-512), forced through ONNX_HYBRID_CPU_ISA in a child."""
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next(line for line in f if line.startswith("flags")).split(":")[1].split())
+    except (OSError, StopIteration):
+        return set()
+
+
+@pytest.mark.parametrize("isa", ["avx2", "generic"])
+def test_narrower_isa_matches_reference(isa):
+    """The AVX2 and portable kernels (machines without AVX-512), forced through ONNX_HYBRID_CPU_ISA in a child."""
+    if isa == "avx2" and not {"avx2", "fma"} <= _cpu_flags():
+        pytest.skip("this CPU has no AVX2 + FMA, so the AVX2 variant cannot run here")
     code = (
         "import numpy as np, sys\n"
         "sys.path.insert(0, 'tests')\n"
-        "from native_util import check_gdn\n"
+        "from native_util import check_conv, check_gdn\n"
         "from onnx_hybrid.ops import library\n"
-        "from onnx_hybrid.ops.testing import random_gdn_case\n"
-        "assert library.cpu_isa() == 'generic', library.cpu_isa()\n"
-        "for i, lengths in enumerate([[1, 70, 5], [65, 33]]):\n"
-        "    check_gdn(random_gdn_case(np.random.default_rng(i), lengths, head_size_k=128, head_size_v=24,"
+        "from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case\n"
+        f"assert library.cpu_isa() == '{isa}', library.cpu_isa()\n"
+        "for i, (lengths, dk, dv) in enumerate([([1, 70, 5], 128, 24), ([65, 33], 64, 64), ([40, 2], 37, 5)]):\n"
+        "    check_gdn(random_gdn_case(np.random.default_rng(i), lengths, head_size_k=dk, head_size_v=dv,"
         " capacity=2, capture=[2, 1, 2][:len(lengths)]))\n"
+        "check_conv(random_conv_case(np.random.default_rng(0), [10, 5, 1, 8], channels=70))\n"
     )
-    env = {**os.environ, "ONNX_HYBRID_CPU_ISA": "generic"}
+    env = {**os.environ, "ONNX_HYBRID_CPU_ISA": isa}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))

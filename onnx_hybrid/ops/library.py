@@ -79,7 +79,7 @@ def set_option(key: str, value: str) -> None:
 
 
 def cpu_isa() -> str:
-    """Which variant of the CPU kernels this process runs: "avx512" or "generic"."""
+    """Which variant of the CPU kernels this process runs: "avx512", "avx2" or "generic"."""
     return control().onnx_hybrid_cpu_isa().decode()
 
 

@@ -1,5 +1,5 @@
 // fp32 building blocks of the CPU engines, selected once at load time for the host's instruction set
-// (AVX-512 when the CPU has it, portable C++ otherwise). Every variant obeys the same rounding rule for
+// (AVX-512, else AVX2 + FMA, else portable C++). Every variant obeys the same rounding rule for
 // the recurrent state update (spec/ops.md §2.10: S' = fl(S*a), p = fl(k*u), S = fl(S'+p), no FMA);
 // FMA is used only in dot products and matrix products, whose rounding the contract leaves free.
 #pragma once
@@ -40,8 +40,10 @@ struct CpuKernels {
 };
 
 const CpuKernels& GenericKernels();
-const CpuKernels* Avx512Kernels();  // null when the build has no AVX-512 variant
-// The variant this process uses: AVX-512 if the CPU supports it and ONNX_HYBRID_CPU_ISA != "generic".
+const CpuKernels* Avx512Kernels();  // null when the CPU (or the build) has no AVX-512
+const CpuKernels* Avx2Kernels();    // null when the CPU (or the build) has no AVX2 + FMA
+// The variant this process uses: the widest the CPU supports, or the one ONNX_HYBRID_CPU_ISA names
+// ("avx2" or "generic") when the CPU supports it.
 const CpuKernels& Kernels();
 
 }  // namespace onnx_hybrid

@@ -1,6 +1,7 @@
 // Portable variant of the CPU building blocks, and the run-time selection.
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "cpu_kernels.h"
 
@@ -65,9 +66,11 @@ const CpuKernels kGeneric = {"generic", Gemm, RecurrentRow, SumSquares, Scale, D
 
 const CpuKernels& Select() {
   const char* forced = std::getenv("ONNX_HYBRID_CPU_ISA");
-  if (forced && std::strcmp(forced, "generic") == 0) return kGeneric;
-  const CpuKernels* avx512 = Avx512Kernels();
-  if (avx512) return *avx512;
+  const std::string cap = forced ? forced : "";
+  if (cap == "generic") return kGeneric;
+  if (cap != "avx2")
+    if (const CpuKernels* k = Avx512Kernels()) return *k;
+  if (const CpuKernels* k = Avx2Kernels()) return *k;
   return kGeneric;
 }
 

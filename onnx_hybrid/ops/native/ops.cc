@@ -424,5 +424,5 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_set_option(const char* key, const char* value
 
 ONNX_HYBRID_EXPORT const char* onnx_hybrid_last_error(void) { return LastError().c_str(); }
 
-// Which variant of the CPU building blocks this process runs ("avx512" or "generic").
+// Which variant of the CPU building blocks this process runs ("avx512", "avx2" or "generic").
 ONNX_HYBRID_EXPORT const char* onnx_hybrid_cpu_isa(void) { return Kernels().name; }
