@@ -83,6 +83,22 @@ def test_paged_exports_validate_check_and_parse_in_og(layout, capacity, checkpoi
     assert read_config(out)["engine"] == {"dynamic_batching": {"block_size": BLOCK_SIZE, "num_blocks": NUM_BLOCKS}}
 
 
+@pytest.mark.parametrize("dtype, pool", [("fp16", "FLOAT16"), ("bf16", "BFLOAT16")])
+def test_half_precision_paged_exports_keep_the_pool_in_their_type(dtype, pool, checkpoints, tmp_path):
+    out = export(checkpoints["qwen3_5_moe_text"], tmp_path / "out", dtype=dtype, state_update_capacity=2, paged=True,
+                 block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS, op_domain=contract.MS_DOMAIN, progress=False)
+    assert validate(out).ok
+    onnx.checker.check_model(str(out / "model.onnx"))
+    og.Config(str(out))
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    types = {v.name: onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type) for v in graph.input}
+    assert types["past_key_values.2.key"] == types["past.0.conv"] == pool
+    assert types["past.0.recurrent"] == "FLOAT"
+    [attention] = [n for n in graph.node if n.op_type == "PagedAttention"]
+    producers = {o: n.op_type for n in graph.node for o in n.output}
+    assert producers[attention.input[0]] == "Reshape"  # no Cast: q/k/v are already in the pool's type
+
+
 def test_paged_io_is_what_the_engine_feeds(paged_export):
     graph = onnx.load(str(paged_export / "model.onnx"), load_external_data=False).graph
 
