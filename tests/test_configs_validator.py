@@ -114,6 +114,11 @@ def test_engine_packed_position_ids(tmp_path):
     assert report.ok
 
 
+def test_engine_without_num_blocks_warns(tmp_path):
+    report = builder(tmp_path, lambda c: c["engine"]["dynamic_batching"].pop("num_blocks"))
+    assert report.ok and [f.rule for f in report.warnings] == ["engine.num_blocks"]
+
+
 def test_fixed_groups_without_engine_section_only_warn(tmp_path):
     report = validate(fixture_export(tmp_path, "synthetic_hybrid_released"))
     assert report.ok and [f.rule for f in report.warnings] == ["engine.dynamic_batching"]
@@ -169,3 +174,14 @@ def test_validate_command_exit_status_and_json(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False and report["form"] == "released"
     assert report["findings"][0]["stage"] == "parse" and report["findings"][0]["path"].endswith(".bindings")
+
+
+def test_state_inputs_of_layers_outside_every_group_are_found(tmp_path):
+    """0.18.0 binds only the listed layers: og.Model accepts a group that forgets one (checked here)."""
+    og = pytest.importorskip("onnxruntime_genai")
+    config = mutated(load_fixture("synthetic_hybrid_released"),
+                     lambda c: c["model"]["decoder"]["state_groups"][0].update(layer_ids=[0]))
+    out = write_export(tmp_path, config, *GRAPHS["synthetic_hybrid_released"]())
+    og.Model(str(out))
+    [finding] = validate(out).errors
+    assert (finding.rule, finding.tensor) == ("x.unbound_state", "past_conv.3")

@@ -3,8 +3,9 @@
 Stages (spec/genai_config.md §4): the parse rules (4.1) and ``ValidateConfig`` (4.2) that ``og.Config``
 applies, ``ValidateSession`` (4.3) that ``og.Model`` applies against the graph's declared I/O, and the
 dynamic-batching rules of ``og.Engine`` (4.4). Rule ids C*/S* and their messages are the runtime's; rules
-whose id starts with ``x.`` are ours: things 0.18.0 accepts that would still break a run (the decoder-level
-capacity, the capacity baked into the update operators).
+whose id starts with ``x.`` are ours: things 0.18.0 accepts that would still break a run (a decoder-level
+capacity that differs from the groups', an update operator built for another capacity, a state input of a
+layer that no group binds).
 
 The graph is read without its weights, so validating a large export is fast.
 """
@@ -299,6 +300,27 @@ class _Session:
                 self.paged(label, index, group, states)
             elif group.state_update:
                 self.update(index, group, label, states)
+        self.unbound_states()
+
+    def unbound_states(self) -> None:
+        """x.unbound_state: a graph input that a group's template names for a layer outside every group
+        with that template. 0.18.0 accepts this (it binds only the listed layers), and the run then
+        fails on a missing feed or, worse, the runtime never carries that layer's state."""
+        covered: dict[str, set[int]] = {}
+        for group in self.manifest.groups:
+            for binding in group.bindings.values():
+                covered.setdefault(binding.input, set()).update(group.layer_ids)
+        for template, layers in covered.items():
+            if template.count("%d") != 1:
+                continue
+            pattern = re.compile(re.escape(template).replace("%d", r"(\d+)") + "$")
+            for name in self.graph.inputs:
+                match = pattern.match(name)
+                if match and int(match.group(1)) not in layers:
+                    self.fail("x.unbound_state", GROUPS_PATH,
+                              f"graph input '{name}' matches the state template '{template}', but layer "
+                              f"{match.group(1)} is in no group that binds it", tensor=name,
+                              expected=f"layer {match.group(1)} in the group's layer_ids", actual=sorted(layers))
 
     def bindings(self, index: int, group: StateGroup, label: str) -> list[tuple[TensorInfo, TensorInfo]]:
         """S1-S3 for every layer and semantic; returns the (input, output) pairs that exist."""
@@ -502,6 +524,11 @@ def _check_engine(config: dict, manifest: StateManifest | None, graph: GraphIO, 
                     "Dynamic batching requires exactly one paged_kv decoder state group", severity=WARNING,
                     expected=1, actual=len(paged))
         return
+    if "num_blocks" not in engine:
+        finding("engine.num_blocks", "engine.dynamic_batching.num_blocks",
+                "engine.dynamic_batching.num_blocks is unset: the pool is then sized by gpu_utilization_factor, "
+                "which only GPUs have; on CPU og.Engine fails with 'The key-value cache budget is too small to "
+                "hold the reserved decoder state.'", severity=WARNING)
     for key in ("num_hidden_layers", "num_key_value_heads", "head_size"):
         value = decoder.get(key, 0)
         if not isinstance(value, int) or value <= 0:
