@@ -161,19 +161,18 @@ void WorkItem::Sequential() const {
 // GEMM kernel. Only decay ratios e^(γt-γs) <= 1 are formed, never k e^(-γ).
 void WorkItem::Chunked(int64_t chunk) const {
   const int64_t dk = geo.head_size_k, dv = geo.head_size_v, bt = chunk;
-  const size_t floats = size_t(dk * dv + 2 * bt * dk + bt * dv + dk * bt + 2 * bt * bt + 2 * bt * dv + bt * dv + 4 * bt);
+  const size_t floats = size_t(dk * dv + 2 * bt * dk + bt * dv + dk * bt + 2 * bt * bt + 2 * bt * dv + bt * dv + 3 * bt);
   auto scratch = Scratch(floats);
   float* st = scratch.get();                 // [Dk, Dv]
   float* qk = st + dk * dv;                  // [2L, Dk]: keys then queries
   float* v = qk + 2 * bt * dk;               // [L, Dv]
-  float* kt = v + bt * dv;                   // [Dk, BT]: keys transposed, later Kd^T
+  float* kt = v + bt * dv;                   // [Dk, BT]: keys transposed
   float* gram = kt + dk * bt;                // [2L, BT]: K K^T then Q K^T
   float* ks = gram + 2 * bt * bt;            // [2L, Dv]: K S0 then Q S0 (becomes the output)
   float* u = ks + 2 * bt * dv;               // [L, Dv]
   float* gamma = u + bt * dv;                // [L] cumulative log decay
   float* egamma = gamma + bt;                // [L] e^γt
   float* betas = egamma + bt;                // [L]
-  float* tail = betas + bt;                  // [L] e^(γL-γs)
 
   const float* init = InitialState();
   for (int64_t c = 0; c < dv; ++c)
@@ -236,11 +235,10 @@ void WorkItem::Chunked(int64_t chunk) const {
       kern.gemm(rows, dv, r0 + rows, gqk + r0 * bt, bt, u, dv, o + r0 * dv, dv, true);
     }
     for (int64_t i = 0; i < L; ++i) StoreOutput(start + t0 + i, o + i * dv, scale);
-    // S_L = e^γL S0 + Kd^T U with Kd[s] = k_s e^(γL - γs)
+    // S_L = e^γL S0 + Kd^T U with Kd[s] = k_s e^(γL - γs), computed as K^T (diag(e^(γL - γs)) U):
+    // U is not needed any more, and scaling its rows is contiguous work.
     const float glast = gamma[L - 1];
-    for (int64_t s = 0; s < L; ++s) tail[s] = std::exp(glast - gamma[s]);
-    for (int64_t r = 0; r < dk; ++r)
-      for (int64_t s = 0; s < L; ++s) kt[r * bt + s] *= tail[s];
+    for (int64_t s = 0; s < L; ++s) kern.scale(u + s * dv, std::exp(glast - gamma[s]), u + s * dv, dv);
     if (attrs.has_decay) kern.scale(st, egamma[L - 1], st, dk * dv);
     kern.gemm(dk, dv, L, kt, bt, u, dv, st, dv, true);
   }
