@@ -136,6 +136,35 @@ def test_paged_bindings_form_and_cli_options(checkpoints, tmp_path):
     assert read_config(out)["engine"]["dynamic_batching"]["block_size"] == 32
 
 
+def test_paged_io_matches_the_0_18_builders_paged_export(checkpoints, tmp_path):
+    """onnxruntime-genai's own builder, fp16 CUDA paged export with capacity 3 (it builds the graph on any
+    machine): our validator accepts it, and our paged export of the same checkpoint declares the same
+    tensors with the same types and ranks (except position_ids: the builder's MRoPE [3, num_tokens], our
+    text positions [num_tokens]; the Engine takes both) and the same state_groups."""
+    import subprocess
+    import sys
+
+    builder = tmp_path / "builder"
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoints["qwen3_5_multimodal"]),
+                    "-o", str(builder), "-p", "fp16", "-e", "cuda", "-c", str(tmp_path / "cache"), "--extra_options",
+                    "use_paged_attention=true", f"state_update_capacity={CAPACITY}", f"num_blocks={NUM_BLOCKS}",
+                    f"paged_block_size={BLOCK_SIZE}"], check=True, capture_output=True)
+    assert validate(builder).ok, validate(builder).format()
+    ours = export(checkpoints["qwen3_5_multimodal"], tmp_path / "ours", dtype="fp16", state_update_capacity=CAPACITY,
+                  paged=True, block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS, op_domain=contract.MS_DOMAIN, progress=False)
+
+    def signature(out):
+        graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+        return {v.name: (v.type.tensor_type.elem_type, len(v.type.tensor_type.shape.dim))
+                for v in list(graph.input) + list(graph.output) if v.name != "position_ids"}
+
+    assert signature(ours) == signature(builder)
+    theirs, mine = read_config(builder)["model"]["decoder"], read_config(ours)["model"]["decoder"]
+    assert mine["state_groups"] == theirs["state_groups"]
+    assert mine["inputs"] == theirs["inputs"]
+    assert mine["outputs"] == theirs["outputs"]
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(block_size=24), "power of two"), (dict(block_size=8), "power of two"), (dict(num_blocks=0), "positive")])
 def test_bad_paged_options(options, message, checkpoints, tmp_path):
