@@ -94,6 +94,7 @@ def test_engine_block_size_must_match_the_pool(tmp_path):
     report = builder(tmp_path, lambda c: c["engine"]["dynamic_batching"].update(block_size=32))
     messages = [f.message for f in report.errors if f.stage == ENGINE]
     assert len(messages) == 4  # key and value, in and out, of layer 3
+    assert {f.path for f in report.errors} == {"engine.dynamic_batching.block_size"}
     assert messages[0] == ("Paged cache tensor 'past_key_values.3.key' for layer 3 has incompatible axis 1 "
                            "(block_size): graph dimension 16; expected 32 from engine.dynamic_batching.block_size.")
 

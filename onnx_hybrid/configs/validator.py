@@ -559,11 +559,12 @@ def _check_engine(config: dict, manifest: StateManifest | None, graph: GraphIO, 
                 actual=position.describe())
 
 
+# Per pool axis: its name, the runtime's message tail, and the config field it is compared with.
 _POOL_AXES = (
-    ("num_blocks", " for the full-context paged cache pool."),
-    ("block_size", " from engine.dynamic_batching.block_size."),
-    ("num_key_value_heads", " from model.decoder.num_key_value_heads."),
-    ("head_size", " from model.decoder.head_size."),
+    ("num_blocks", " for the full-context paged cache pool.", "engine.dynamic_batching.num_blocks"),
+    ("block_size", " from engine.dynamic_batching.block_size.", "engine.dynamic_batching.block_size"),
+    ("num_key_value_heads", " from model.decoder.num_key_value_heads.", "model.decoder.num_key_value_heads"),
+    ("head_size", " from model.decoder.head_size.", "model.decoder.head_size"),
 )
 
 
@@ -583,9 +584,10 @@ def _check_paged_pool(group: StateGroup, engine: dict, decoder: dict, graph: Gra
                             f"num_key_value_heads, head_size]; got rank {tensor.rank} with shape {_dims(tensor)}.",
                             tensor=name, actual=tensor.describe())
                     continue
-                for axis, ((axis_name, source), want, got) in enumerate(zip(_POOL_AXES, expected_axes, tensor.shape)):
+                for axis, ((axis_name, source, path), want, got) in enumerate(
+                        zip(_POOL_AXES, expected_axes, tensor.shape)):
                     if isinstance(want, int) and want >= 0 and got >= 0 and got != want:
-                        finding("engine.paged_pool", GROUPS_PATH,
+                        finding("engine.paged_pool", path,
                                 f"Paged cache tensor '{name}' for layer {layer} has incompatible axis {axis} "
                                 f"({axis_name}): graph dimension {got}; expected {want}{source}",
                                 tensor=name, expected=want, actual=got)
