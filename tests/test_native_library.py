@@ -116,3 +116,30 @@ def test_malformed_offsets_are_memory_safe_under_asan():
                             text=True)
     assert result.returncode == 0, result.stdout + result.stderr[-5000:]
     assert "no memory errors" in result.stdout
+
+
+def test_version_guard_returns_a_status_on_an_older_runtime():
+    """RegisterCustomOps asks for API 21; a runtime without it gets an error status, not silence.
+
+    A fake OrtApiBase stands in for an old ORT: GetApi(21) returns NULL, GetApi(1) a table whose first
+    entry (OrtApi::CreateStatus) records the message.
+    """
+    import ctypes
+
+    messages = []
+    create_status = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)(
+        lambda code, text: messages.append((code, text.decode())) or 0xBAD)
+    table = (ctypes.c_void_p * 1)(ctypes.cast(create_status, ctypes.c_void_p))
+    get_api = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_uint32)(
+        lambda version: ctypes.addressof(table) if version == 1 else None)
+    get_version = ctypes.CFUNCTYPE(ctypes.c_char_p)(lambda: b"1.20.1")
+
+    class OrtApiBase(ctypes.Structure):
+        _fields_ = [("GetApi", ctypes.c_void_p), ("GetVersionString", ctypes.c_void_p)]
+
+    base = OrtApiBase(ctypes.cast(get_api, ctypes.c_void_p), ctypes.cast(get_version, ctypes.c_void_p))
+    register_custom_ops = library.control().RegisterCustomOps
+    register_custom_ops.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    register_custom_ops.restype = ctypes.c_void_p
+    assert register_custom_ops(None, ctypes.addressof(base)) == 0xBAD
+    assert messages == [(1, "onnx_hybrid: needs ONNX Runtime API 21 (ORT >= 1.21)")]  # 1 = ORT_FAIL
