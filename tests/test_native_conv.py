@@ -74,7 +74,8 @@ def test_no_leakage_across_request_boundaries(capacity):
                             capture=[4, 4, 4] if capacity else None)
     x = case.feeds["input"]
     x[:6], x[6:13], x[13:] = 1000.0, -1000.0, 1000.0
-    check_conv(case)
+    with np.errstate(over="ignore"):  # the float64 reference's sigmoid saturates exp(-z) at z = -1000s
+        check_conv(case)
 
 
 def test_zero_length_request_keeps_state():
