@@ -101,6 +101,17 @@ def test_overwrite_replaces_output(tiny, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_tokenizer_files_are_copied(tiny, tmp_path):
+    src = tmp_path / "hf"
+    src.mkdir()
+    for f in tiny.iterdir():
+        (src / f.name).symlink_to(f)
+    (src / "tokenizer.json").write_text("{}")
+    (src / "tokenizer_config.json").write_text("{}")
+    out = export(src, tmp_path / "o", progress=False)
+    assert (out / "tokenizer.json").read_text() == (out / "tokenizer_config.json").read_text() == "{}"
+
+
 def test_cli_user_error_exits_2_without_traceback(tmp_path):
     code = "import sys; from onnx_hybrid.cli import export_main; sys.exit(export_main(sys.argv[1:]))"
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "missing"), "-o", str(tmp_path / "o")],

@@ -10,6 +10,8 @@ becomes ``model.X``; the vision tower and the MTP head are skipped.
 from __future__ import annotations
 
 import json
+import math
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,13 +78,12 @@ class Checkpoint:
         stored = self.get(name)
         if not stored.shape or 0 in stored.shape:
             return np.zeros(stored.shape, stored.numpy_dtype)[index]
-        view = np.memmap(stored.file, dtype=stored.numpy_dtype, mode="r", offset=stored.offset,
-                         shape=stored.shape)
-        try:
-            return np.array(view[index])
-        finally:
-            view._mmap.close()  # unmap now: the touched pages must not stay in RSS
-            del view
+        count = math.prod(stored.shape)
+        with open(stored.file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = np.frombuffer(mapped, stored.numpy_dtype, count, stored.offset).reshape(stored.shape)
+            data = np.array(view[index])
+            del view  # the map closes (and its touched pages leave RSS) only without live views
+        return data
 
 
 def _read_header(file: Path) -> list[StoredTensor]:
