@@ -19,6 +19,10 @@ class TensorInfo:
     def rank(self) -> int | None:
         return None if self.shape is None else len(self.shape)
 
+    def runtime_dims(self) -> str:
+        """The shape as onnxruntime-genai prints it in messages: [-1, 2, 3] (-1 for symbolic)."""
+        return "[" + ", ".join(str(d) for d in self.shape or ()) + "]"
+
     def describe(self) -> str:
         if self.shape is None:
             return f"{self.dtype}[?]"

@@ -44,6 +44,13 @@ def load_config(path: str | Path) -> dict:
         return json.load(f, object_pairs_hook=_object)
 
 
+def decoder_section(config: dict) -> dict:
+    """``model.decoder`` of a config (empty when missing or malformed)."""
+    model = config.get("model") if isinstance(config, dict) else None
+    decoder = model.get("decoder") if isinstance(model, dict) else None
+    return decoder if isinstance(decoder, dict) else {}
+
+
 def detect_form(decoder: dict) -> str | None:
     """``released``, ``bindings`` (any group uses a bindings-form feature) or None without state_groups."""
     groups = decoder.get("state_groups")

@@ -205,7 +205,8 @@ def _head(ctx: GraphContext, hidden: ir.Value, embed: ir.Value, options: GraphOp
     lm_head = embed if cfg.tie_word_embeddings else ctx.weights.tensor(
         "lm_head.weight", "lm_head.weight", [cfg.vocab_size, cfg.hidden_size], ctx.np_act)
     if options.paged:
-        return ctx.op("Gemm", hidden, lm_head, transB=1, output=_tensor(io.LOGITS, ctx.act, [io.TOKENS, cfg.vocab_size]))
+        logits = _tensor(io.LOGITS, ctx.act, [io.TOKENS, cfg.vocab_size])
+        return ctx.op("Gemm", hidden, lm_head, transB=1, output=logits)
     logits = ctx.linear(hidden, lm_head)
     shape = ctx.op("Concat", sh.batch, out_seq, ctx.const([cfg.vocab_size]), axis=0)
     return ctx.op("Reshape", logits, shape, output=_tensor(io.LOGITS, ctx.act, [io.BATCH, "logits_sequence_length"
