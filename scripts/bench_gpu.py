@@ -78,12 +78,12 @@ def make_inputs(lengths, dtype, capacity, gen):
 ATTRS = dict(gate_activation="qwen", beta_activation="sigmoid", qk_l2_norm=1, update_rule="gated_delta")
 
 
-def ours_fn(feeds, outs, capacity, rows=None):
+def ours_fn(feeds, outs, capacity, rows=None, groups=None):
     attrs = dict(ATTRS, state_update_capacity=capacity)
 
     def run():
         cuda_ops.gated_delta_net(feeds, outputs=outs, stream=torch.cuda.current_stream().cuda_stream,
-                                 rec_rows=rows, **attrs)
+                                 rec_rows=rows, rec_groups=groups, **attrs)
         return outs["output"]
     return run
 
@@ -139,7 +139,7 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float16", "bfloat16", "both"], default="both")
     ap.add_argument("--cases", default="", help="comma-separated substrings of case names to run")
     ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--rows", default="", help="also time the recurrent kernel with these value rows per warp")
+    ap.add_argument("--rows", default="", help="also time the recurrent kernel with these rows:groups per warp")
     args = ap.parse_args()
     dtypes = ["float16", "bfloat16"] if args.dtype == "both" else [args.dtype]
     rate = copy_rate()
@@ -175,9 +175,11 @@ def main() -> None:
             print(f"{name:24s} {dtype_name:9s} {ours_t * 1e6:9.1f} {fla_t * 1e6:9.1f} {fla_t / ours_t:9.2f} "
                   f"{floor:7.1%} {err:8.1e}", flush=True)
             if lengths[0] <= 8 and args.rows:
-                for rows in (int(r) for r in args.rows.split(",")):
-                    t_rows = graph_time([ours_fn(f, o, capacity, rows) for f, o, _ in inputs])
-                    print(f"#   rows/warp {rows}: {t_rows * 1e6:.1f} us ({floor * ours_t / t_rows:.1%} of floor)")
+                for variant in args.rows.split(","):
+                    rows, groups = (int(x) for x in variant.split(":"))
+                    t_rows = graph_time([ours_fn(f, o, capacity, rows, groups) for f, o, _ in inputs])
+                    print(f"#   rows/warp {rows}, groups/warp {groups}: {t_rows * 1e6:.1f} us "
+                          f"({floor * ours_t / t_rows:.1%} of floor)")
             del inputs, ours
             torch.cuda.empty_cache()
 

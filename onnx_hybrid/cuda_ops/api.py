@@ -65,10 +65,12 @@ def _host_flag(value: Any) -> int | None:
 
 
 def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None, stream: Any = None,
-                    engine: str = "auto", rec_rows: int | None = None, **attributes):
+                    engine: str = "auto", rec_rows: int | None = None, rec_groups: int | None = None,
+                    **attributes):
     """Run GatedDeltaNet; returns (output, final_state, state_update) as device arrays.
 
-    ``engine`` (auto | chunked | recurrent) and ``rec_rows`` are tuning and test knobs of ``plan.gdn_plan``."""
+    ``engine`` (auto | chunked | recurrent), ``rec_rows`` and ``rec_groups`` are test and tuning knobs of
+    ``plan.gdn_plan``."""
     op = contract.GATED_DELTA_NET.name
     attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, attributes)
     t = _tensors(contract.GATED_DELTA_NET, feeds, host=("state_update_active",))
@@ -115,10 +117,11 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
         has_decay=int(has_decay), has_delta=int(has_delta), gate_qwen=int(attrs["gate_activation"] == "qwen"),
         beta_sigmoid=int(attrs["beta_activation"] == "sigmoid"), l2norm=int(attrs["qk_l2_norm"] != 0),
         decay_per_key=int(geo.per_key_decay), capacity=geo.capacity,
-        capture_active=int(geo.capacity > 0 and (active is None or active != 0)), tail_only=0, scale=scale,
+        capture_active=int(geo.capacity > 0 and (active is None or active != 0)), tail_only=0, row_groups=1,
+        scale=scale,
     )
     launches = plan.gdn_plan(geo, q.dtype, params, arch=launch.device_arch(device), engine=engine,
-                             rec_rows=rec_rows)
+                             rec_rows=rec_rows, rec_groups=rec_groups)
     launch.run(launches, device, stream_pointer(stream))
     return out_arr, state_arr, cap_arr
 

@@ -26,6 +26,7 @@ class GdnParams(ctypes.Structure):
         ("batch", _i), ("total_tokens", _i), ("uniform_len", _i), ("hk", _i), ("hv", _i), ("dk", _i),
         ("dv", _i), ("has_decay", _i), ("has_delta", _i), ("gate_qwen", _i), ("beta_sigmoid", _i),
         ("l2norm", _i), ("decay_per_key", _i), ("capacity", _i), ("capture_active", _i), ("tail_only", _i),
+        ("row_groups", _i),
         ("scale", ctypes.c_float),
     ]
 
@@ -60,7 +61,17 @@ REC_KEY_SIZES = (32, 64, 128, 256, 512)  # instantiations: key head size up to t
 # Value rows per warp instantiated for each key size (gdn_recurrent.cu), and the default choice. Fewer rows
 # per warp mean more warps in flight; more rows share the per-token work (loads, gate, norms).
 REC_ROW_VARIANTS = {32: (1, 2, 4, 8), 64: (1, 2, 4, 8), 128: (1, 2, 4, 8), 256: (2, 4), 512: (1, 2)}
-REC_ROWS = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
+REC_ROWS = {32: 8, 64: 8, 128: 8, 256: 4, 512: 2}
+REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks
+
+
+def rec_row_groups(geo: GdnGeometry, rows: int) -> int:
+    """Row groups per warp: several only when the grid stays large, so small batches keep every SM busy."""
+    warps = geo.batch * geo.num_heads_v * _ceil(geo.head_size_v, rows)
+    groups = 1
+    while groups < 4 and warps // (2 * groups * REC_WARPS) >= REC_MIN_BLOCKS:
+        groups *= 2
+    return groups
 CHUNK_D, CHUNK_VT, CHUNK_THREADS = 128, 64, 256
 CHUNK_SMEM_BYTES = 169216
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
@@ -94,14 +105,15 @@ def chunked_supported(geo: GdnGeometry, dtype: str, arch: int) -> bool:
 
 
 def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, engine: str = "auto",
-             rec_rows: int | None = None) -> list[Launch]:
+             rec_rows: int | None = None, rec_groups: int | None = None) -> list[Launch]:
     """The kernels of one GatedDeltaNet call.
 
     ``engine``: ``auto`` launches the chunked kernel when the shape allows it and the batch averages at least
     32 tokens per row (ORT's rule: T >= 32 B), then a recurrent tail pass over the same grid for the rows it
     skips (captured rows, rows under 32 tokens; decided on the device from cu_seqlens and capture_count);
     ``chunked`` does the same whatever the token count; ``recurrent`` runs every row sequentially.
-    ``rec_rows`` overrides the recurrent kernel's value rows per warp (a tuning knob for benchmarks).
+    ``rec_rows`` / ``rec_groups`` override the recurrent kernel's value rows per warp and row groups per warp
+    (tuning knobs for benchmarks).
     """
     if engine not in ("auto", "chunked", "recurrent"):
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
@@ -126,7 +138,8 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, engi
     rows = rec_rows or REC_ROWS[kmax]
     if rows not in REC_ROW_VARIANTS[kmax]:
         raise ValueError(f"rec_rows {rows} is not instantiated for key size {kmax}: {REC_ROW_VARIANTS[kmax]}")
-    rows_per_block = REC_WARPS * rows
+    rec.row_groups = rec_groups or rec_row_groups(geo, rows)
+    rows_per_block = REC_WARPS * rows * rec.row_groups
     launches.append(Launch(f"gdn_recurrent_{TYPE_SUFFIX[dtype]}_k{kmax}_r{rows}",
                            (_ceil(geo.head_size_v, rows_per_block), geo.num_heads_v, geo.batch),
                            (REC_WARPS * 32, 1, 1), 0, rec))

@@ -72,6 +72,7 @@ struct GdnParams {
   int capacity;
   int capture_active;         // state_update_active (host value) and capacity > 0
   int tail_only;              // recurrent kernel: serve only rows the chunked kernel skips
+  int row_groups;             // recurrent kernel: row groups per warp (>= 1)
   float scale;
 };
 
