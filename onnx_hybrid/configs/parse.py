@@ -83,9 +83,11 @@ def parse_state_groups(decoder: dict, form: str, report: Report) -> StateManifes
     if not isinstance(groups, list):
         reader.parse("model.decoder", 'Unknown value "state_groups"', actual=_json_type(groups))
         return None
-    names = StateNames.from_decoder(decoder)
-    parsed = [(reader.released_group if form == RELEASED else reader.bindings_group)(i, g, names)
-              for i, g in enumerate(groups)]
+    if form == RELEASED:
+        names = StateNames.from_decoder(decoder)
+        parsed = [reader.released_group(i, g, names) for i, g in enumerate(groups)]
+    else:
+        parsed = [reader.bindings_group(i, g) for i, g in enumerate(groups)]
     if reader.failed:
         return None
     return StateManifest(tuple(parsed), declared_capacity=declared)
@@ -268,7 +270,7 @@ class _Reader:
 
     # -- bindings form (#2454) ----------------------------------------------------------------------
 
-    def bindings_group(self, index: int, group: Any, names: StateNames) -> StateGroup | None:
+    def bindings_group(self, index: int, group: Any) -> StateGroup | None:
         path = f"{GROUPS_PATH}[{index}]"
         if not self.is_group(group, path):
             return None
