@@ -89,14 +89,6 @@ def ours_error(op, feeds, attributes) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("key", sorted(GDN_CASES))
-def test_gdn_run_errors(key):
-    feeds, attributes = GDN_CASES[key]
-    want = expected_error(reference.gated_delta_net, feeds, attributes)
-    assert want.key == key, f"the case meant for {key} trips {want.key} in the contract"
-    assert str(want) in ours_error(GDN, feeds, attributes)
-
-
 MORE_GDN = {
     "decay given to a rule without decay": (lambda c: with_(c), {"update_rule": "delta"}),
     "capture_count with capacity 0": (lambda c: with_(c, capture_count=np.ones(2, np.int32)), {}),
@@ -147,12 +139,13 @@ def _conv_cases():
 CONV_CASES = _conv_cases()
 
 
-@pytest.mark.parametrize("key", sorted(CONV_CASES))
-def test_conv_run_errors(key):
-    feeds, attributes = CONV_CASES[key]
-    want = expected_error(reference.varlen_causal_conv, feeds, attributes)
+@pytest.mark.parametrize("op,key", [(GDN, k) for k in sorted(GDN_CASES)] + [(CONV, k) for k in sorted(CONV_CASES)])
+def test_run_errors(op, key):
+    cases, oracle = (GDN_CASES, reference.gated_delta_net) if op == GDN else (CONV_CASES, reference.varlen_causal_conv)
+    feeds, attributes = cases[key]
+    want = expected_error(oracle, feeds, attributes)
     assert want.key == key, f"the case meant for {key} trips {want.key} in the contract"
-    assert str(want) in ours_error(CONV, feeds, attributes)
+    assert str(want) in ours_error(op, feeds, attributes)
 
 
 @pytest.mark.parametrize("name", ["cumulative_sequence_length", "initial_state"])

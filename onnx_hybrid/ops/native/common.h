@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -42,6 +43,13 @@ class ContractError : public std::runtime_error {
 
 inline const char* Presence(const void* p) { return p ? "present" : "absent"; }
 
+// The input shapes of one call by input index; present[i] false means input i is absent.
+template <int N>
+struct InputShapes {
+  Shape shape[N];
+  bool present[N] = {};
+};
+
 // Element types of the activation tensor T.
 enum class ElemType { kFloat, kFloat16, kBFloat16 };
 
@@ -60,12 +68,6 @@ void LoadAsFloat(ElemType type, const void* src, int64_t offset, int64_t n, floa
 // Round n floats once to `type` and store them at dst + offset (in elements).
 void StoreFromFloat(ElemType type, const float* src, int64_t n, void* dst, int64_t offset);
 size_t ElemSize(ElemType type);
-
-}  // namespace onnx_hybrid
-
-#include <functional>
-
-namespace onnx_hybrid {
 
 // Runs fn(0) ... fn(n-1), possibly concurrently; provided by the execution provider (ORT's intra-op
 // thread pool on the CPU EP).

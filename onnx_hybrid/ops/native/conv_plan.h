@@ -17,10 +17,7 @@ struct ConvAttributes {
 
 ConvAttributes MakeConvAttributes(const std::string& activation, int64_t dilation, int64_t capacity);
 
-struct ConvInputShapes {
-  Shape shape[contract::conv::kNumInputs];
-  bool present[contract::conv::kNumInputs] = {};
-};
+using ConvInputShapes = InputShapes<contract::conv::kNumInputs>;
 
 struct ConvGeometry {
   int64_t batch, total_tokens, channels, kernel_size, state_length;

@@ -28,11 +28,7 @@ GdnAttributes MakeGdnAttributes(const std::string& update_rule, float scale, con
                                 const std::string& beta_activation, int64_t qk_l2_norm, int64_t chunk_size,
                                 int64_t capacity);
 
-// Shapes of the inputs by index; `present[i]` false means the input is absent.
-struct GdnInputShapes {
-  Shape shape[contract::gdn::kNumInputs];
-  bool present[contract::gdn::kNumInputs] = {};
-};
+using GdnInputShapes = InputShapes<contract::gdn::kNumInputs>;
 
 enum class GdnLayout { kRagged, kUniform, kRank4, kPackedRagged, kPackedUniform, kPackedRank3 };
 

@@ -108,9 +108,7 @@ float FloatAttribute(const OrtKernelInfo* info, const char* name, float fallback
 // The inputs of one Compute call: present flag, shape and host pointer by index. Trailing omitted
 // inputs are not counted by ORT; omitted inputs in the middle come back as null values.
 template <int N>
-struct Inputs {
-  Shape shape[N];
-  bool present[N] = {};
+struct Inputs : InputShapes<N> {
   const void* data[N] = {};
 
   explicit Inputs(OrtKernelContext* context) {
@@ -122,8 +120,8 @@ struct Inputs {
       Ort::ThrowOnError(api.KernelContext_GetInput(context, i, &value));
       if (!value) continue;
       Ort::ConstValue v(value);
-      present[i] = true;
-      shape[i] = v.GetTensorTypeAndShapeInfo().GetShape();
+      this->present[i] = true;
+      this->shape[i] = v.GetTensorTypeAndShapeInfo().GetShape();
       data[i] = v.GetTensorRawData();
     }
   }
@@ -196,13 +194,8 @@ class GdnCpuKernel {
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     namespace g = contract::gdn;
     try {
-      Inputs<g::kNumInputs> in(context);
-      GdnInputShapes shapes;
-      for (int i = 0; i < g::kNumInputs; ++i) {
-        shapes.present[i] = in.present[i];
-        shapes.shape[i] = in.shape[i];
-      }
-      const GdnGeometry geo = ResolveGdn(shapes, attrs_);
+      const Inputs<g::kNumInputs> in(context);
+      const GdnGeometry geo = ResolveGdn(in, attrs_);
       const std::vector<RequestRow> rows = GdnRows(geo, static_cast<const int32_t*>(in.data[g::kInputCuSeqlens]));
       GdnTensors t{};
       t.type = type_;
@@ -246,13 +239,8 @@ class ConvCpuKernel {
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     namespace cv = contract::conv;
     try {
-      Inputs<cv::kNumInputs> in(context);
-      ConvInputShapes shapes;
-      for (int i = 0; i < cv::kNumInputs; ++i) {
-        shapes.present[i] = in.present[i];
-        shapes.shape[i] = in.shape[i];
-      }
-      const ConvGeometry geo = ResolveConv(shapes, attrs_);
+      const Inputs<cv::kNumInputs> in(context);
+      const ConvGeometry geo = ResolveConv(in, attrs_);
       const std::vector<RequestRow> rows =
           ConvRows(geo, static_cast<const int32_t*>(in.data[cv::kInputCumulativeSequenceLength]));
       ConvTensors t{};
