@@ -36,7 +36,7 @@ class SessionRules:
             label = label_of(index, group, self.form)
             states = self.bindings(index, group, label)
             if group.kind == PAGED_KV:
-                self.paged(label, index, group, states)
+                self.paged(label, index, states)
             elif group.state_update:
                 self.update(index, group, label, states)
         self.unbound_states()
@@ -91,7 +91,7 @@ class SessionRules:
                 pairs.append((x, y))
         return pairs
 
-    def paged(self, label: str, index: int, group: StateGroup, pairs: list) -> None:
+    def paged(self, label: str, index: int, pairs: list) -> None:
         """S4: rank-4 paged tensors that all share one geometry."""
         tensors = [t for pair in pairs for t in pair]
         path = f"{GROUPS_PATH}[{index}]"
