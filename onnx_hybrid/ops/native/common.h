@@ -63,7 +63,7 @@ inline float BFloat16ToFloat(uint16_t bits) {
 }
 uint16_t FloatToBFloat16(float value);  // round to nearest even, NaN stays NaN
 
-// Widen n elements of type `type` at src (element offset 0) into dst.
+// Widen n elements of type `type` at src + offset (in elements) into dst.
 void LoadAsFloat(ElemType type, const void* src, int64_t offset, int64_t n, float* dst);
 // Round n floats once to `type` and store them at dst + offset (in elements).
 void StoreFromFloat(ElemType type, const float* src, int64_t n, void* dst, int64_t offset);

@@ -35,7 +35,7 @@ GdnAttributes MakeGdnAttributes(const std::string& update_rule, float scale, con
   GdnAttributes a;
   if (!Allowed(update_rule, g::kAllowedUpdateRule)) throw ContractError(kOp, msg::kGdnUpdateRule, {update_rule});
   if (!std::isfinite(scale))
-    throw std::runtime_error(std::string(kOp) + ": attribute scale must be finite, got " + std::to_string(scale));
+    throw std::runtime_error("attribute scale must be finite, got " + std::to_string(scale));  // op name added by the caller
   if (!Allowed(gate_activation, g::kAllowedGateActivation))
     throw ContractError(kOp, msg::kGdnGateActivation, {gate_activation});
   if (!Allowed(beta_activation, g::kAllowedBetaActivation))

@@ -50,11 +50,12 @@ bool EnvFlag(const char* name) {
   return v && *v && std::strcmp(v, "0") != 0;
 }
 
-OrtStatusPtr ToStatus(const std::exception& e) {
+// Every error of an op starts with the op's name; contract errors already carry it.
+OrtStatusPtr ToStatus(const std::exception& e, const char* op) {
+  if (dynamic_cast<const ContractError*>(&e)) return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, e.what());
   OrtErrorCode code = ORT_FAIL;
-  if (dynamic_cast<const ContractError*>(&e)) code = ORT_INVALID_ARGUMENT;
   if (auto* ort = dynamic_cast<const Ort::Exception*>(&e)) code = ort->GetOrtErrorCode();
-  return Ort::GetApi().CreateStatus(code, e.what());
+  return Ort::GetApi().CreateStatus(code, (std::string(op) + ": " + e.what()).c_str());
 }
 
 ONNXTensorElementDataType OnnxType(ElemType t) {
@@ -218,7 +219,7 @@ class GdnCpuKernel {
       RunGdnCpu(geo, attrs_, rows, t, OrtParallelFor(context));
       return nullptr;
     } catch (const std::exception& e) {
-      return ToStatus(e);
+      return ToStatus(e, contract::gdn::kName);
     }
   }
 
@@ -256,7 +257,7 @@ class ConvCpuKernel {
       RunConvCpu(geo, attrs_, rows, t, OrtParallelFor(context));
       return nullptr;
     } catch (const std::exception& e) {
-      return ToStatus(e);
+      return ToStatus(e, contract::conv::kName);
     }
   }
 
@@ -325,7 +326,7 @@ struct CpuOp : Ort::CustomOpBase<CpuOp<Spec>, typename Spec::Kernel, /*WithStatu
       *kernel = new typename Spec::Kernel(info, type_);
       return nullptr;
     } catch (const std::exception& e) {
-      return ToStatus(e);
+      return ToStatus(e, Spec::kName);
     }
   }
 
