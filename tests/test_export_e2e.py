@@ -4,8 +4,9 @@ Reference: transformers' ``generate(do_sample=False)`` in fp32, one prompt at a 
 The exports run a left-padded batch of both prompts through the greedy driver (what
 onnxruntime-genai feeds), so padding exactness is checked on every layout.
 
-Tolerance for the last-position prefill logits: 1e-4 absolute (logits are O(10) here). HF in fp32
-itself is ~5e-5 away from float64 on these checkpoints, so this is fp32 rounding, not a convention.
+Tolerance for the prefill logits: 1e-4 absolute (logits are O(10) here) at the last position; over all
+positions also 1e-5 relative, because ORT's MoE kernel sums experts in another order than HF. HF in fp32
+is itself ~5e-5 away from float64 on these checkpoints, so this is fp32 rounding, not a convention.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def test_all_logits_and_ort_kernels(case, tmp_path):
     driver = GreedyDriver(make_session(out, contract.MS_DOMAIN))
     result = driver.generate(PROMPTS[:1], NEW_TOKENS)
     assert result.tokens == ref.tokens[:1]
-    np.testing.assert_allclose(result.prefill_logits[0], ref.full_logits, atol=LOGITS_TOL, rtol=0)
+    np.testing.assert_allclose(result.prefill_logits[0], ref.full_logits, atol=LOGITS_TOL, rtol=1e-5)
 
 
 @pytest.mark.parametrize("capacity", [1, 3])

@@ -40,6 +40,7 @@ class TensorPlan:
     dtype: np.dtype
     segments: list[Segment]
     add_one: bool = False  # zero-centred RMSNorm weight: store 1 + w (computed in fp32)
+    interleave_pairs: bool = False  # segments (a, b), (c, d), ... written as rows a0 b0 a1 b1 ... c0 d0 ...
     value: ir.Value = field(default=None, repr=False)
 
     @property
@@ -76,9 +77,10 @@ class Weights:
         rows = self.checkpoint.get(source).shape[0]
         return self.add(TensorPlan(name, shape, np.dtype(dtype), [Segment(source, 0, rows)], add_one))
 
-    def rows(self, name: str, segments: list[Segment], shape: Iterable[int], dtype) -> ir.Value:
-        """Row segments of (already shape-checked) tensors, concatenated."""
-        return self.add(TensorPlan(name, tuple(shape), np.dtype(dtype), segments))
+    def rows(self, name: str, segments: list[Segment], shape: Iterable[int], dtype, *,
+             interleave_pairs: bool = False) -> ir.Value:
+        """Row segments of (already shape-checked) tensors, concatenated (or interleaved pairwise)."""
+        return self.add(TensorPlan(name, tuple(shape), np.dtype(dtype), segments, interleave_pairs=interleave_pairs))
 
     def add(self, plan: TensorPlan) -> ir.Value:
         if plan.name in self.plans:
@@ -117,13 +119,18 @@ def _align(out: BinaryIO, offset: int, alignment: int = 64) -> int:
 
 def _write_plan(checkpoint: Checkpoint, plan: TensorPlan, out: BinaryIO) -> int:
     written = 0
-    for seg in plan.segments:
-        stored = checkpoint.get(seg.source)
-        row_axis = len(seg.lead)
-        row_bytes = math.prod(stored.shape[row_axis + 1:]) * max(plan.dtype.itemsize, 4)
+    groups = (list(zip(plan.segments[::2], plan.segments[1::2])) if plan.interleave_pairs
+              else [(seg,) for seg in plan.segments])
+    for group in groups:
+        first = group[0]
+        stored = checkpoint.get(first.source)
+        row_bytes = math.prod(stored.shape[len(first.lead) + 1:]) * max(plan.dtype.itemsize, 4) * len(group)
         step = max(1, BLOCK_BYTES // max(row_bytes, 1))
-        for start in range(seg.start, seg.stop, step):
-            block = checkpoint.read(seg.source, seg.lead + (slice(start, min(start + step, seg.stop)),))
+        for offset in range(0, first.stop - first.start, step):
+            blocks = [checkpoint.read(seg.source, seg.lead + (slice(seg.start + offset,
+                                                                    min(seg.start + offset + step, seg.stop)),))
+                      for seg in group]
+            block = blocks[0] if len(blocks) == 1 else np.stack(blocks, axis=1)  # rows a0 b0 a1 b1 ...
             if plan.add_one:
                 block = block.astype(np.float32) + np.float32(1.0)
             data = np.ascontiguousarray(block.astype(plan.dtype, copy=False))

@@ -26,14 +26,15 @@ def dense_mlp(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
 
 
 def _expert_weights(ctx: GraphContext, prefix: str) -> tuple[ir.Value, ir.Value]:
-    """[E, 2F, H] gate|up and [E, H, F] down, from fused or per-expert checkpoint tensors (model.md §3.4)."""
+    """[E, 2F, H] gate/up with rows interleaved (g0 u0 g1 u1 ..., what ORT's CPU MoE takes) and [E, H, F]
+    down, from fused or per-expert checkpoint tensors (model.md §3.4)."""
     moe, hidden, w = ctx.config.moe, ctx.config.hidden_size, ctx.weights
     e, f = moe.num_experts, moe.expert_size
     fused_gu, fused_down = f"{prefix}experts.gate_up_proj", f"{prefix}experts.down_proj"
     if fused_gu in w.checkpoint:
         w.require(fused_gu, [e, 2 * f, hidden])
         w.require(fused_down, [e, hidden, f])
-        gu_segments = [Segment(fused_gu, 0, e)]
+        gu_segments = [Segment(fused_gu, start, start + f, (i,)) for i in range(e) for start in (0, f)]
         down_segments = [Segment(fused_down, 0, e)]
     else:
         gu_segments, down_segments = [], []
@@ -43,7 +44,8 @@ def _expert_weights(ctx: GraphContext, prefix: str) -> tuple[ir.Value, ir.Value]
                 gu_segments.append(Segment(f"{prefix}experts.{i}.{part}.weight", 0, f))
             w.require(f"{prefix}experts.{i}.down_proj.weight", [hidden, f])
             down_segments.append(Segment(f"{prefix}experts.{i}.down_proj.weight", 0, hidden))
-    gate_up = w.rows(f"{prefix}experts.gate_up_proj", gu_segments, [e, 2 * f, hidden], ctx.np_act)
+    gate_up = w.rows(f"{prefix}experts.gate_up_proj", gu_segments, [e, 2 * f, hidden], ctx.np_act,
+                     interleave_pairs=True)
     down = w.rows(f"{prefix}experts.down_proj", down_segments, [e, hidden, f], ctx.np_act)
     return gate_up, down
 
@@ -51,30 +53,23 @@ def _expert_weights(ctx: GraphContext, prefix: str) -> tuple[ir.Value, ir.Value]
 def sparse_moe(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
     """Routed experts plus a sigmoid-gated shared expert.
 
-    Routing follows HF: softmax over all experts in fp32, top-k, optional renormalisation, weights cast
-    back to the activation type. The selected experts' weights are gathered per token ([N, k, 2F, H]),
-    which is exact and cheap for decode; prefill memory grows with N * k expert matrices.
+    The routed part is one ``com.microsoft::MoE`` (CPU and CUDA kernels in ORT): from the router logits it
+    takes the softmax over all experts in fp32, the top-k, and renormalises them when
+    ``normalize_routing_weights`` is set, which is HF's routing (always for qwen3_5_moe, per
+    ``norm_topk_prob`` for qwen3_next); then SiLU(gate) * up and down per selected expert, computed only
+    for the tokens routed to it.
     """
     moe, hidden = ctx.config.moe, ctx.config.hidden_size
     prefix = f"model.layers.{layer}.mlp."
     f = moe.expert_size
     router = ctx.weights.tensor(f"{prefix}gate.weight", f"{prefix}gate.weight", [moe.num_experts, hidden],
                                 ctx.np_act)
-    probs = ctx.op("Softmax", ctx.op("Cast", ctx.linear(x, router), to=FLOAT), axis=-1)
-    top_w, top_i = ctx.ops("TopK", probs, ctx.const([moe.top_k]), num_outputs=2, axis=-1)
-    if moe.renormalize:
-        top_w = ctx.op("Div", top_w, ctx.op("ReduceSum", top_w, ctx.const([-1]), keepdims=1))
-    top_w = ctx.op("Cast", top_w, to=ctx.act)
-
+    logits = ctx.linear(x, router)
     gate_up_w, down_w = _expert_weights(ctx, prefix)
-    column = ctx.op("Reshape", x, ctx.const([-1, 1, hidden, 1]))  # [N, 1, H, 1]
-    gate_up = ctx.op("MatMul", ctx.op("Gather", gate_up_w, top_i, axis=0), column)  # [N, k, 2F, 1]
-    gate, up = ctx.ops("Split", gate_up, ctx.const([f, f]), num_outputs=2, axis=2)
-    act = ctx.op("Mul", ctx.silu(gate), up)  # [N, k, F, 1]
-    routed = ctx.op("MatMul", ctx.op("Gather", down_w, top_i, axis=0), act)  # [N, k, H, 1]
-    routed = ctx.op("Mul", routed, ctx.op("Unsqueeze", top_w, ctx.const([2, 3])))
-    routed = ctx.op("Reshape", ctx.op("ReduceSum", routed, ctx.const([1]), keepdims=0), ctx.const([-1, hidden]))
-
+    routed = ctx.tape.op("MoE", [x, logits, gate_up_w, None, down_w],
+                         {"k": moe.top_k, "activation_type": "swiglu", "swiglu_fusion": 1,
+                          "activation_alpha": 1.0, "activation_beta": 0.0,
+                          "normalize_routing_weights": int(moe.renormalize)}, domain="com.microsoft")
     shared = _swiglu(ctx, x, f"{prefix}shared_expert.", moe.shared_expert_size)
     shared_gate = ctx.weights.tensor(f"{prefix}shared_expert_gate.weight", f"{prefix}shared_expert_gate.weight",
                                      [1, hidden], ctx.np_act)
