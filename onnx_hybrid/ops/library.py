@@ -83,8 +83,10 @@ def cpu_isa() -> str:
     return control().onnx_hybrid_cpu_isa().decode()
 
 
-# Stock wheels whose own kernels our com.microsoft alias would silently replace (spec/native_library.md §8).
-_ORT_OWN_KERNELS = {"CPUExecutionProvider": (1, 32), "CUDAExecutionProvider": (1, 31)}
+# Execution providers whose own com.microsoft kernels our alias silently replaces, and the first stock ORT
+# version that has them (spec/native_library.md §8). Only CPU for now: the library has no CUDA variant yet,
+# so ORT's CUDA kernels (onnxruntime-gpu >= 1.31) still win on the CUDA EP.
+_ORT_OWN_KERNELS = {"CPUExecutionProvider": (1, 32)}
 
 
 def enable_com_microsoft_alias(enabled: bool = True) -> None:
