@@ -89,10 +89,13 @@ if not QUICK:
 valid_gdn = [dict(lengths=[1, 0, 70, 33], capacity=4, capture=[1, 0, 4, 9]),
              dict(lengths=[65, 130], chunk_size=32, head_size_k=128, head_size_v=24),
              dict(lengths=[40, 3], layout="packed"),
-             dict(lengths=[6, 40], per_key_decay=True, head_size_k=33, head_size_v=7)]
+             dict(lengths=[6, 40], per_key_decay=True, head_size_k=33, head_size_v=7),
+             dict(lengths=[3, 40], head_size_k=0, head_size_v=4, qk_l2_norm=0, capacity=2, capture=[2, 2]),
+             dict(lengths=[3, 40], head_size_k=4, head_size_v=0, capacity=2, capture=[2, 2])]
 valid_conv = [dict(lengths=[10, 0, 1, 8], capacity=8, capture=[9, 1, 1, 3]),
               dict(lengths=[7, 9], channels=513), dict(lengths=[20, 3], channels=225, kernel_size=50),
-              dict(lengths=[400, 2], channels=33, kernel_size=386, dilation=1)]
+              dict(lengths=[400, 2], channels=33, kernel_size=386, dilation=1),
+              dict(lengths=[3, 4], channels=5, kernel_size=1, capacity=2, capture=[2, 2])]
 if QUICK:
     valid_gdn, valid_conv = valid_gdn[:2], valid_conv[:2]
 for kw in valid_gdn:
