@@ -101,6 +101,19 @@ def test_overwrite_replaces_output(tiny, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_mtp_and_vision_tensors_are_skipped_with_a_note(tiny, tmp_path, caplog):
+    def add_heads(config, tensors):
+        tensors["mtp.fc.weight"] = np.zeros((64, 128), np.float32)
+        tensors["model.visual.patch_embed.proj.weight"] = np.zeros((8, 3), np.float32)
+        return config, tensors
+
+    src = _copy_with(tiny, tmp_path / "hf", add_heads)
+    with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
+        export(src, tmp_path / "o", progress=False)
+    notes = " ".join(r.getMessage() for r in caplog.records)
+    assert "multi-token-prediction head" in notes and "vision tower" in notes
+
+
 def test_tokenizer_files_are_copied(tiny, tmp_path):
     src = tmp_path / "hf"
     src.mkdir()
