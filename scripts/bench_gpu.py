@@ -139,6 +139,7 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float16", "bfloat16", "both"], default="both")
     ap.add_argument("--cases", default="", help="comma-separated substrings of case names to run")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--once", action="store_true", help="run each case twice without graphs or timing (profilers)")
     ap.add_argument("--rows", default="", help="also time the recurrent kernel with these rows:groups per warp")
     args = ap.parse_args()
     dtypes = ["float16", "bfloat16"] if args.dtype == "both" else [args.dtype]
@@ -155,6 +156,11 @@ def main() -> None:
             sets = max(1, min(16, math.ceil(2 * L2_BYTES / state_bytes)))
             inputs = [make_inputs(lengths, dtype, capacity, gen) for _ in range(sets)]
             ours = [ours_fn(f, o, capacity) for f, o, _ in inputs]
+            if args.once:
+                ours[0]()
+                ours[0]()
+                torch.cuda.synchronize()
+                continue
             ours_out = ours[0]().float()
             ours_t = graph_time(ours)
             fla_t, err = float("nan"), float("nan")

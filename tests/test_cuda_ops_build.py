@@ -61,17 +61,18 @@ def _kernels(geo, dtype="float16", engine="auto", arch=90):
 def test_plan_engine_selection():
     # decode and verify: the recurrent kernel alone, serving every row
     assert _kernels(_geo([1] * 32)) == [("gdn_recurrent_f16_k128_r8", 0)]
+    assert _kernels(_geo([1])) == [("gdn_recurrent_f16_k128_r4", 0)]  # small batch: fewer rows, more warps
     assert _kernels(_geo([4] * 32, capacity=4)) == [("gdn_recurrent_f16_k128_r8", 0)]
     # prefill: chunked, then the tail pass for the rows it skips (decided on the device)
-    assert _kernels(_geo([4096])) == [("gdn_chunked_f16_d128", None), ("gdn_recurrent_f16_k128_r8", 1)]
+    assert _kernels(_geo([4096])) == [("gdn_chunked_f16_d128", None), ("gdn_recurrent_f16_k128_r4", 1)]
     assert _kernels(_geo([2048] * 8), "bfloat16")[0][0] == "gdn_chunked_bf16_d128"
     # shapes the chunked kernel does not serve fall back to the recurrent kernel
-    assert _kernels(_geo([4096]), "float32") == [("gdn_recurrent_f32_k128_r8", 0)]
-    assert _kernels(_geo([4096], dk=64, dv=32)) == [("gdn_recurrent_f16_k64_r8", 0)]
-    assert _kernels(_geo([4096], per_key=True)) == [("gdn_recurrent_f16_k128_r8", 0)]
-    assert _kernels(_geo([4096]), arch=75) == [("gdn_recurrent_f16_k128_r8", 0)]
+    assert _kernels(_geo([4096]), "float32") == [("gdn_recurrent_f32_k128_r4", 0)]
+    assert _kernels(_geo([4096], dk=64, dv=32)) == [("gdn_recurrent_f16_k64_r4", 0)]
+    assert _kernels(_geo([4096], per_key=True)) == [("gdn_recurrent_f16_k128_r4", 0)]
+    assert _kernels(_geo([4096]), arch=75) == [("gdn_recurrent_f16_k128_r4", 0)]
     assert _kernels(_geo([1] * 4), engine="chunked")[0][0] == "gdn_chunked_f16_d128"
-    assert _kernels(_geo([4096]), engine="recurrent") == [("gdn_recurrent_f16_k128_r8", 0)]
+    assert _kernels(_geo([4096]), engine="recurrent") == [("gdn_recurrent_f16_k128_r4", 0)]
 
 
 def test_plan_rejects_what_no_kernel_serves():
@@ -84,6 +85,6 @@ def test_plan_rejects_what_no_kernel_serves():
 def test_plan_grids_follow_the_geometry():
     chunk, rec = plan.gdn_plan(_geo([100, 20]), "float16", plan.GdnParams(), arch=90)
     assert chunk.grid == (2, 48, 2) and chunk.block == (256, 1, 1) and chunk.smem == plan.CHUNK_SMEM_BYTES
-    assert rec.grid == (4, 48, 2) and rec.params.row_groups == 1 and rec.block == (128, 1, 1) and rec.smem == 0
+    assert rec.grid == (8, 48, 2) and rec.params.row_groups == 1 and rec.block == (128, 1, 1) and rec.smem == 0
     (rec,) = plan.gdn_plan(_geo([1]), "float32", plan.GdnParams(), arch=90)
-    assert rec.kernel == "gdn_recurrent_f32_k128_r8"
+    assert rec.kernel == "gdn_recurrent_f32_k128_r4"

@@ -61,7 +61,10 @@ REC_KEY_SIZES = (32, 64, 128, 256, 512)  # instantiations: key head size up to t
 # Value rows per warp instantiated for each key size (gdn_recurrent.cu), and the default choice. Fewer rows
 # per warp mean more warps in flight; more rows share the per-token work (loads, gate, norms).
 REC_ROW_VARIANTS = {32: (1, 2, 4, 8), 64: (1, 2, 4, 8), 128: (1, 2, 4, 8), 256: (2, 4), 512: (1, 2)}
-REC_ROWS = {32: 8, 64: 8, 128: 8, 256: 4, 512: 2}
+# Default rows per warp: the most rows when the batch is large enough for several row groups per warp, else
+# the small-batch choice (measured on an H200, 27B geometry: BENCHMARKS.md "GPU kernels").
+REC_ROWS_LARGE = {32: 8, 64: 8, 128: 8, 256: 4, 512: 2}
+REC_ROWS_SMALL = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
 REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks
 
 
@@ -135,7 +138,8 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, engi
                                (CHUNK_THREADS, 1, 1), CHUNK_SMEM_BYTES, _copy(params)))
     rec = _copy(params)
     rec.tail_only = int(use_chunked)
-    rows = rec_rows or REC_ROWS[kmax]
+    rows = rec_rows or (REC_ROWS_LARGE[kmax] if rec_row_groups(geo, REC_ROWS_LARGE[kmax]) > 1
+                        else REC_ROWS_SMALL[kmax])
     if rows not in REC_ROW_VARIANTS[kmax]:
         raise ValueError(f"rec_rows {rows} is not instantiated for key size {kmax}: {REC_ROW_VARIANTS[kmax]}")
     rec.row_groups = rec_groups or rec_row_groups(geo, rows)
