@@ -1,10 +1,11 @@
-"""The operator contract of GatedDeltaNet and VarlenCausalConvWithState.
+"""The operator contract of GatedDeltaNet, VarlenCausalConvWithState and PagedAttention.
 
-This module is the one place where the package states the two operators' inputs, outputs, attributes,
+This module is the one place where the package states the operators' inputs, outputs, attributes,
 type constraints, shape rules, capsule layout and rejection messages (spec/ops.md; ORT 1.31.1's compact
-ABI). Everything else derives from it:
+ABI; speculative.md §4.2 for PagedAttention). Everything else derives from it:
 
-* the float64 reference (``reference.py``) resolves shapes with :func:`resolve_gdn` / :func:`resolve_conv`;
+* the float64 reference (``reference.py``) resolves shapes with :func:`resolve_gdn` / :func:`resolve_conv` /
+  :func:`resolve_paged_attention`;
 * the C++ kernels get indices, defaults and message templates through a header generated from this
   module at build time (``native/gen_contract_header.py``);
 * the exporter emits nodes through :func:`make_onnx_node` / :func:`make_ir_node`;
@@ -149,7 +150,36 @@ VARLEN_CAUSAL_CONV = OpSpec(
     inplace=((4, 1),),
 )
 
-OPS: dict[str, OpSpec] = {op.name: op for op in (GATED_DELTA_NET, VARLEN_CAUSAL_CONV)}
+# The subset of com.microsoft::PagedAttention (ORT contrib op, CUDA only) that the paged export uses, so
+# that the paged graph runs on CPU: rotary, q/k norms, sinks and KV scales are applied outside the op,
+# cache writes follow block_table (no slot mapping), and attention_metadata (a CUDA planning hint) is
+# not an input. Any element type T, fp32 included, for activations and the pool alike.
+PAGED_ATTENTION = OpSpec(
+    name="PagedAttention",
+    inputs=(
+        Port(0, "query", "T", False, doc="[N, num_heads*D], N packed tokens of all requests"),
+        Port(1, "key", "T", False, doc="[N, kv_num_heads*D]"),
+        Port(2, "value", "T", False, doc="[N, kv_num_heads*D]"),
+        Port(3, "key_cache", "T", False, doc="[num_blocks, block_size, kv_num_heads, D]"),
+        Port(4, "value_cache", "T", False, doc="[num_blocks, block_size, kv_num_heads, D]"),
+        Port(5, "cumulative_sequence_lengths", "int32", False, doc="[B+1] offsets of the requests' tokens"),
+        Port(6, "past_sequence_lengths", "int32", False, doc="[B] cached positions of each request"),
+        Port(7, "block_table", "int32", False, doc="[B, max_num_blocks] pool block of each block of positions"),
+    ),
+    outputs=(
+        Port(0, "output", "T", False, doc="[N, num_heads*D]"),
+        Port(1, "key_cache_out", "T", False, doc="key_cache with this call's keys written"),
+        Port(2, "value_cache_out", "T", False, doc="value_cache with this call's values written"),
+    ),
+    attributes=(
+        Attribute("num_heads", "int", 0, minimum=1, maximum=INT32_MAX, doc="query heads; required"),
+        Attribute("kv_num_heads", "int", 0, minimum=1, maximum=INT32_MAX, doc="key/value heads; required"),
+        Attribute("scale", "float", 0.0, doc="0.0 means 1/sqrt(D)"),
+    ),
+    inplace=((3, 1), (4, 2)),
+)
+
+OPS: dict[str, OpSpec] = {op.name: op for op in (GATED_DELTA_NET, VARLEN_CAUSAL_CONV, PAGED_ATTENTION)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -235,6 +265,27 @@ MESSAGES: dict[str, str] = {
                       "got {2} and {3}",
     "conv_cu_order": "cumulative_sequence_length must be non-decreasing: cumulative_sequence_length[{0}] = "
                      "{1} follows cumulative_sequence_length[{2}] = {3}",
+    # PagedAttention, kernel creation
+    "pa_num_heads": "num_heads must be a positive int32, got {0}",
+    "pa_kv_num_heads": "kv_num_heads must be a positive int32, got {0}",
+    "pa_heads": "num_heads ({0}) must be a multiple of kv_num_heads ({1})",
+    # PagedAttention, run
+    "pa_cache_rank": "{0} must be rank 4 [num_blocks, block_size, kv_num_heads, head_size], got shape {1}",
+    "pa_cache_dims": "key_cache block_size and head_size must be positive and kv_num_heads must be {0}; "
+                     "got shape {1}",
+    "pa_cache_same": "value_cache must have the shape of key_cache: expected {0}, got {1}",
+    "pa_tensor_shape": "{0} must be [num_tokens, {1}]: expected [{2}, {3}], got {4}",
+    "pa_cu_shape": "cumulative_sequence_lengths must be rank 1 with at least 2 elements; got shape {0}",
+    "pa_past_shape": "past_sequence_lengths must be [batch]: expected {0}, got {1}",
+    "pa_block_table_shape": "block_table must be [batch, max_num_blocks] with batch {0}; got shape {1}",
+    "pa_cu_bounds": "cumulative_sequence_lengths must start at 0 and end at num_tokens: expected "
+                    "cumulative_sequence_lengths[0] = 0 and cumulative_sequence_lengths[{0}] = {1}, got {2} and {3}",
+    "pa_cu_order": "cumulative_sequence_lengths must be non-decreasing: cumulative_sequence_lengths[{0}] = {1} "
+                   "follows cumulative_sequence_lengths[{2}] = {3}",
+    "pa_past_range": "past_sequence_lengths[{0}] must be in [0, {1}] so that positions fit in int32, got {2}",
+    "pa_block_columns": "request {0} reaches position {1}, which needs {2} block_table columns; block_table "
+                        "has {3}",
+    "pa_block_index": "block_table[{0}, {1}] = {2} is not a block of the pool: expected 0 <= block < {3}",
 }
 
 
@@ -289,6 +340,8 @@ _ALLOWED_KEYS = {
     ("VarlenCausalConvWithState", "activation"): "conv_activation",
     ("VarlenCausalConvWithState", "dilation"): "conv_dilation",
     ("VarlenCausalConvWithState", "state_update_capacity"): "capacity",
+    ("PagedAttention", "num_heads"): "pa_num_heads",
+    ("PagedAttention", "kv_num_heads"): "pa_kv_num_heads",
 }
 
 
@@ -574,7 +627,8 @@ def resolve_gdn(shapes: Mapping[str, Sequence[int] | None], attributes: Mapping[
 def check_offsets(op: str, offsets: Sequence[int], total_tokens: int) -> list[tuple[int, int]]:
     """Validate host-resident offsets like ORT 1.32 CPU; return (start, length) per request."""
     names = {GATED_DELTA_NET.name: ("gdn_cu_bounds", "gdn_cu_order"),
-             VARLEN_CAUSAL_CONV.name: ("conv_cu_bounds", "conv_cu_order")}[op]
+             VARLEN_CAUSAL_CONV.name: ("conv_cu_bounds", "conv_cu_order"),
+             PAGED_ATTENTION.name: ("pa_cu_bounds", "pa_cu_order")}[op]
     b = len(offsets) - 1
     if offsets[0] != 0 or offsets[b] != total_tokens:
         raise ContractError(op, names[0], b, total_tokens, int(offsets[0]), int(offsets[b]))
@@ -583,6 +637,84 @@ def check_offsets(op: str, offsets: Sequence[int], total_tokens: int) -> list[tu
         if offsets[i + 1] < offsets[i]:
             raise ContractError(op, names[1], i + 1, int(offsets[i + 1]), i, int(offsets[i]))
         rows.append((int(offsets[i]), int(offsets[i + 1] - offsets[i])))
+    return rows
+
+
+@dataclass(frozen=True)
+class PagedAttentionGeometry:
+    batch: int
+    num_tokens: int
+    num_heads: int
+    kv_num_heads: int
+    head_size: int
+    num_blocks: int
+    block_size: int
+    max_num_blocks: int  # block_table columns
+    scale: float  # resolved: 1/sqrt(D) when the attribute is 0
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head: query head h reads KV head h // group."""
+        return self.num_heads // self.kv_num_heads
+
+
+def resolve_paged_attention(shapes: Mapping[str, Sequence[int] | None],
+                            attributes: Mapping[str, Any]) -> PagedAttentionGeometry:
+    """Check a PagedAttention call's input shapes (speculative.md §4.2). ``attributes`` must be resolved."""
+    op = PAGED_ATTENTION.name
+    shp = {p.name: tuple(int(d) for d in shapes[p.name]) for p in PAGED_ATTENTION.inputs}
+    hq, hkv = attributes["num_heads"], attributes["kv_num_heads"]
+    if hq % hkv:
+        raise ContractError(op, "pa_heads", hq, hkv)
+    cache = shp["key_cache"]
+    if len(cache) != 4:
+        raise ContractError(op, "pa_cache_rank", "key_cache", list(cache))
+    num_blocks, block_size, heads, d = cache
+    if block_size <= 0 or d <= 0 or heads != hkv:
+        raise ContractError(op, "pa_cache_dims", hkv, list(cache))
+    if shp["value_cache"] != cache:
+        raise ContractError(op, "pa_cache_same", list(cache), list(shp["value_cache"]))
+    q = shp["query"]
+    tokens = q[0] if q else -1
+    for name, width, what in (("query", hq * d, "num_heads * head_size"),
+                              ("key", hkv * d, "kv_num_heads * head_size"),
+                              ("value", hkv * d, "kv_num_heads * head_size")):
+        if shp[name] != (tokens, width) or tokens < 0:
+            raise ContractError(op, "pa_tensor_shape", name, what, "num_tokens" if tokens < 0 else tokens, width,
+                                list(shp[name]))
+    cu = shp["cumulative_sequence_lengths"]
+    if len(cu) != 1 or cu[0] < 2:
+        raise ContractError(op, "pa_cu_shape", list(cu))
+    batch = cu[0] - 1
+    if shp["past_sequence_lengths"] != (batch,):
+        raise ContractError(op, "pa_past_shape", [batch], list(shp["past_sequence_lengths"]))
+    table = shp["block_table"]
+    if len(table) != 2 or table[0] != batch:
+        raise ContractError(op, "pa_block_table_shape", batch, list(table))
+    scale = attributes["scale"] or 1.0 / math.sqrt(d)
+    return PagedAttentionGeometry(batch=batch, num_tokens=tokens, num_heads=hq, kv_num_heads=hkv, head_size=d,
+                                  num_blocks=num_blocks, block_size=block_size, max_num_blocks=table[1],
+                                  scale=scale)
+
+
+def check_paged_rows(geo: PagedAttentionGeometry, offsets: Sequence[int], past: Sequence[int],
+                     block_table) -> list[tuple[int, int, int]]:
+    """Validate the host-resident offsets, past lengths and the block_table columns each request reaches;
+    return (start, length, past) per request. ``block_table`` is indexable as ``block_table[b][c]``."""
+    op = PAGED_ATTENTION.name
+    rows = []
+    for b, (start, length) in enumerate(check_offsets(op, offsets, geo.num_tokens)):
+        p = int(past[b])
+        if not 0 <= p <= INT32_MAX - length:
+            raise ContractError(op, "pa_past_range", b, INT32_MAX - length, p)
+        columns = -(-(p + length) // geo.block_size)
+        if columns > geo.max_num_blocks:
+            raise ContractError(op, "pa_block_columns", b, p + length - 1, columns, geo.max_num_blocks)
+        for c in range(columns):
+            block = int(block_table[b][c])
+            if not 0 <= block < geo.num_blocks:
+                raise ContractError(op, "pa_block_index", b, c, block, geo.num_blocks)
+        rows.append((start, length, p))
     return rows
 
 
@@ -665,7 +797,8 @@ def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mappi
     """Order inputs/outputs by position and keep non-default attributes.
 
     Presence rules that do not depend on shapes (decay iff the rule decays, beta iff it retrieves,
-    a_log/dt_bias iff qwen, capture_count iff capacity > 0, key and value together) are checked here,
+    a_log/dt_bias iff qwen, capture_count iff capacity > 0, key and value together) and PagedAttention's
+    head ratio are checked here,
     so the exporter cannot emit a node the kernels would reject for them.
     """
     op = OPS[op] if isinstance(op, str) else op
@@ -677,7 +810,7 @@ def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mappi
     for port in op.inputs:
         if not port.optional and port.name not in present:
             raise ValueError(f"{op.name}: required input {port.name!r} is missing")
-    capacity = attrs["state_update_capacity"]
+    capacity = attrs.get("state_update_capacity", 0)
     if ("capture_count" in present) != (capacity > 0):
         raise ContractError(op.name, "capture_presence", capacity,
                             "present" if "capture_count" in present else "absent")
@@ -700,9 +833,11 @@ def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mappi
                                 "present" if "dt_bias" in present else "absent")
         if not qwen and gates:
             raise ContractError(op.name, "gdn_gates_need_qwen", attrs["gate_activation"])
-    else:
+    elif op is VARLEN_CAUSAL_CONV:
         if "initial_state" not in present:
             raise ContractError(op.name, "conv_state_required")
+    elif attrs["num_heads"] % attrs["kv_num_heads"]:
+        raise ContractError(op.name, "pa_heads", attrs["num_heads"], attrs["kv_num_heads"])
 
     ordered_in = _trim([inputs.get(p.name) for p in op.inputs])
     if isinstance(outputs, Mapping):

@@ -1,8 +1,9 @@
-"""float64 NumPy reference of GatedDeltaNet and VarlenCausalConvWithState (spec/ops.md §2.6, §2.7, §3.4).
+"""float64 NumPy reference of GatedDeltaNet and VarlenCausalConvWithState (spec/ops.md §2.6, §2.7, §3.4)
+and of PagedAttention (speculative.md §4.2).
 
 Every function takes ``feeds`` exactly as an ONNX Runtime feed dict (the contract's input names; absent
 inputs missing or None) plus the node's attributes, checks shapes through the contract, and returns
-``(output, final_state, state_update)`` in float64. This is the oracle the kernels are tested against:
+the op's three outputs in float64 (``(output, final_state, state_update)`` for the state ops). This is the oracle the kernels are tested against:
 it is written for clarity, token by token, not for speed.
 """
 
@@ -13,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import contract
-from .contract import GATED_DELTA_NET, UPDATE_RULES, VARLEN_CAUSAL_CONV
+from .contract import GATED_DELTA_NET, PAGED_ATTENTION, UPDATE_RULES, VARLEN_CAUSAL_CONV
 
 Feeds = Mapping[str, Any]
 
@@ -244,3 +245,43 @@ def varlen_causal_conv(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarr
             m = contract.captured_prefix(counts[b], geo.capacity, n)
             capsule[b, :m] = x[start:start + m]
     return out, final, capsule
+
+
+# --------------------------------------------------------------------------------------------------
+# PagedAttention
+# --------------------------------------------------------------------------------------------------
+
+
+def paged_attention(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """speculative.md §4.2, float64: ``(output, key_cache, value_cache)``.
+
+    Token j of request b (``cu[b] <= j < cu[b+1]``) sits at position ``past[b] + j - cu[b]``; its key and
+    value go to slot ``pos % block_size`` of pool block ``block_table[b, pos // block_size]``, and its query
+    head h attends with ``scale`` over positions 0..pos of its request in KV head ``h // (Hq / Hkv)``.
+    """
+    unknown = set(feeds) - {p.name for p in PAGED_ATTENTION.inputs}
+    if unknown:
+        raise KeyError(f"PagedAttention: unknown input(s) {sorted(unknown)}")
+    attrs = contract.resolve_attributes(PAGED_ATTENTION, attributes)
+    geo = contract.resolve_paged_attention(_shapes(feeds), attrs)
+    table = np.asarray(feeds["block_table"])
+    rows = contract.check_paged_rows(geo, np.asarray(feeds["cumulative_sequence_lengths"]).tolist(),
+                                     np.asarray(feeds["past_sequence_lengths"]).tolist(), table)
+    n, hkv, d, bs = geo.num_tokens, geo.kv_num_heads, geo.head_size, geo.block_size
+    q = _f64(feeds["query"]).reshape(n, geo.num_heads, d)
+    k, v = _f64(feeds["key"]).reshape(n, hkv, d), _f64(feeds["value"]).reshape(n, hkv, d)
+    key_cache, value_cache = _f64(feeds["key_cache"]), _f64(feeds["value_cache"])
+    out = np.zeros_like(q)
+    kv_head = np.arange(geo.num_heads) // geo.group
+    for b, (start, length, past) in enumerate(rows):
+        block, offset = table[b, np.arange(past + length) // bs], np.arange(past + length) % bs
+        key_cache[block[past:], offset[past:]] = k[start:start + length]  # all writes precede the reads
+        value_cache[block[past:], offset[past:]] = v[start:start + length]
+        keys, values = key_cache[block, offset], value_cache[block, offset]  # [P, Hkv, D]
+        for t in range(length):
+            visible = past + t + 1
+            scores = np.einsum("hd,phd->hp", q[start + t], keys[:visible, kv_head]) * geo.scale
+            probs = np.exp(scores - scores.max(axis=1, keepdims=True))
+            probs /= probs.sum(axis=1, keepdims=True)
+            out[start + t] = np.einsum("hp,phd->hd", probs, values[:visible, kv_head])
+    return out.reshape(n, -1), key_cache, value_cache

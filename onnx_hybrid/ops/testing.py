@@ -1,4 +1,4 @@
-"""Random, well-conditioned inputs for the two operators (used by tests and benchmarks).
+"""Random, well-conditioned inputs for the contract operators (used by tests and benchmarks).
 
 Values follow the magnitudes of real models: unit-variance activations, decays in (0, 1], keys that are
 L2-normalised either by the op (``qk_l2_norm=1``) or here upstream (the delta rules need unit keys,
@@ -155,3 +155,49 @@ def random_conv_case(
         counts = capture if capture is not None else [capacity] * batch
         feeds["capture_count"] = np.asarray(counts, dtype=np.int32)
     return Case(feeds={k: v for k, v in feeds.items() if v is not None}, attributes=attrs, lengths=lengths)
+
+
+def random_paged_attention_case(
+    rng: np.random.Generator,
+    lengths: Sequence[int] = (5, 1),
+    past: Sequence[int] = (0, 20),
+    *,
+    num_heads: int = 4,
+    kv_num_heads: int = 2,
+    head_size: int = 32,
+    block_size: int = 16,
+    spare_blocks: int = 2,
+    spare_columns: int = 1,
+    dtype: str = "float",
+    scale: float = 0.0,
+) -> Case:
+    """A PagedAttention call over a random pool whose blocks are handed out to the requests in shuffled
+    order (``spare_blocks`` never used, ``spare_columns`` table columns past the longest request filled
+    with -1: the op may read neither)."""
+    dt = DTYPES[dtype]
+    needed = [-(-(p + n) // block_size) for p, n in zip(past, lengths)]
+    columns = max(needed) + spare_columns
+    num_blocks = sum(needed) + spare_blocks
+    order = rng.permutation(num_blocks)
+    table = np.full((len(lengths), columns), -1, np.int32)
+    used = 0
+    for b, count in enumerate(needed):
+        table[b, :count] = order[used:used + count]
+        used += count
+    tokens = int(sum(lengths))
+
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(np.float32).astype(dt)
+
+    feeds = dict(
+        query=rand(tokens, num_heads * head_size), key=rand(tokens, kv_num_heads * head_size),
+        value=rand(tokens, kv_num_heads * head_size),
+        key_cache=rand(num_blocks, block_size, kv_num_heads, head_size),
+        value_cache=rand(num_blocks, block_size, kv_num_heads, head_size),
+        cumulative_sequence_lengths=offsets(lengths), past_sequence_lengths=np.asarray(past, np.int32),
+        block_table=table,
+    )
+    attributes = dict(num_heads=num_heads, kv_num_heads=kv_num_heads)
+    if scale:
+        attributes["scale"] = scale
+    return Case(feeds, attributes, list(lengths))

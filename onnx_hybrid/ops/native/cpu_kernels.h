@@ -33,6 +33,7 @@ struct CpuKernels {
                float* c, int64_t ldc, bool accumulate);
   void (*recurrent_row)(const RecurrentRowArgs& args);
   float (*sum_squares)(const float* x, int64_t n);
+  float (*dot)(const float* x, const float* y, int64_t n);
   // y = x * s (elementwise; y may equal x). With s = 1 an exact copy.
   void (*scale)(const float* x, float s, float* y, int64_t n);
   // out = b * (v - e * w), each operation rounded in that order.

@@ -54,6 +54,12 @@ float SumSquares(const float* x, int64_t n) {
   return acc;
 }
 
+float Dot(const float* x, const float* y, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += x[i] * y[i];
+  return acc;
+}
+
 void Scale(const float* x, float s, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
 }
@@ -62,7 +68,7 @@ void DeltaRhs(const float* v, const float* w, float e, float b, float* out, int6
   for (int64_t i = 0; i < n; ++i) out[i] = b * (v[i] - e * w[i]);
 }
 
-const CpuKernels kGeneric = {"generic", Gemm, RecurrentRow, SumSquares, Scale, DeltaRhs};
+const CpuKernels kGeneric = {"generic", Gemm, RecurrentRow, SumSquares, Dot, Scale, DeltaRhs};
 
 const CpuKernels& Select() {
   const char* forced = std::getenv("ONNX_HYBRID_CPU_ISA");

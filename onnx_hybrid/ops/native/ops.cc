@@ -13,6 +13,7 @@
 #include "conv_cpu.h"
 #include "cpu_kernels.h"
 #include "gdn_cpu.h"
+#include "paged_attention_cpu.h"
 #include "ort_api.h"
 
 #define ONNX_HYBRID_STR_(x) #x
@@ -266,6 +267,46 @@ class ConvCpuKernel {
   ConvAttributes attrs_;
 };
 
+class PagedAttentionCpuKernel {
+ public:
+  PagedAttentionCpuKernel(const OrtKernelInfo* info, ElemType type) : type_(type) {
+    namespace pa = contract::paged;
+    attrs_ = MakePagedAttentionAttributes(IntAttribute(info, pa::kAttrNumHeads, pa::kDefaultNumHeads),
+                                          IntAttribute(info, pa::kAttrKvNumHeads, pa::kDefaultKvNumHeads),
+                                          FloatAttribute(info, pa::kAttrScale, pa::kDefaultScale));
+  }
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    namespace pa = contract::paged;
+    try {
+      const Inputs<pa::kNumInputs> in(context);
+      const PagedAttentionGeometry geo = ResolvePagedAttention(in, attrs_);
+      PagedAttentionTensors t{};
+      t.type = type_;
+      t.block_table = static_cast<const int32_t*>(in.data[pa::kInputBlockTable]);
+      const std::vector<PagedRow> rows =
+          PagedRows(geo, static_cast<const int32_t*>(in.data[pa::kInputCumulativeSequenceLengths]),
+                    static_cast<const int32_t*>(in.data[pa::kInputPastSequenceLengths]), t.block_table);
+      t.query = in.data[pa::kInputQuery];
+      t.key = in.data[pa::kInputKey];
+      t.value = in.data[pa::kInputValue];
+      t.key_cache = in.data[pa::kInputKeyCache];
+      t.value_cache = in.data[pa::kInputValueCache];
+      t.output = Output(context, pa::kOutputOutput, in.shape[pa::kInputQuery]);
+      t.key_cache_out = Output(context, pa::kOutputKeyCacheOut, geo.cache_shape());
+      t.value_cache_out = Output(context, pa::kOutputValueCacheOut, geo.cache_shape());
+      RunPagedAttentionCpu(geo, rows, t, OrtParallelFor(context));
+      return nullptr;
+    } catch (const std::exception& e) {
+      return ToStatus(e, contract::paged::kName);
+    }
+  }
+
+ private:
+  ElemType type_;
+  PagedAttentionAttributes attrs_;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Op declarations: the ports come from the contract; one object per (op, element type).
 // ---------------------------------------------------------------------------------------------
@@ -284,6 +325,14 @@ struct ConvSpec {
   static constexpr const auto& kInputs = contract::conv::kInputPorts;
   static constexpr const auto& kOutputs = contract::conv::kOutputPorts;
   static constexpr const auto& kInplace = contract::conv::kInplace;
+};
+
+struct PagedAttentionSpec {
+  using Kernel = PagedAttentionCpuKernel;
+  static constexpr const char* kName = contract::paged::kName;
+  static constexpr const auto& kInputs = contract::paged::kInputPorts;
+  static constexpr const auto& kOutputs = contract::paged::kOutputPorts;
+  static constexpr const auto& kInplace = contract::paged::kInplace;
 };
 
 template <class Spec>
@@ -337,10 +386,12 @@ struct CpuOp : Ort::CustomOpBase<CpuOp<Spec>, typename Spec::Kernel, /*WithStatu
 constexpr ElemType kCpuTypes[] = {ElemType::kFloat, ElemType::kFloat16, ElemType::kBFloat16};
 
 // Op objects and domains live until the process ends (ORT keeps the library loaded), so they are
-// allocated once and never freed.
+// allocated once and never freed. PagedAttention is only in our domain: its I/O is a subset of
+// com.microsoft::PagedAttention's, so it must not shadow ORT's CUDA kernel under that name.
 struct Registry {
   std::vector<std::unique_ptr<CpuOp<GdnSpec>>> gdn;
   std::vector<std::unique_ptr<CpuOp<ConvSpec>>> conv;
+  std::vector<std::unique_ptr<CpuOp<PagedAttentionSpec>>> paged;
   OrtCustomOpDomain* hybrid = nullptr;
   OrtCustomOpDomain* microsoft = nullptr;
 
@@ -348,11 +399,14 @@ struct Registry {
     for (ElemType t : kCpuTypes) {
       gdn.emplace_back(new CpuOp<GdnSpec>(t));
       conv.emplace_back(new CpuOp<ConvSpec>(t));
+      paged.emplace_back(new CpuOp<PagedAttentionSpec>(t));
     }
     hybrid = MakeDomain(contract::kDomain);
+    for (auto& op : paged) Ort::ThrowOnError(Ort::GetApi().CustomOpDomain_Add(hybrid, op.get()));
     microsoft = MakeDomain(contract::kMsDomain);
   }
 
+  // The state ops, under `name`.
   OrtCustomOpDomain* MakeDomain(const char* name) {
     const OrtApi& api = Ort::GetApi();
     OrtCustomOpDomain* domain = nullptr;
