@@ -33,7 +33,7 @@ def rotate(ctx: GraphContext, x: ir.Value) -> ir.Value:
 def project(ctx: GraphContext, layer: int, x: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
     """q [N, Hq, D] and k [N, Hkv, D] (normed, rotated), v [N, Hkv, D] and the output gate [N, Hq, D]."""
     cfg, w = ctx.config, ctx.weights
-    prefix = f"model.layers.{layer}.self_attn."
+    prefix = f"{ctx.layer(layer)}self_attn."
     hq, hkv, d, hidden = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
 
     names = [("q_proj", 2 * hq * d), ("k_proj", hkv * d), ("v_proj", hkv * d)]
@@ -58,8 +58,8 @@ def gated_output(ctx: GraphContext, layer: int, out: ir.Value, gate: ir.Value) -
     cfg = ctx.config
     hq, d = cfg.num_heads, cfg.head_dim
     out = ctx.op("Mul", out, ctx.op("Sigmoid", gate))
-    o_proj = ctx.weights.tensor(f"model.layers.{layer}.self_attn.o_proj.weight",
-                                f"model.layers.{layer}.self_attn.o_proj.weight", [cfg.hidden_size, hq * d], ctx.np_act)
+    name = f"{ctx.layer(layer)}self_attn.o_proj.weight"
+    o_proj = ctx.weights.tensor(name, name, [cfg.hidden_size, hq * d], ctx.np_act)
     return ctx.linear(ctx.op("Reshape", out, ctx.const([0, hq * d])), o_proj)
 
 

@@ -61,9 +61,15 @@ class GraphContext:
     np_act: np.dtype
     op_domain: str
     capacity: int
+    # Checkpoint prefix of the decoder layers: "mtp.layers." builds the MTP head's layer with the same code.
+    layer_prefix: str = "model.layers."
     tape: ir.tape.Tape = field(default_factory=ir.tape.Tape)
     shared: SharedInputs | None = None
     _constants: dict = field(default_factory=dict)
+
+    def layer(self, index: int) -> str:
+        """Checkpoint name prefix of decoder layer ``index`` (e.g. ``model.layers.3.``)."""
+        return f"{self.layer_prefix}{index}."
 
     def op(self, op_type: str, *inputs, output: ir.Value | None = None, **attributes) -> ir.Value:
         """One node; ``output`` names a pre-made value (a graph output) as its result."""

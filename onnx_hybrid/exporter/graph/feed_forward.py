@@ -22,7 +22,7 @@ def _swiglu(ctx: GraphContext, x: ir.Value, prefix: str, width: int) -> ir.Value
 
 
 def dense_mlp(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
-    return _swiglu(ctx, x, f"model.layers.{layer}.mlp.", ctx.config.intermediate_size)
+    return _swiglu(ctx, x, f"{ctx.layer(layer)}mlp.", ctx.config.intermediate_size)
 
 
 def _expert_weights(ctx: GraphContext, prefix: str) -> tuple[ir.Value, ir.Value]:
@@ -60,7 +60,7 @@ def sparse_moe(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
     for the tokens routed to it.
     """
     moe, hidden = ctx.config.moe, ctx.config.hidden_size
-    prefix = f"model.layers.{layer}.mlp."
+    prefix = f"{ctx.layer(layer)}mlp."
     f = moe.expert_size
     router = ctx.weights.tensor(f"{prefix}gate.weight", f"{prefix}gate.weight", [moe.num_experts, hidden],
                                 ctx.np_act)

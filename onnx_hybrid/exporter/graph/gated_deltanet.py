@@ -42,7 +42,7 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
                    present_conv: ir.Value, present_recurrent: ir.Value, conv_update: ir.Value | None,
                    capsule: ir.Value | None) -> ir.Value:
     cfg, sh = ctx.config, ctx.shared
-    prefix = f"model.layers.{layer}.linear_attn."
+    prefix = f"{ctx.layer(layer)}linear_attn."
     hk, hv, dk, dv = cfg.gdn_key_heads, cfg.gdn_value_heads, cfg.gdn_key_dim, cfg.gdn_value_dim
     kd, vd, channels = cfg.key_dim, cfg.value_dim, cfg.conv_channels
 
