@@ -4,6 +4,8 @@ INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
 POSITION_IDS = "position_ids"
 LOGITS = "logits"
+HIDDEN_STATES = "hidden_states"  # main decoder: post-norm hidden, what the MTP head drafts from; also its input
+HIDDEN_STATES_OUT = "hidden_states_out"  # MTP head: post-mtp.norm hidden, fed back for chained drafts
 STATE_UPDATE_CAPTURE_COUNT = "state_update_capture_count"
 STATE_UPDATE_ACTIVE = "state_update_active"
 

@@ -25,11 +25,20 @@ class GraphOptions:
     last_token_logits: bool  # logits [B, 1, V] for each row's last position instead of [B, S, V]
     # Packed tokens, PagedAttention over a block pool and logits for every token (paged_attention.py).
     paged: PagedLayout | None = None
+    # Also output the post-norm hidden state that feeds lm_head (what an MTP head drafts from).
+    hidden_states: bool = False
+    logits_dtype: ir.DataType | None = None  # None: the activation type
 
 
 def _tensor(name: str, dtype: ir.DataType, dims) -> ir.Value:
     """A named graph input or output."""
     return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(dims))
+
+
+def _as_output(value: ir.Value, name: str, dtype: ir.DataType, dims) -> ir.Value:
+    """A computed value renamed and typed as a graph output (other nodes may still read it)."""
+    value.name, value.type, value.shape = name, ir.TensorType(dtype), ir.Shape(dims)
+    return value
 
 
 def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Value], list[ir.Value]]:
@@ -95,19 +104,22 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
     hidden = ctx.op("Gather", embed, ctx.op("Reshape", input_ids, ctx.const([-1])), axis=0)  # [N, H]
 
     for i, kind in enumerate(cfg.layer_types):
-        prefix = f"model.layers.{i}."
-        x = ctx.rms_norm(hidden, ctx.norm_weight(f"{prefix}input_layernorm.weight",
-                                                 f"{prefix}input_layernorm.weight", cfg.hidden_size))
-        mixed = (gated_deltanet(ctx, i, x, *layer_io[i]) if kind == LINEAR
-                 else full_attention(ctx, i, x, *layer_io[i]))
-        hidden = ctx.op("Add", hidden, mixed)
-        x = ctx.rms_norm(hidden, ctx.norm_weight(f"{prefix}post_attention_layernorm.weight",
-                                                 f"{prefix}post_attention_layernorm.weight", cfg.hidden_size))
-        ffn = sparse_moe(ctx, i, x) if cfg.moe_layers[i] else dense_mlp(ctx, i, x)
-        hidden = ctx.op("Add", hidden, ffn)
+        mixer = gated_deltanet if kind == LINEAR else full_attention
+        hidden = decoder_layer(ctx, i, hidden, lambda x: mixer(ctx, i, x, *layer_io[i]))
 
-    logits = _head(ctx, hidden, embed, options)
-    return inputs, [logits] + state_outputs + update_outputs
+    return inputs, _head(ctx, hidden, embed, options) + state_outputs + update_outputs
+
+
+def decoder_layer(ctx: GraphContext, index: int, hidden: ir.Value, mixer) -> ir.Value:
+    """hidden + mixer(norm(hidden)), then + FFN(norm(...)), the FFN dense or MoE per the config (model.md §8)."""
+    cfg, prefix = ctx.config, ctx.layer(index)
+    x = ctx.rms_norm(hidden, ctx.norm_weight(f"{prefix}input_layernorm.weight",
+                                             f"{prefix}input_layernorm.weight", cfg.hidden_size))
+    hidden = ctx.op("Add", hidden, mixer(x))
+    x = ctx.rms_norm(hidden, ctx.norm_weight(f"{prefix}post_attention_layernorm.weight",
+                                             f"{prefix}post_attention_layernorm.weight", cfg.hidden_size))
+    ffn = sparse_moe(ctx, index, x) if cfg.moe_layers[index] else dense_mlp(ctx, index, x)
+    return ctx.op("Add", hidden, ffn)
 
 
 def assemble_model(ctx: GraphContext, inputs: list[ir.Value], outputs: list[ir.Value]) -> ir.Model:
@@ -191,7 +203,8 @@ def _packed_preamble(ctx: GraphContext, packed: PackedInputs, capture_count, act
                         state_update_active=active, packed=packed)
 
 
-def _head(ctx: GraphContext, hidden: ir.Value, embed: ir.Value, options: GraphOptions) -> ir.Value:
+def _head(ctx: GraphContext, hidden: ir.Value, embed: ir.Value, options: GraphOptions) -> list[ir.Value]:
+    """[logits] or, with ``options.hidden_states``, [logits, hidden_states]."""
     cfg, sh = ctx.config, ctx.shared
     if options.last_token_logits and not options.paged:  # paged: one row per packed token (drafts are verified)
         rows = ctx.op("Reshape", hidden, ctx.op("Concat", sh.batch, sh.seq, ctx.const([cfg.hidden_size]), axis=0))
@@ -204,12 +217,21 @@ def _head(ctx: GraphContext, hidden: ir.Value, embed: ir.Value, options: GraphOp
     # A tied head reuses the embedding initializer through Gemm(transB=1): one copy of the matrix.
     lm_head = embed if cfg.tie_word_embeddings else ctx.weights.tensor(
         "lm_head.weight", "lm_head.weight", [cfg.vocab_size, cfg.hidden_size], ctx.np_act)
-    if options.paged:
-        logits = _tensor(io.LOGITS, ctx.act, [io.TOKENS, cfg.vocab_size])
-        return ctx.op("Gemm", hidden, lm_head, transB=1, output=logits)
+    logits_type = options.logits_dtype or ctx.act
     logits = ctx.linear(hidden, lm_head)
+    if logits_type != ctx.act:
+        logits = ctx.op("Cast", logits, to=logits_type)
+    if options.paged:  # one row per packed token: name the [num_tokens, ...] values themselves
+        outputs = [_as_output(logits, io.LOGITS, logits_type, [io.TOKENS, cfg.vocab_size])]
+        if options.hidden_states:
+            outputs.append(_as_output(hidden, io.HIDDEN_STATES, ctx.act, [io.TOKENS, cfg.hidden_size]))
+        return outputs
     shape = ctx.op("Concat", sh.batch, out_seq, ctx.const([cfg.vocab_size]), axis=0)
-    return ctx.op("Reshape", logits, shape, output=_tensor(io.LOGITS, ctx.act, [io.BATCH, "logits_sequence_length"
-                                                                                  if options.last_token_logits
-                                                                                  else io.SEQUENCE,
-                                                                                  cfg.vocab_size]))
+    seq_name = "logits_sequence_length" if options.last_token_logits else io.SEQUENCE
+    outputs = [ctx.op("Reshape", logits, shape,
+                      output=_tensor(io.LOGITS, logits_type, [io.BATCH, seq_name, cfg.vocab_size]))]
+    if options.hidden_states:
+        shape = ctx.op("Concat", sh.batch, out_seq, ctx.const([cfg.hidden_size]), axis=0)
+        outputs.append(ctx.op("Reshape", hidden, shape,
+                              output=_tensor(io.HIDDEN_STATES, ctx.act, [io.BATCH, seq_name, cfg.hidden_size])))
+    return outputs
