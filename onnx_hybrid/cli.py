@@ -37,8 +37,11 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                         help="state_groups form in genai_config.json: released (onnxruntime-genai 0.18) or "
                              "bindings (PR #2454)")
     parser.add_argument("--paged", action="store_true",
-                        help="packed tokens and com.microsoft::PagedAttention over a block pool: the graph "
-                             "onnxruntime-genai's Engine (dynamic batching) runs; CUDA only in stock ORT")
+                        help="packed tokens and PagedAttention over a block pool: the graph onnxruntime-genai's "
+                             "Engine (dynamic batching) runs")
+    parser.add_argument("--paged-attention", choices=list(OP_DOMAINS), default=None,
+                        help="PagedAttention kernel of the paged export: onnx_hybrid (our CPU kernel, any dtype) or "
+                             "com.microsoft (ONNX Runtime's CUDA kernel, fp16/bf16 pool); default: --op-domain")
     parser.add_argument("--block-size", type=int, default=256, metavar="N",
                         help="tokens per KV block of the paged export (power of two >= 16)")
     parser.add_argument("--num-blocks", type=int, default=None, metavar="N",
@@ -53,7 +56,7 @@ def _run_export(args: argparse.Namespace) -> None:
     out = export(args.model_dir, args.output, dtype=args.dtype, state_update_capacity=args.state_update_capacity,
                  op_domain=args.op_domain, overwrite=args.overwrite, all_logits=args.all_logits,
                  progress=not args.quiet, manifest_format=args.manifest_format, paged=args.paged,
-                 block_size=args.block_size, num_blocks=args.num_blocks)
+                 block_size=args.block_size, num_blocks=args.num_blocks, paged_attention=args.paged_attention)
     print(f"exported {args.model_dir} -> {out}")
 
 

@@ -20,7 +20,7 @@ from .checkpoint import Checkpoint
 from .errors import ExportError
 from .graph.context import GraphContext
 from .graph.decoder import GraphOptions, assemble_model, build_decoder
-from .graph.paged_attention import PagedLayout
+from .graph.paged_attention import KERNELS as PAGED_ATTENTION_KERNELS, PagedLayout
 from .model_config import ModelConfig, load_model_config
 from .output_dir import staged_output
 from .weights import Weights, write_external_data
@@ -50,7 +50,7 @@ def _numpy_dtype(dtype: str) -> np.dtype:
 def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: int = 0,
            op_domain: str = contract.DOMAIN, overwrite: bool = False, all_logits: bool = False,
            progress: bool = True, manifest_format: str = RELEASED, paged: bool = False,
-           block_size: int = 256, num_blocks: int | None = None) -> Path:
+           block_size: int = 256, num_blocks: int | None = None, paged_attention: str | None = None) -> Path:
     """Export ``model_dir`` to ``out_dir`` (model.onnx + external data, genai_config.json, tokenizer).
 
     ``all_logits`` keeps logits for every position ([B, S, V]); by default only each row's last
@@ -59,9 +59,11 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
     onnxruntime-genai 0.18 parses) or ``bindings`` (PR #2454).
 
     ``paged`` exports what onnxruntime-genai's Engine (dynamic batching) runs: requests packed on one
-    token axis, full attention as ``com.microsoft::PagedAttention`` over a pool of ``block_size``-token
-    blocks, logits for every token, and ``engine.dynamic_batching`` in genai_config.json
-    (``num_blocks`` pins the pool size; the CPU Engine needs it).
+    token axis, full attention as PagedAttention over a pool of ``block_size``-token blocks, logits for
+    every token, and ``engine.dynamic_batching`` in genai_config.json (``num_blocks`` pins the pool size;
+    the CPU Engine needs it). ``paged_attention`` picks the attention kernel's domain: ``onnx_hybrid`` (our
+    CPU kernel, any dtype; the default with ``op_domain`` onnx_hybrid) or ``com.microsoft`` (ORT's CUDA
+    kernel, fp16/bf16 pool; the default with ``op_domain`` com.microsoft).
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     np_act = _numpy_dtype(dtype)
@@ -76,6 +78,10 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
         raise ExportError(f"manifest_format must be one of {', '.join(FORMS)}, got {manifest_format!r}")
     if op_domain not in OP_DOMAINS:
         raise ExportError(f"op_domain must be one of {', '.join(OP_DOMAINS)}, got {op_domain!r}")
+    paged_attention = paged_attention or op_domain
+    if paged_attention not in PAGED_ATTENTION_KERNELS:
+        raise ExportError(f"paged_attention must be one of {', '.join(PAGED_ATTENTION_KERNELS)}, "
+                          f"got {paged_attention!r}")
     cfg = load_model_config(model_dir)
     checkpoint = Checkpoint(model_dir)
     for what, count in checkpoint.skipped.items():
@@ -83,14 +89,15 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
 
     ctx = GraphContext(config=cfg, weights=Weights(checkpoint), act=ir.DataType.from_numpy(np_act),
                        np_act=np_act, op_domain=op_domain, capacity=state_update_capacity)
-    layout = PagedLayout(block_size) if paged else None
+    layout = PagedLayout(block_size, paged_attention) if paged else None
     inputs, outputs = build_decoder(ctx, GraphOptions(last_token_logits=not all_logits, paged=layout))
 
     with staged_output(out_dir, overwrite) as stage:
         with tqdm(total=len(ctx.weights.plans), unit="tensor", desc="writing weights", disable=not progress) as bar:
             write_external_data(ctx.weights, stage / DATA_FILE, lambda plan: bar.update())
         ir.save(assemble_model(ctx, inputs, outputs), stage / MODEL_FILE)
-        library = _copy_op_library(stage) if op_domain == contract.DOMAIN else None
+        uses_library = op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN)
+        library = _copy_op_library(stage) if uses_library else None
         desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library, paged=paged),
                                    manifest_format=manifest_format,
                                    paged=PagedCache(block_size, num_blocks) if paged else None)

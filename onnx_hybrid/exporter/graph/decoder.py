@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import ml_dtypes
 import numpy as np
@@ -15,7 +16,7 @@ from .attention import attention
 from .context import FLOAT, OPSET, GraphContext, PackedInputs, SharedInputs
 from .feed_forward import dense_mlp, sparse_moe
 from .gated_deltanet import gated_deltanet
-from .paged_attention import PagedLayout, cache_dtype, paged_attention
+from .paged_attention import PagedLayout, paged_attention
 
 INT64, INT32 = ir.DataType.INT64, ir.DataType.INT32
 
@@ -73,7 +74,8 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
             state_inputs += [pc, pr]
             state_outputs += [nc, nr]
         elif paged:  # past and present are the same pool, updated in place
-            pool, kv_type = [io.NUM_BLOCKS, paged.block_size, cfg.num_kv_heads, cfg.head_dim], cache_dtype(act)
+            pool = [io.NUM_BLOCKS, paged.block_size, cfg.num_kv_heads, cfg.head_dim]
+            kv_type = paged.cache_dtype(act)
             pk, pv = _tensor(io.PAST_KEY % i, kv_type, pool), _tensor(io.PAST_VALUE % i, kv_type, pool)
             nk, nv = _tensor(io.PRESENT_KEY % i, kv_type, pool), _tensor(io.PRESENT_VALUE % i, kv_type, pool)
             layer_io[i] = (pk, pv, nk, nv)
@@ -98,7 +100,7 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
         ctx.shared = _packed_preamble(ctx, packed, capture_count, active)
     else:
         ctx.shared = _preamble(ctx, input_ids, attention_mask, position_ids, capture_count, active)
-    full_attention = paged_attention if paged else attention
+    full_attention = partial(paged_attention, layout=paged) if paged else attention
     embed = ctx.weights.tensor("model.embed_tokens.weight", "model.embed_tokens.weight",
                                [cfg.vocab_size, cfg.hidden_size], ctx.np_act)
     hidden = ctx.op("Gather", embed, ctx.op("Reshape", input_ids, ctx.const([-1])), axis=0)  # [N, H]
