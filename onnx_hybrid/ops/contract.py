@@ -797,9 +797,8 @@ def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mappi
     """Order inputs/outputs by position and keep non-default attributes.
 
     Presence rules that do not depend on shapes (decay iff the rule decays, beta iff it retrieves,
-    a_log/dt_bias iff qwen, capture_count iff capacity > 0, key and value together) and PagedAttention's
-    head ratio are checked here,
-    so the exporter cannot emit a node the kernels would reject for them.
+    a_log/dt_bias iff qwen, capture_count iff capacity > 0, key and value together, PagedAttention's head
+    ratio) are checked here, so the exporter cannot emit a node the kernels would reject for them.
     """
     op = OPS[op] if isinstance(op, str) else op
     attrs = resolve_attributes(op, attributes)
