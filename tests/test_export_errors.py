@@ -108,10 +108,13 @@ def test_mtp_and_vision_tensors_are_skipped_with_a_note(tiny, tmp_path, caplog):
         return config, tensors
 
     src = _copy_with(tiny, tmp_path / "hf", add_heads)
-    with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
+    with pytest.raises(ExportError, match="MTP head is incomplete, missing mtp.norm.weight.*--no-mtp"):
         export(src, tmp_path / "o", progress=False)
+    with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
+        export(src, tmp_path / "o", progress=False, mtp=False)
     notes = " ".join(r.getMessage() for r in caplog.records)
     assert "multi-token-prediction head" in notes and "vision tower" in notes
+    assert not (tmp_path / "o" / "mtp.onnx").exists()
 
 
 def test_tokenizer_files_are_copied(tiny, tmp_path):

@@ -4,7 +4,7 @@ Only headers are read up front. Tensor data is read slice by slice through a fre
 is closed right after, so the pages a slice touched leave the process RSS again. The header is read
 here rather than through ``safetensors.safe_open`` because its NumPy slices cannot hold bfloat16.
 Names are normalised to the text-only runtime form (spec/model.md §3.3): ``model.language_model.X``
-becomes ``model.X``; the vision tower and the MTP head are skipped.
+becomes ``model.X``; the vision tower is skipped; the MTP head keeps its ``mtp.*`` names.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .errors import ExportError
 
 _NUMPY_DTYPES = {"BF16": np.dtype(ml_dtypes.bfloat16), "F16": np.dtype(np.float16),
                  "F32": np.dtype(np.float32), "F64": np.dtype(np.float64)}
-_SKIPPED_PREFIXES = {"model.visual.": "vision tower", "mtp.": "multi-token-prediction head"}
+_SKIPPED_PREFIXES = {"model.visual.": "vision tower"}
 _WRAPPER_PREFIX = "model.language_model."
 
 

@@ -22,6 +22,7 @@ from .graph.context import GraphContext
 from .graph.decoder import GraphOptions, assemble_model, build_decoder
 from .graph.paged_attention import KERNELS as PAGED_ATTENTION_KERNELS, PagedLayout
 from .model_config import ModelConfig, load_model_config
+from .mtp import check_mtp_weights, mtp_config, mtp_tensor_count, write_mtp_head
 from .output_dir import staged_output
 from .weights import Weights, write_external_data
 
@@ -50,7 +51,8 @@ def _numpy_dtype(dtype: str) -> np.dtype:
 def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: int = 0,
            op_domain: str = contract.DOMAIN, overwrite: bool = False, all_logits: bool = False,
            progress: bool = True, manifest_format: str = RELEASED, paged: bool = False,
-           block_size: int = 256, num_blocks: int | None = None, paged_attention: str | None = None) -> Path:
+           block_size: int = 256, num_blocks: int | None = None, paged_attention: str | None = None,
+           mtp: bool = True, logits_dtype: str | None = None, max_draft_tokens: int | None = None) -> Path:
     """Export ``model_dir`` to ``out_dir`` (model.onnx + external data, genai_config.json, tokenizer).
 
     ``all_logits`` keeps logits for every position ([B, S, V]); by default only each row's last
@@ -64,6 +66,13 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
     the CPU Engine needs it). ``paged_attention`` picks the attention kernel's domain: ``onnx_hybrid`` (our
     CPU kernel, any dtype; the default with ``op_domain`` onnx_hybrid) or ``com.microsoft`` (ORT's CUDA
     kernel, fp16/bf16 pool; the default with ``op_domain`` com.microsoft).
+
+    When the checkpoint has MTP weights (``mtp.*``) and ``mtp`` is set, the MTP drafter is written too:
+    ``mtp.onnx`` (non-paged or paged like the main model), the decoder's post-norm ``hidden_states``
+    output, ``model.mtp`` and ``speculative.max_draft_tokens`` (default: the state-update capacity when
+    paged, else 1) in genai_config.json. A non-paged MTP export keeps logits for every position (the
+    drafts are verified). ``logits_dtype`` casts the main logits (fp16 works around onnxruntime-genai
+    0.18's MtpGenerator on CPU, which fails on fp32 logits: speculative.md §6 bug 2).
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     np_act = _numpy_dtype(dtype)
@@ -86,22 +95,37 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
     checkpoint = Checkpoint(model_dir)
     for what, count in checkpoint.skipped.items():
         log.warning("skipping %d tensor(s) of the %s (not part of the text decoder)", count, what)
+    with_mtp = mtp and mtp_tensor_count(checkpoint) > 0
+    if with_mtp:
+        check_mtp_weights(checkpoint, cfg.mtp_num_hidden_layers)
+    elif mtp_tensor_count(checkpoint):
+        log.warning("skipping %d tensor(s) of the multi-token-prediction head (no MTP export requested)",
+                    mtp_tensor_count(checkpoint))
+    logits_type = ir.DataType.from_numpy(_numpy_dtype(logits_dtype)) if logits_dtype else None
 
     ctx = GraphContext(config=cfg, weights=Weights(checkpoint), act=ir.DataType.from_numpy(np_act),
                        np_act=np_act, op_domain=op_domain, capacity=state_update_capacity)
     layout = PagedLayout(block_size, paged_attention) if paged else None
-    inputs, outputs = build_decoder(ctx, GraphOptions(last_token_logits=not all_logits, paged=layout))
+    options = GraphOptions(last_token_logits=not (all_logits or with_mtp), paged=layout, hidden_states=with_mtp,
+                           logits_dtype=logits_type)
+    inputs, outputs = build_decoder(ctx, options)
 
     with staged_output(out_dir, overwrite) as stage:
         with tqdm(total=len(ctx.weights.plans), unit="tensor", desc="writing weights", disable=not progress) as bar:
             write_external_data(ctx.weights, stage / DATA_FILE, lambda plan: bar.update())
         ir.save(assemble_model(ctx, inputs, outputs), stage / MODEL_FILE)
+        if with_mtp:
+            write_mtp_head(ctx, layout, stage)
         uses_library = op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN)
         library = _copy_op_library(stage) if uses_library else None
         desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library, paged=paged),
                                    manifest_format=manifest_format,
                                    paged=PagedCache(block_size, num_blocks) if paged else None)
-        (stage / GENAI_CONFIG).write_text(json.dumps(genai_config(desc), indent=4) + "\n")
+        config = genai_config(desc)
+        if with_mtp:
+            draft_default = state_update_capacity if paged and state_update_capacity else 1
+            mtp_config(config, paged=paged, max_draft_tokens=max_draft_tokens or draft_default)
+        (stage / GENAI_CONFIG).write_text(json.dumps(config, indent=4) + "\n")
         for name in TOKENIZER_FILES:
             if (model_dir / name).is_file():
                 shutil.copy2(model_dir / name, stage / name)

@@ -63,6 +63,7 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_id: tuple[int, ...]
     pad_token_id: int | None
+    mtp_num_hidden_layers: int | None = None  # as declared; the weights decide whether a head exists
 
     @property
     def key_dim(self) -> int:
@@ -172,6 +173,7 @@ def parse_model_config(top: dict) -> ModelConfig:
         bos_token_id=text.get("bos_token_id", top.get("bos_token_id")),
         eos_token_id=eos,
         pad_token_id=text.get("pad_token_id", top.get("pad_token_id")),
+        mtp_num_hidden_layers=text.get("mtp_num_hidden_layers"),
     )
     _check_geometry(cfg)
     return cfg

@@ -76,12 +76,13 @@ def _randomise(model, seed: int) -> None:
 
 def make_tiny_checkpoint(out_dir, layout: str = "qwen3_5_text", *, tied: bool = True, seed: int = 0,
                          shard_size: str | None = None, fused_experts: bool = False,
-                         layers: int | None = None) -> Path:
+                         layers: int | None = None, mtp: bool = False) -> Path:
     """Write a random checkpoint; returns ``out_dir``.
 
     ``shard_size`` (e.g. ``"100KB"``) writes sharded safetensors with an index. ``fused_experts`` keeps
     HF's runtime [E, 2F, H] expert tensors (as official bf16 MoE releases store them) instead of the
-    per-expert tensors ``save_pretrained`` writes by default.
+    per-expert tensors ``save_pretrained`` writes by default. ``mtp`` adds a random one-layer MTP head
+    (``mtp.*``, which transformers does not model; see ``testing.mtp``).
     """
     import torch
     import transformers
@@ -96,6 +97,9 @@ def make_tiny_checkpoint(out_dir, layout: str = "qwen3_5_text", *, tied: bool = 
         model.tie_weights()
     kwargs = {"max_shard_size": shard_size} if shard_size else {}
     model.save_pretrained(out_dir, save_original_format=not fused_experts, **kwargs)
+    if mtp:
+        from .mtp import add_mtp_head, random_mtp_tensors
+        add_mtp_head(out_dir, random_mtp_tensors(out_dir, seed))
     return Path(out_dir)
 
 

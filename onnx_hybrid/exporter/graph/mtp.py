@@ -1,0 +1,98 @@
+"""The multi-token-prediction head as its own graph, ``mtp.onnx`` (speculative.md §3.1, §4; model.md §10).
+
+    e      = RMSNorm(embed_tokens[input_ids]; pre_fc_norm_embedding)
+    g      = RMSNorm(hidden_states;           pre_fc_norm_hidden)     # the main decoder's post-norm hidden
+    x      = concat(e, g) @ fc^T                                      # embedding half first
+    y      = one full-attention decoder layer (mtp.layers.0.*: the main layers' code and math)
+    h_out  = RMSNorm(y; mtp.norm)                                     # -> hidden_states_out
+    logits = h_out @ lm_head^T                                        # the main model's lm_head
+
+The head is a one-layer decoder to onnxruntime-genai: its KV cache is ``past_key_values.0.*``, fed like the
+main model's (non-paged ``[B, Hkv, P, D]`` with ``attention_mask``, or the paged pool with the packed-batch
+metadata). Norm weights are exported as 1 + w like every other norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+
+import onnx_ir as ir
+
+from .. import io_names as io
+from ..model_config import FULL
+from .attention import attention
+from .context import GraphContext
+from .decoder import (INT64, _as_output, _packed_inputs, _packed_preamble, _preamble, _tensor,
+                      decoder_layer)
+from .paged_attention import PagedLayout, paged_attention
+
+MTP_PREFIX = "mtp."
+LAYER_PREFIX = "mtp.layers."
+
+
+def head_config(ctx: GraphContext):
+    """The main config reduced to the head's single full-attention layer (MoE when its weights are)."""
+    moe = f"{LAYER_PREFIX}0.mlp.gate.weight" in ctx.weights.checkpoint
+    return replace(ctx.config, num_layers=1, layer_types=(FULL,), moe_layers=(moe,))
+
+
+def build_mtp_head(ctx: GraphContext, paged: PagedLayout | None) -> tuple[list[ir.Value], list[ir.Value]]:
+    """Emit the head onto ``ctx.tape`` (``ctx.config`` must be :func:`head_config`'s), paged like the main
+    model when ``paged`` is given; return the graph I/O."""
+    cfg, act = ctx.config, ctx.act
+    h = cfg.hidden_size
+    kv = [cfg.num_kv_heads, cfg.head_dim]
+    if paged:
+        packed = _packed_inputs()
+        input_ids, inputs = packed.input_ids, packed.values()
+        hidden_in = _tensor(io.HIDDEN_STATES, act, [io.TOKENS, h])
+        pool, kv_type = [io.NUM_BLOCKS, paged.block_size, *kv], paged.cache_dtype(act)
+        past = [_tensor(t % 0, kv_type, pool) for t in (io.PAST_KEY, io.PAST_VALUE)]
+        present = [_tensor(t % 0, kv_type, pool) for t in (io.PRESENT_KEY, io.PRESENT_VALUE)]
+        ctx.shared = _packed_preamble(ctx, packed, None, None)
+        mixer = partial(paged_attention, layout=paged)
+        rows = [io.TOKENS]
+    else:
+        b, s = io.BATCH, io.SEQUENCE
+        input_ids = _tensor(io.INPUT_IDS, INT64, [b, s])
+        attention_mask = _tensor(io.ATTENTION_MASK, INT64, [b, io.TOTAL_SEQUENCE])
+        position_ids = _tensor(io.POSITION_IDS, INT64, [b, s])
+        hidden_in = _tensor(io.HIDDEN_STATES, act, [b, s, h])
+        inputs = [input_ids, attention_mask, position_ids]
+        past = [_tensor(t % 0, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]]) for t in (io.PAST_KEY, io.PAST_VALUE)]
+        present = [_tensor(t % 0, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]]) for t in (io.PRESENT_KEY, io.PRESENT_VALUE)]
+        ctx.shared = _preamble(ctx, input_ids, attention_mask, position_ids, None, None)
+        mixer = attention
+        rows = [b, s]
+    inputs = [*inputs[:1], hidden_in, *inputs[1:], *past]
+
+    embed = ctx.weights.tensor("model.embed_tokens.weight", "model.embed_tokens.weight", [cfg.vocab_size, h],
+                               ctx.np_act)
+    e = ctx.rms_norm(ctx.op("Gather", embed, ctx.op("Reshape", input_ids, ctx.const([-1])), axis=0),
+                     _norm(ctx, "pre_fc_norm_embedding"))
+    g = ctx.rms_norm(ctx.op("Reshape", hidden_in, ctx.const([-1, h])), _norm(ctx, "pre_fc_norm_hidden"))
+    fc = ctx.weights.tensor(f"{MTP_PREFIX}fc.weight", f"{MTP_PREFIX}fc.weight", [h, 2 * h], ctx.np_act)
+    x = ctx.linear(ctx.op("Concat", e, g, axis=-1), fc)
+    y = decoder_layer(ctx, 0, x, lambda normed: mixer(ctx, 0, normed, *past, *present))
+    h_out = ctx.rms_norm(y, _norm(ctx, "norm"))
+    lm_head = embed if cfg.tie_word_embeddings else ctx.weights.tensor(
+        "lm_head.weight", "lm_head.weight", [cfg.vocab_size, h], ctx.np_act)
+    logits = ctx.linear(h_out, lm_head)
+
+    if paged:
+        outputs = [_as_output(logits, io.LOGITS, act, [*rows, cfg.vocab_size]),
+                   _as_output(h_out, io.HIDDEN_STATES_OUT, act, [*rows, h])]
+    else:
+        def unflatten(value: ir.Value, name: str, width: int) -> ir.Value:
+            shape = ctx.op("Concat", ctx.shared.batch, ctx.shared.seq, ctx.const([width]), axis=0)
+            return ctx.op("Reshape", value, shape, output=_tensor(name, act, [*rows, width]))
+
+        outputs = [unflatten(logits, io.LOGITS, cfg.vocab_size), unflatten(h_out, io.HIDDEN_STATES_OUT, h)]
+    return inputs, outputs[:1] + present + outputs[1:]
+
+
+def _norm(ctx: GraphContext, name: str) -> ir.Value:
+    source = f"{MTP_PREFIX}{name}.weight"
+    return ctx.norm_weight(source, source, ctx.config.hidden_size)
+
