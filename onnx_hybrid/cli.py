@@ -46,6 +46,15 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per KV block of the paged export (power of two >= 16)")
     parser.add_argument("--num-blocks", type=int, default=None, metavar="N",
                         help="KV blocks in the paged pool, written to engine.dynamic_batching (needed on CPU)")
+    parser.add_argument("--no-mtp", dest="mtp", action="store_false",
+                        help="skip the MTP drafter (mtp.onnx, hidden_states output, model.mtp) even if the checkpoint "
+                             "has mtp.* weights")
+    parser.add_argument("--max-draft-tokens", type=int, default=None, metavar="N",
+                        help="speculative.max_draft_tokens written with an MTP head (default: the state-update "
+                             "capacity when paged, else 1)")
+    parser.add_argument("--logits-dtype", choices=list(DTYPES), default=None,
+                        help="type of the main logits (default: --dtype); fp16 lets onnxruntime-genai 0.18's "
+                             "MtpGenerator run on CPU, which fails on fp32 logits")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -56,7 +65,8 @@ def _run_export(args: argparse.Namespace) -> None:
     out = export(args.model_dir, args.output, dtype=args.dtype, state_update_capacity=args.state_update_capacity,
                  op_domain=args.op_domain, overwrite=args.overwrite, all_logits=args.all_logits,
                  progress=not args.quiet, manifest_format=args.manifest_format, paged=args.paged,
-                 block_size=args.block_size, num_blocks=args.num_blocks, paged_attention=args.paged_attention)
+                 block_size=args.block_size, num_blocks=args.num_blocks, paged_attention=args.paged_attention,
+                 mtp=args.mtp, max_draft_tokens=args.max_draft_tokens, logits_dtype=args.logits_dtype)
     print(f"exported {args.model_dir} -> {out}")
 
 

@@ -91,6 +91,8 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
     if paged_attention not in PAGED_ATTENTION_KERNELS:
         raise ExportError(f"paged_attention must be one of {', '.join(PAGED_ATTENTION_KERNELS)}, "
                           f"got {paged_attention!r}")
+    if max_draft_tokens is not None and max_draft_tokens < 1:
+        raise ExportError(f"max_draft_tokens must be positive, got {max_draft_tokens}")
     cfg = load_model_config(model_dir)
     checkpoint = Checkpoint(model_dir)
     for what, count in checkpoint.skipped.items():
