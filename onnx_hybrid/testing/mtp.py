@@ -79,6 +79,22 @@ def add_mtp_head(model_dir, tensors: dict[str, np.ndarray]) -> Path:
     return model_dir
 
 
+def greedy_runs(export_dir, prompts: list[list[int]], new_tokens: int, op_domain: str, threads: int = 2
+                ) -> list[tuple[list[int], np.ndarray]]:
+    """(prompt + greedy tokens, post-norm hidden per fed position) of each prompt, through the ORT export
+    (which must output ``hidden_states``: an MTP export)."""
+    from ..exporter import io_names as io
+    from .greedy import GreedyDriver, make_session
+
+    driver = GreedyDriver(make_session(export_dir, op_domain, threads))
+    runs = []
+    for prompt in prompts:
+        result = driver.generate([prompt], new_tokens)
+        hidden = np.concatenate([step[io.HIDDEN_STATES][0] for step in result.extra_outputs])
+        runs.append((list(prompt) + result.tokens[0], hidden))
+    return runs
+
+
 def _rms_normalise(x: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
 
