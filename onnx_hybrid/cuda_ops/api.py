@@ -159,6 +159,7 @@ def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] |
 
 
 def _accepted(accepted: Any, batch: int, device: int) -> tuple[Any, DeviceTensor]:
+    """(array holding the memory, its DeviceTensor); host values are uploaded with CuPy."""
     if hasattr(accepted, "__cuda_array_interface__") or hasattr(accepted, "__dlpack__"):
         t = as_device_tensor(accepted, "accepted")
         if t.dtype != "int32" or t.shape != (batch,):
@@ -178,7 +179,8 @@ def _accepted(accepted: Any, batch: int, device: int) -> tuple[Any, DeviceTensor
 def replay_gdn(state: Any, capsule: Any, accepted: Any, capacity: int, *, out: Any = None, stream: Any = None):
     """Replay the first ``accepted[b]`` captured transitions onto the committed ``state`` [B, Hv, Dv, Dk]
     (in place unless ``out`` is given); bit-exact to a shorter run of the recurrent kernel (spec/ops.md §2.10).
-    ``accepted`` is a device int32 [B] or a host sequence; values are clamped to [0, capacity]."""
+    ``accepted`` is a device int32 [B] or a host sequence (uploaded through CuPy's current stream, so pass a
+    device array when launching on another stream or inside a CUDA graph); values are clamped to [0, capacity]."""
     st = as_device_tensor(state, "state")
     cap = as_device_tensor(capsule, "capsule")
     if st.dtype != "float32" or len(st.shape) != 4 or cap.dtype != "float32":
@@ -196,7 +198,7 @@ def replay_gdn(state: Any, capsule: Any, accepted: Any, capacity: int, *, out: A
     dst = st if out is None else as_device_tensor(out, "out")
     if dst.shape != st.shape or dst.dtype != "float32":
         raise ValueError(f"replay_gdn: out must be float32 {list(st.shape)}")
-    acc_arr, acc = _accepted(accepted, b, st.device)
+    _, acc = _accepted(accepted, b, st.device)
     params = plan.GdnReplayParams(state_in=st.ptr, state_out=dst.ptr, capsule=cap.ptr, accepted=acc.ptr, batch=b,
                                   hk=hk, hv=hv, dk=dk, dv=dv, capacity=capacity)
     launch.run(plan.gdn_replay_plan(params), st.device, stream_pointer(stream))
@@ -215,7 +217,7 @@ def replay_conv(state: Any, capsule: Any, accepted: Any, *, out: Any = None, str
     dst = st if out is None else as_device_tensor(out, "out")
     if dst.shape != st.shape or dst.dtype != st.dtype:
         raise ValueError(f"replay_conv: out must be {st.dtype} {list(st.shape)}")
-    acc_arr, acc = _accepted(accepted, b, st.device)
+    _, acc = _accepted(accepted, b, st.device)
     params = plan.ConvReplayParams(state_in=st.ptr, state_out=dst.ptr, capsule=cap.ptr, accepted=acc.ptr, batch=b,
                                    channels=ch, state_len=sl, capacity=cap.shape[1])
     launch.run(plan.conv_replay_plan(st.dtype, params), st.device, stream_pointer(stream))

@@ -97,11 +97,6 @@ __device__ __forceinline__ float gdn_log_gate(const GdnParams& p, int tok, int h
   return -expf(p.a_log[h]) * softplus;
 }
 
-__device__ __forceinline__ float gdn_beta(const GdnParams& p, int tok, int h) {
-  const float x = p.beta[(size_t)tok * p.hv + h];
-  return p.beta_sigmoid ? 1.0f / (1.0f + expf(-x)) : x;
-}
-
 // Capsule block offsets inside one row (spec/ops.md §2.9).
 __device__ __forceinline__ size_t gdn_capsule_row(const GdnParams& p) {
   return (size_t)p.capacity * (p.hv + (size_t)p.hk * p.dk + (size_t)p.hv * p.dv);

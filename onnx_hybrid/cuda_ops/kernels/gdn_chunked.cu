@@ -96,10 +96,7 @@ __device__ __forceinline__ void unpack2(unsigned r, float (&x)[2]) {
 }
 
 template <typename T>
-__device__ __forceinline__ void store2(T* p, float a, float b) {
-  p[0] = from_f32<T>(a);
-  p[1] = from_f32<T>(b);
-}
+__device__ __forceinline__ void store2(T* p, float a, float b);  // two adjacent outputs, one 32-bit store
 template <>
 __device__ __forceinline__ void store2<__half>(__half* p, float a, float b) {
   *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
