@@ -53,9 +53,12 @@ def _geo(lengths, hq=16, hv=48, dk=128, dv=128, per_key=False, capacity=0):
     return contract.resolve_gdn(shapes, attrs)
 
 
-def _kernels(geo, dtype="float16", engine="auto", arch=90):
+H100_SMEM, A100_SMEM, SM89_SMEM = 232448, 166912, 101376  # opt-in shared memory per block
+
+
+def _kernels(geo, dtype="float16", engine="auto", arch=90, smem=H100_SMEM):
     return [(ln.kernel, ln.params.tail_only if ln.kernel.startswith("gdn_recurrent") else None)
-            for ln in plan.gdn_plan(geo, dtype, plan.GdnParams(), arch=arch, engine=engine)]
+            for ln in plan.gdn_plan(geo, dtype, plan.GdnParams(), arch=arch, smem_optin=smem, engine=engine)]
 
 
 def test_plan_engine_selection():
@@ -71,6 +74,8 @@ def test_plan_engine_selection():
     assert _kernels(_geo([4096], dk=64, dv=32)) == [("gdn_recurrent_f16_k64_r4", 0)]
     assert _kernels(_geo([4096], per_key=True)) == [("gdn_recurrent_f16_k128_r4", 0)]
     assert _kernels(_geo([4096]), arch=75) == [("gdn_recurrent_f16_k128_r4", 0)]
+    assert _kernels(_geo([4096]), arch=80, smem=A100_SMEM)[0][0] == "gdn_chunked_f16_d128"
+    assert _kernels(_geo([4096]), arch=89, smem=SM89_SMEM) == [("gdn_recurrent_f16_k128_r4", 0)]
     assert _kernels(_geo([1] * 4), engine="chunked")[0][0] == "gdn_chunked_f16_d128"
     assert _kernels(_geo([4096]), engine="recurrent") == [("gdn_recurrent_f16_k128_r4", 0)]
 
@@ -83,8 +88,8 @@ def test_plan_rejects_what_no_kernel_serves():
 
 
 def test_plan_grids_follow_the_geometry():
-    chunk, rec = plan.gdn_plan(_geo([100, 20]), "float16", plan.GdnParams(), arch=90)
+    chunk, rec = plan.gdn_plan(_geo([100, 20]), "float16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
     assert chunk.grid == (2, 48, 2) and chunk.block == (256, 1, 1) and chunk.smem == plan.CHUNK_SMEM_BYTES
     assert rec.grid == (8, 48, 2) and rec.params.row_groups == 1 and rec.block == (128, 1, 1) and rec.smem == 0
-    (rec,) = plan.gdn_plan(_geo([1]), "float32", plan.GdnParams(), arch=90)
+    (rec,) = plan.gdn_plan(_geo([1]), "float32", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
     assert rec.kernel == "gdn_recurrent_f32_k128_r4"

@@ -120,7 +120,8 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
         capture_active=int(geo.capacity > 0 and (active is None or active != 0)), tail_only=0, row_groups=1,
         scale=scale,
     )
-    launches = plan.gdn_plan(geo, q.dtype, params, arch=launch.device_arch(device), engine=engine,
+    launches = plan.gdn_plan(geo, q.dtype, params, arch=launch.device_arch(device),
+                             smem_optin=launch.device_smem_optin(device), engine=engine,
                              rec_rows=rec_rows, rec_groups=rec_groups)
     launch.run(launches, device, stream_pointer(stream))
     return out_arr, state_arr, cap_arr

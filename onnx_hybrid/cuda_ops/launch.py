@@ -24,6 +24,8 @@ class _Image:
             cupy.cuda.runtime.free(0)  # make the primary context current
             cc = cupy.cuda.Device(device).compute_capability
             self.arch = int(cc)
+            self.smem_optin = cupy.cuda.runtime.deviceGetAttribute(
+                cupy.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, device)
             self.module = driver.moduleLoadData(compile_image(self.arch))
         self.device = device
         self.functions: dict[str, int] = {}
@@ -55,6 +57,11 @@ def image(device: int) -> _Image:
 
 def device_arch(device: int) -> int:
     return image(device).arch
+
+
+def device_smem_optin(device: int) -> int:
+    """Opt-in shared memory per block (bytes): what a kernel may request with the dynamic-size attribute."""
+    return image(device).smem_optin
 
 
 def run(launches: list[Launch], device: int, stream: int) -> None:

@@ -76,7 +76,7 @@ def rec_row_groups(geo: GdnGeometry, rows: int) -> int:
         groups *= 2
     return groups
 CHUNK_D, CHUNK_VT, CHUNK_THREADS = 128, 64, 256
-CHUNK_SMEM_BYTES = 169216
+CHUNK_SMEM_BYTES = 166144
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
 CONV_THREADS, CONV_TOKENS = 128, 16
 REPLAY_THREADS = 256
@@ -101,13 +101,15 @@ class PlanError(ValueError):
     """No kernel can serve the shape (the CUDA analogue of ORT's 'no supported plan')."""
 
 
-def chunked_supported(geo: GdnGeometry, dtype: str, arch: int) -> bool:
-    """Shapes the tensor-core chunked kernel serves (like ORT: Dk = Dv = 128, scalar decay, SM >= 80)."""
+def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int) -> bool:
+    """Shapes and devices the tensor-core chunked kernel serves (like ORT: Dk = Dv = 128, scalar decay,
+    SM >= 80, and the device's opt-in shared memory per block holds CHUNK_SMEM_BYTES: sm_80 and sm_90 do,
+    the 99 KB parts (sm_86, sm_89, sm_120) do not)."""
     return (dtype in ("float16", "bfloat16") and geo.head_size_k == CHUNK_D and geo.head_size_v == CHUNK_D
-            and not geo.per_key_decay and arch >= 80)
+            and not geo.per_key_decay and arch >= 80 and smem_optin >= CHUNK_SMEM_BYTES)
 
 
-def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, engine: str = "auto",
+def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem_optin: int, engine: str = "auto",
              rec_rows: int | None = None, rec_groups: int | None = None) -> list[Launch]:
     """The kernels of one GatedDeltaNet call.
 
@@ -124,11 +126,12 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, engi
     if kmax is None:
         raise PlanError(f"GatedDeltaNet: no supported plan (head_size_qk {geo.head_size_k} > "
                         f"{REC_KEY_SIZES[-1]})")
-    chunked = chunked_supported(geo, dtype, arch)
+    chunked = chunked_supported(geo, dtype, arch, smem_optin)
     if engine == "chunked" and not chunked:
         raise PlanError(f"GatedDeltaNet: the chunked engine needs float16/bfloat16, head sizes 128/128, "
                         f"scalar decay and sm_80+; got {dtype}, {geo.head_size_k}/{geo.head_size_v}, "
-                        f"per-key decay {geo.per_key_decay}, sm_{arch}")
+                        f"per-key decay {geo.per_key_decay}, sm_{arch} with {smem_optin} B of opt-in shared "
+                        f"memory (needs {CHUNK_SMEM_BYTES})")
     use_chunked = chunked and (engine == "chunked" or
                                (engine == "auto" and geo.total_tokens >= SEQUENTIAL_MIN_TOKENS * geo.batch))
     launches = []

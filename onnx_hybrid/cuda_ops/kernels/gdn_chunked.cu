@@ -41,9 +41,13 @@ constexpr int OFF_P = OFF_M + BT * LDT * 2;       // P, fp16 [BT][LDT]
 constexpr int OFF_DINV = OFF_P + BT * LDT * 2;    // inverses of the diagonal blocks, fp16 [BT][LDD]
 constexpr int OFF_UT = OFF_DINV + BT * LDD * 2;   // U^T, fp16 [VT c][LDT s]
 constexpr int OFF_UTD = OFF_UT + VT * LDT * 2;    // (diag(e^{g_L-g}) U)^T, fp16 [VT][LDT]
-constexpr int OFF_X = OFF_UTD + VT * LDT * 2;     // per-warp scratch, fp16 [WARPS][8][LDD]
-constexpr int OFF_MD = OFF_X + WARPS * 8 * LDD * 2;  // diagonal blocks of M, fp32 [BT][LDM]
-constexpr int OFF_VEC = OFF_MD + BT * LDM * 4;    // gamma, beta, e^gamma, beta e^gamma: fp32 [4][BT]
+// One region, two lives: the diagonal blocks of M (fp32 [BT][LDM], written in step 3, read in step 4) and
+// the per-warp scratch of the block substitution (fp16 [WARPS][8][LDD], step 5); barriers separate them.
+// Sharing it keeps the kernel within sm_80's 163 KB opt-in limit.
+constexpr int OFF_MD = OFF_UTD + VT * LDT * 2;
+constexpr int OFF_X = OFF_MD;
+constexpr int MD_X_BYTES = BT * LDM * 4 > WARPS * 8 * LDD * 2 ? BT * LDM * 4 : WARPS * 8 * LDD * 2;
+constexpr int OFF_VEC = OFF_MD + MD_X_BYTES;      // gamma, beta, e^gamma, beta e^gamma: fp32 [4][BT]
 constexpr int SMEM_BYTES = OFF_VEC + 4 * BT * 4;
 
 }  // namespace chunk
