@@ -33,6 +33,7 @@ from onnx_hybrid.cli import export_main  # noqa: E402
 from onnx_hybrid.configs import validate  # noqa: E402
 from onnx_hybrid.exporter import ExportError, export  # noqa: E402
 from onnx_hybrid.ops import contract, reference  # noqa: E402
+from onnx_hybrid.testing import packed as testing_packed  # noqa: E402
 from onnx_hybrid.testing.checkpoints import LAYOUTS, load_reference, make_tiny_checkpoint  # noqa: E402
 
 BLOCK_SIZE, NUM_BLOCKS, CAPACITY = 16, 4, 3
@@ -179,31 +180,7 @@ def test_bad_paged_options(options, message, checkpoints, tmp_path):
 
 
 def packed_feeds(graph: onnx.GraphProto, steps: list[list[int]], past: list[int], state: dict | None) -> dict:
-    """Feeds for one Engine step: ``steps[b]`` new tokens of request b after ``past[b]`` cached ones."""
-    lengths = [len(s) for s in steps]
-    feeds = {
-        "input_ids": np.array(sum(steps, []), dtype=np.int64),
-        "position_ids": np.concatenate([np.arange(p, p + n) for p, n in zip(past, lengths)]).astype(np.int64),
-        "cumulative_sequence_lengths": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
-        "past_sequence_lengths": np.array(past, dtype=np.int32),
-        "block_table": BLOCK_TABLE,
-        "attention_metadata": np.array([max(lengths), max(p + n for p, n in zip(past, lengths)), 0], np.int32),
-        "state_update_capture_count": np.array(lengths, dtype=np.int32),
-        "state_update_active": np.array([1], dtype=np.int32),
-    }
-    for value in graph.input:
-        if value.name in feeds:
-            continue
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
-        if value.name.startswith("past_key_values."):
-            dims[0] = NUM_BLOCKS
-        else:  # conv / recurrent state: one row per request
-            dims[0] = len(steps)
-        past_name = value.name
-        present = past_name.replace("past_key_values.", "present.").replace("past.", "present.")
-        feeds[value.name] = state[present] if state else np.zeros(dims, dtype)
-    return feeds
+    return testing_packed.packed_feeds(graph, steps, past, state, block_table=BLOCK_TABLE, num_blocks=NUM_BLOCKS)
 
 
 def _contract_op(spec: contract.OpSpec, run, domain: str = contract.DOMAIN):
