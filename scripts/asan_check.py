@@ -2,9 +2,10 @@
 
 Builds a second copy of the library with -fsanitize=address (build/asan/), then runs, in a child Python
 with libasan preloaded, every malformed-offset case (negative, decreasing, past the end, wrong length,
-cu[0] != 0, last offset != T) and every shape rejection of both ops, plus valid calls that exercise the
-edges of each engine (ragged with zero-length rows, capture, chunk tails, wide and deep convs, aliased
-state). Any out-of-bounds access aborts the child with an ASan report; a rejection must come back as an
+cu[0] != 0, last offset != T) and every shape rejection of the state ops, PagedAttention's malformed
+metadata (block table entries outside the pool, positions past the table, offsets past the end, negative
+past lengths), plus valid calls that exercise the edges of each engine (ragged with zero-length rows,
+capture, chunk tails, wide and deep convs, aliased state, pools in every element type). Any out-of-bounds access aborts the child with an ASan report; a rejection must come back as an
 ORT error. Exit status 0 means clean.
 
 Usage: python scripts/asan_check.py [--quick]
@@ -50,7 +51,7 @@ onnxruntime.set_default_logger_severity(4)  # the rejections are expected: log o
 sys.path.insert(0, "tests")
 from onnx_hybrid.ops import library
 from onnx_hybrid.ops.single_op import run_single_op, single_op_model, make_session, run_session
-from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case
+from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case, random_paged_attention_case
 import test_native_errors as errors
 
 QUICK = sys.argv[1] == "quick"
@@ -86,6 +87,18 @@ if not QUICK:
         for key, (feeds, attrs) in cases.items():
             reject("GatedDeltaNet" if cases is errors.GDN_CASES else "VarlenCausalConvWithState", feeds, attrs)
 
+paged = random_paged_attention_case(np.random.default_rng(0), [3, 2, 3], [20, 0, 31], spare_blocks=0)
+blocks, columns = paged.feeds["key_cache"].shape[0], paged.feeds["block_table"].shape[1]
+bad_paged = [dict(block_table=np.full_like(paged.feeds["block_table"], v)) for v in (-1, blocks, 2**31 - 1, -2**31)]
+bad_paged += [dict(block_table=paged.feeds["block_table"][:, :1]),  # positions past the table
+              dict(past_sequence_lengths=np.array([20, 0, 16 * columns], np.int32)),
+              dict(past_sequence_lengths=np.array([20, -1, 31], np.int32)),
+              dict(past_sequence_lengths=np.array([20, 0, 2**31 - 2], np.int32)),
+              dict(block_table=paged.feeds["block_table"][:2])]  # wrong batch
+bad_paged += [dict(cumulative_sequence_lengths=np.array(cu, np.int32)) for cu in bad_offsets]
+for change in bad_paged:
+    reject("PagedAttention", dict(paged.feeds, **change), paged.attributes)
+
 valid_gdn = [dict(lengths=[1, 0, 70, 33], capacity=4, capture=[1, 0, 4, 9]),
              dict(lengths=[65, 130], chunk_size=32, head_size_k=128, head_size_v=24),
              dict(lengths=[40, 3], layout="packed"),
@@ -102,6 +115,11 @@ for kw in valid_gdn:
     kw = dict(kw); run("GatedDeltaNet", random_gdn_case(np.random.default_rng(1), kw.pop("lengths"), **kw))
 for kw in valid_conv:
     kw = dict(kw); run("VarlenCausalConvWithState", random_conv_case(np.random.default_rng(1), kw.pop("lengths"), **kw))
+valid_paged = [dict(lengths=[1, 0, 40, 16], past=[15, 9, 0, 16], spare_blocks=0, spare_columns=0),
+               dict(lengths=[5, 1], past=[27, 63], dtype="float16", head_size=17, block_size=32),
+               dict(lengths=[2, 3], past=[0, 14], dtype="bfloat16", num_heads=8, kv_num_heads=1)]
+for kw in valid_paged[:1] if QUICK else valid_paged:
+    kw = dict(kw); run("PagedAttention", random_paged_attention_case(np.random.default_rng(1), kw.pop("lengths"), kw.pop("past"), **kw))
 print(f"asan_check: {rejected} rejections, {ran} valid calls, no memory errors")
 '''
 
