@@ -1,8 +1,12 @@
-"""Our CPU GatedDeltaNet kernels against ONNX Runtime's own com.microsoft CPU kernels, same nodes.
+"""Our CPU kernels against their CPU peers, same inputs.
 
-0.8B geometry (Hk = Hv = 16, Dk = Dv = 128), fp32, qwen gate, sigmoid beta, qk_l2_norm, 2 intra-op
-threads (spec/performance.md, "CPU kernels"). Each case first checks that both produce the same
-outputs, then reports the median of --runs timed runs after warm-up, and the ratio ORT / ours.
+GatedDeltaNet against ONNX Runtime's own com.microsoft CPU kernel, same nodes: 0.8B geometry (Hk = Hv = 16,
+Dk = Dv = 128), fp32, qwen gate, sigmoid beta, qk_l2_norm, 2 intra-op threads (spec/performance.md,
+"CPU kernels"). PagedAttention (ORT has no CPU kernel) against the plain-ONNX attention of the non-paged
+export (Transpose, MatMul, Softmax, MatMul over a dense [B, Hkv, L, D] cache, GQA by broadcasting, causal
+bias): 0.8B attention geometry (Hq 8, Hkv 2, D 256), fp32, 16-token blocks handed out in shuffled order.
+Each case first checks that both produce the same outputs, then reports the median of --runs timed runs
+after warm-up, and the ratio peer / ours.
 
 Usage: python scripts/bench_cpu.py [--runs 30] [--markdown]
 """
@@ -19,6 +23,7 @@ import numpy as np
 import onnxruntime as ort
 
 from onnx_hybrid.ops import single_op, testing
+from onnx_hybrid.ops import reference
 from onnx_hybrid.ops.contract import DOMAIN, MS_DOMAIN
 
 GEOMETRY = dict(num_heads_q=16, num_heads_v=16, head_size_k=128, head_size_v=128)
@@ -36,15 +41,34 @@ def timed(session, names, values, runs: int) -> tuple[float, float]:
     """Median wall time and median process CPU time (all threads) of one run. CPU time is the steadier
     number on a shared machine: other processes stretch wall time, not the work done."""
     options = ort.RunOptions()
+    return timed_call(lambda: session.run_with_ort_values(names, values, options), runs)
+
+
+def timed_call(call, runs: int) -> tuple[float, float]:
     for _ in range(max(3, runs // 5)):
-        session.run_with_ort_values(names, values, options)
+        call()
     wall, cpu = [], []
     for _ in range(runs):
         start, start_cpu = time.perf_counter(), time.process_time()
-        session.run_with_ort_values(names, values, options)
+        call()
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     return statistics.median(wall), statistics.median(cpu)
+
+
+def timed_in_place(session, feeds, aliases: dict[str, str], runs: int) -> tuple[float, float]:
+    """Like timed(), with each output in ``aliases`` bound to its input's buffer, as onnxruntime-genai
+    binds one KV pool as both past and present."""
+    binding = session.io_binding()
+    for name, value in feeds.items():
+        ort_value = single_op.to_ort_value(value)
+        binding.bind_ortvalue_input(name, ort_value)
+        if name in aliases:
+            binding.bind_ortvalue_output(aliases[name], ort_value)
+    for output in session.get_outputs():
+        if output.name not in aliases.values():
+            binding.bind_output(output.name)
+    return timed_call(lambda: session.run_with_iobinding(binding), runs)
 
 
 def bench_case(lengths, capacity, runs: int, threads: int):
@@ -67,6 +91,65 @@ def bench_case(lengths, capacity, runs: int, threads: int):
     return times["ours"], times["ort"]
 
 
+ATTENTION = dict(num_heads=8, kv_num_heads=2, head_size=256, block_size=16)
+ATTENTION_CASES = [  # name, lengths, past
+    ("decode B=8, 512 context", [1] * 8, [511] * 8),
+    ("verify 4 tokens, B=8, 512 context", [4] * 8, [508] * 8),
+    ("prefill 1x512", [512], [0]),
+]
+
+
+def dense_attention_model(batch, steps, total, hq, hkv, d):
+    """The non-paged export's attention math on a dense cache: q [B, Hkv, G, S, D], k/v [B, Hkv, 1, L, D],
+    bias [S, L] (0 or -inf, causal)."""
+    from onnx import TensorProto, helper
+
+    group, f = hq // hkv, TensorProto.FLOAT
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 2, 4, 3]),
+             helper.make_node("MatMul", ["q", "kt"], ["dot"]),
+             helper.make_node("Mul", ["dot", "scale"], ["scores"]),
+             helper.make_node("Add", ["scores", "bias"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+             helper.make_node("MatMul", ["probs", "v"], ["out"])]
+    graph = helper.make_graph(
+        nodes, "dense_attention",
+        [helper.make_tensor_value_info("q", f, [batch, hkv, group, steps, d]),
+         helper.make_tensor_value_info("k", f, [batch, hkv, 1, total, d]),
+         helper.make_tensor_value_info("v", f, [batch, hkv, 1, total, d]),
+         helper.make_tensor_value_info("bias", f, [steps, total])],
+        [helper.make_tensor_value_info("out", f, [batch, hkv, group, steps, d])],
+        [helper.make_tensor("scale", f, [], [d ** -0.5])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def bench_attention_case(lengths, past, runs: int, threads: int):
+    case = testing.random_paged_attention_case(np.random.default_rng(0), lengths, past, **ATTENTION)
+    hq, hkv, d, bs = (ATTENTION[k] for k in ("num_heads", "kv_num_heads", "head_size", "block_size"))
+    batch, steps, total = len(lengths), lengths[0], past[0] + lengths[0]
+    # The dense peer sees the same keys and values: the pool after this call's writes, gathered per request.
+    _, key_pool, value_pool = reference.paged_attention(case.feeds, **case.attributes)
+    positions = np.arange(total)
+    table = case.feeds["block_table"][:, positions // bs]  # [B, L]
+
+    def dense(pool):  # [B, L, Hkv, D] -> [B, Hkv, 1, L, D]
+        return pool[table, positions % bs].astype(np.float32).transpose(0, 2, 1, 3)[:, :, None]
+
+    q = case.feeds["query"].reshape(batch, steps, hkv, hq // hkv, d).transpose(0, 2, 3, 1, 4)
+    bias = np.where(positions[None, :] <= past[0] + np.arange(steps)[:, None], 0.0, -np.inf).astype(np.float32)
+    dense_feeds = dict(q=np.ascontiguousarray(q), k=dense(key_pool), v=dense(value_pool), bias=bias)
+
+    ours = single_op.make_session(single_op.single_op_model("PagedAttention", case.feeds, case.attributes),
+                                  intra_op_threads=threads)
+    peer = single_op.make_session(dense_attention_model(batch, steps, total, hq, hkv, d), with_library=False,
+                                  intra_op_threads=threads)
+    got = single_op.run_session(ours, case.feeds)["output"]
+    want = single_op.run_session(peer, dense_feeds)["out"].transpose(0, 3, 1, 2, 4).reshape(got.shape)
+    if not np.allclose(got, want, rtol=1e-4, atol=1e-5):
+        raise AssertionError(f"{lengths}: PagedAttention differs from dense attention by {np.abs(got - want).max():.3e}")
+    pools = {"key_cache": "key_cache_out", "value_cache": "value_cache_out"}
+    return timed_in_place(ours, case.feeds, pools, runs), timed_in_place(peer, dense_feeds, {}, runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
@@ -86,6 +169,14 @@ def main() -> None:
         mark = "met" if ratio >= goal else f"missed ({ratio / goal:.0%} of goal)"
         print(f"| {name} | {ours * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {ratio:.2f}x | {ours_cpu * 1e3:.3f} ms | "
               f"{theirs_cpu * 1e3:.3f} ms | {theirs_cpu / ours_cpu:.2f}x | >= {goal:.0f}x: {mark} |", flush=True)
+    print()
+    print("| PagedAttention case | ours (paged pool) | plain-ONNX dense attention | peer / ours | ours CPU | peer CPU "
+          "| CPU ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for name, lengths, past in ATTENTION_CASES:
+        (ours, ours_cpu), (theirs, theirs_cpu) = bench_attention_case(lengths, past, args.runs, args.threads)
+        print(f"| {name} | {ours * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {theirs / ours:.2f}x | {ours_cpu * 1e3:.3f} ms "
+              f"| {theirs_cpu * 1e3:.3f} ms | {theirs_cpu / ours_cpu:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

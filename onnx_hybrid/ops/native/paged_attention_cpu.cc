@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "cpu_kernels.h"
@@ -10,18 +11,27 @@
 namespace onnx_hybrid {
 namespace {
 
-// Pool rows of one block, as fp32 rows `stride` floats apart: the pool itself for fp32, else widened
-// into `scratch` (one conversion per block and KV head, shared by the G query heads of that KV head).
-const float* BlockRows(ElemType type, const void* pool, int64_t first_row, int64_t rows, int64_t row_stride,
-                       int64_t d, float* scratch, int64_t* stride) {
+// Query rows (tokens x query heads of one KV head) per work item: 16 fills two AVX2 vectors of the GEMM
+// tile; a verify step of 4 tokens at G = 4 is one tile.
+constexpr int64_t kRowsPerTile = 16;
+
+// `rows` pool rows starting at element `first` and `row_stride` elements apart, as fp32 rows `*stride`
+// floats apart: the pool itself for fp32, else widened into `scratch`.
+const float* PoolRows(ElemType type, const void* pool, int64_t first, int64_t rows, int64_t row_stride, int64_t d,
+                      float* scratch, int64_t* stride) {
   if (type == ElemType::kFloat) {
     *stride = row_stride;
-    return static_cast<const float*>(pool) + first_row;
+    return static_cast<const float*>(pool) + first;
   }
-  for (int64_t r = 0; r < rows; ++r) LoadAsFloat(type, pool, first_row + r * row_stride, d, scratch + r * d);
+  for (int64_t r = 0; r < rows; ++r) LoadAsFloat(type, pool, first + r * row_stride, d, scratch + r * d);
   *stride = d;
   return scratch;
 }
+
+struct Tile {
+  size_t request;
+  int64_t first, count;  // tokens [first, first + count) of the packed axis, all of one request
+};
 
 }  // namespace
 
@@ -34,59 +44,80 @@ void RunPagedAttentionCpu(const PagedAttentionGeometry& geo, const std::vector<P
   if (t.key_cache_out != t.key_cache) std::memcpy(t.key_cache_out, t.key_cache, pool_bytes);
   if (t.value_cache_out != t.value_cache) std::memcpy(t.value_cache_out, t.value_cache, pool_bytes);
 
-  // Slot of position pos of request b; PagedRows has checked every table entry this reaches.
-  auto slot = [&](size_t b, int64_t pos) { return int64_t(t.block_table[b * geo.max_num_blocks + pos / bs]) * bs + pos % bs; };
+  // Pool row of position pos of request b; PagedRows has checked every table entry this reaches.
+  auto slot = [&](size_t b, int64_t pos) {
+    return int64_t(t.block_table[b * geo.max_num_blocks + pos / bs]) * bs + pos % bs;
+  };
 
   // Every write precedes every read: a token attends to the keys of earlier tokens of the same call.
-  std::vector<int64_t> token_row(static_cast<size_t>(geo.num_tokens));
   const size_t row_bytes = static_cast<size_t>(kv_width) * elem;
   for (size_t b = 0; b < rows.size(); ++b) {
     for (int64_t j = 0; j < rows[b].length; ++j) {
       const int64_t tok = rows[b].start + j, at = slot(b, rows[b].past + j) * kv_width;
-      std::memcpy(static_cast<char*>(t.key_cache_out) + at * elem, static_cast<const char*>(t.key) + tok * row_bytes, row_bytes);
-      std::memcpy(static_cast<char*>(t.value_cache_out) + at * elem, static_cast<const char*>(t.value) + tok * row_bytes,
+      std::memcpy(static_cast<char*>(t.key_cache_out) + at * elem, static_cast<const char*>(t.key) + tok * row_bytes,
                   row_bytes);
-      token_row[tok] = static_cast<int64_t>(b);
+      std::memcpy(static_cast<char*>(t.value_cache_out) + at * elem,
+                  static_cast<const char*>(t.value) + tok * row_bytes, row_bytes);
     }
   }
 
-  const CpuKernels& kern = Kernels();
-  // One work item per (token, KV head): the G query heads that share a KV head read each block once.
-  parallel.Run(static_cast<size_t>(geo.num_tokens * hkv), [&](size_t item) {
-    const int64_t tok = static_cast<int64_t>(item) / hkv, g = static_cast<int64_t>(item) % hkv;
-    const size_t b = static_cast<size_t>(token_row[tok]);
-    const int64_t visible = rows[b].past + tok - rows[b].start + 1;
-    const int64_t head0 = tok * hq * d + g * g_size * d;  // the G query heads are contiguous
-    std::unique_ptr<float[]> work(new float[g_size * d * 2 + g_size * visible + bs * d]);
-    float* q = work.get();
-    float* acc = q + g_size * d;
-    float* probs = acc + g_size * d;  // [G, visible]
-    float* block_rows = probs + g_size * visible;
-    LoadAsFloat(t.type, t.query, head0, g_size * d, q);
+  // Work items: (tile of consecutive tokens of one request, KV head). The tile's tokens x G query heads are
+  // the M rows that read each key and value block once.
+  const int64_t tile_tokens = std::max<int64_t>(1, kRowsPerTile / g_size);
+  std::vector<Tile> tiles;
+  for (size_t b = 0; b < rows.size(); ++b)
+    for (int64_t j = 0; j < rows[b].length; j += tile_tokens)
+      tiles.push_back({b, rows[b].start + j, std::min(tile_tokens, rows[b].length - j)});
 
-    for (int64_t first = 0; first < visible; first += bs) {
-      const int64_t n = std::min(bs, visible - first);
-      int64_t stride = 0;
-      const float* keys = BlockRows(t.type, t.key_cache_out, slot(b, first) * kv_width + g * d, n, kv_width, d,
-                                    block_rows, &stride);
-      for (int64_t h = 0; h < g_size; ++h)
-        for (int64_t r = 0; r < n; ++r) probs[h * visible + first + r] = kern.dot(q + h * d, keys + r * stride, d) * geo.scale;
+  const CpuKernels& kern = Kernels();
+  parallel.Run(tiles.size() * static_cast<size_t>(hkv), [&](size_t item) {
+    const Tile& tile = tiles[item / static_cast<size_t>(hkv)];
+    const int64_t g = static_cast<int64_t>(item % static_cast<size_t>(hkv));
+    const size_t b = tile.request;
+    const int64_t m = tile.count * g_size;
+    const int64_t first_position = rows[b].past + tile.first - rows[b].start;
+    const int64_t span = first_position + tile.count;  // positions 0..span-1: all the tile's tokens see
+    std::unique_ptr<float[]> work(new float[3 * m * d + 2 * m * span + bs * d]);
+    float* q = work.get();                  // [M, D], row = token * G + head
+    float* q_t = q + m * d;                 // [D, M]
+    float* acc = q_t + m * d;               // [M, D]
+    float* scores_t = acc + m * d;          // [span, M]
+    float* probs = scores_t + span * m;     // [M, span]
+    float* pool_rows = probs + m * span;    // [bs, D] widened pool rows (fp16/bf16)
+
+    // The G query heads of KV head g are contiguous in a query row.
+    for (int64_t i = 0; i < tile.count; ++i)
+      LoadAsFloat(t.type, t.query, (tile.first + i) * hq * d + g * g_size * d, g_size * d, q + i * g_size * d);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < d; ++c) q_t[c * m + r] = q[r * d + c];
+
+    // scores^T[position, row] = K[position] . q[row]: the pool's key rows are the GEMM's A operand as they lie.
+    int64_t stride = 0;
+    for (int64_t first = 0; first < span; first += bs) {
+      const int64_t n = std::min(bs, span - first);
+      const float* keys = PoolRows(t.type, t.key_cache_out, slot(b, first) * kv_width + g * d, n, kv_width, d,
+                                   pool_rows, &stride);
+      kern.gemm(n, m, d, keys, stride, q_t, m, scores_t + first * m, m, /*accumulate=*/false);
     }
-    for (int64_t h = 0; h < g_size; ++h) {
-      float* p = probs + h * visible;
-      const float top = *std::max_element(p, p + visible);
+    // Softmax of row r over its causal span in fp32; positions it must not see get probability 0.
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t visible = first_position + r / g_size + 1;
+      float* p = probs + r * span;
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < visible; ++i) top = std::max(top, p[i] = scores_t[i * m + r] * geo.scale);
       float sum = 0.0f;
       for (int64_t i = 0; i < visible; ++i) sum += (p[i] = std::exp(p[i] - top));
       kern.scale(p, 1.0f / sum, p, visible);
+      std::fill(p + visible, p + span, 0.0f);
     }
-    for (int64_t first = 0; first < visible; first += bs) {
-      const int64_t n = std::min(bs, visible - first);
-      int64_t stride = 0;
-      const float* values = BlockRows(t.type, t.value_cache_out, slot(b, first) * kv_width + g * d, n, kv_width, d,
-                                      block_rows, &stride);
-      kern.gemm(g_size, d, n, probs + first, visible, values, stride, acc, d, /*accumulate=*/first > 0);
+    for (int64_t first = 0; first < span; first += bs) {
+      const int64_t n = std::min(bs, span - first);
+      const float* values = PoolRows(t.type, t.value_cache_out, slot(b, first) * kv_width + g * d, n, kv_width, d,
+                                     pool_rows, &stride);
+      kern.gemm(m, d, n, probs + first, span, values, stride, acc, d, /*accumulate=*/first > 0);
     }
-    StoreFromFloat(t.type, acc, g_size * d, t.output, head0);
+    for (int64_t i = 0; i < tile.count; ++i)
+      StoreFromFloat(t.type, acc + i * g_size * d, g_size * d, t.output, (tile.first + i) * hq * d + g * g_size * d);
   });
 }
 
