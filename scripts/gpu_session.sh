@@ -1,6 +1,7 @@
 #!/bin/bash
 # One device-machine session: install carried wheels (FLA), GPU tests, compute-sanitizer on malformed
-# offsets, benchmark. Logs go to $OUT (device tool) or ./out.
+# offsets, benchmark. Logs go to $OUT (device tool) or ./out. STEPS picks steps (test,sanitize,bench);
+# BENCH_ARGS is passed to scripts/bench_gpu.py through the shell (quote case names with spaces).
 set -o pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -12,5 +13,5 @@ nvidia-smi -L
 STEPS=${STEPS:-test,sanitize,bench}
 [[ $STEPS == *test* ]] && timeout 300 python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda_ops_gpu.py 2>&1 | tee "$OUT/pytest.log" | tail -40
 [[ $STEPS == *sanitize* ]] && timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/gpu_check.py 2>&1 | tee "$OUT/sanitizer.log" | tail -8
-[[ $STEPS == *bench* ]] && timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench_gpu.py ${BENCH_ARGS} 2>&1 | tee "$OUT/bench.log"
+[[ $STEPS == *bench* ]] && eval "timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench_gpu.py ${BENCH_ARGS}" 2>&1 | tee "$OUT/bench.log"
 exit 0
