@@ -80,6 +80,15 @@ def test_plan_engine_selection():
     assert _kernels(_geo([4096]), engine="recurrent") == [("gdn_recurrent_f16_k128_r4", 0)]
 
 
+def test_plan_falls_back_for_misaligned_inputs():
+    aligned = plan.GdnParams(q=4096, k=8192, v=12288, state_in=16384, state_out=20480)
+    shifted = plan.GdnParams(q=4096, k=8192, v=12288, state_in=16388, state_out=20480)  # a view 4 bytes in
+    assert plan.gdn_plan(_geo([4096]), "float16", aligned, arch=90, smem_optin=H100_SMEM)[0].kernel == \
+        "gdn_chunked_f16_d128"
+    assert [ln.kernel for ln in plan.gdn_plan(_geo([4096]), "float16", shifted, arch=90, smem_optin=H100_SMEM)] \
+        == ["gdn_recurrent_f16_k128_r4"]
+
+
 def test_plan_rejects_what_no_kernel_serves():
     with pytest.raises(plan.PlanError, match="no supported plan"):
         _kernels(_geo([4], dk=640, dv=8))

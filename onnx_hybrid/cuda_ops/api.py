@@ -30,6 +30,12 @@ def _tensors(op: contract.OpSpec, feeds: Mapping[str, Any], host: tuple[str, ...
             for p in op.inputs}
 
 
+def _check_device(op: str, tensors: Mapping[str, DeviceTensor | None], device: int) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.device != device:
+            raise ValueError(f"{op}: {name} is on device {t.device}, the other inputs on device {device}")
+
+
 def _check_type(op: str, name: str, t: DeviceTensor | None, expected: tuple[str, ...]) -> None:
     if t is not None and t.dtype not in expected:
         raise TypeError(f"{op}: {name} must be {' or '.join(expected)}, got {t.dtype}")
@@ -90,6 +96,7 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
     for name in _INT_INPUTS:
         _check_type(op, name, t[name], ("int32",))
     device = q.device
+    _check_device(op, t, device)
 
     outputs = dict(outputs or {})
     out_arr, out_t = _output(outputs, "output", geo.output_shape, q.dtype, device, op)
@@ -143,6 +150,7 @@ def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] |
         _check_type(op, name, t[name], ("int32",))
     outputs = dict(outputs or {})
     device = x.device
+    _check_device(op, t, device)
     out_arr, out_t = _output(outputs, "output", (geo.total_tokens, geo.channels), x.dtype, device, op)
     st_arr, st_t = _output(outputs, "final_state", (geo.batch, geo.channels, geo.state_length), x.dtype, device, op)
     cap_arr, cap_t = _output(outputs, "state_update", contract.conv_capsule_shape(geo.batch, geo.capacity,

@@ -101,12 +101,21 @@ class PlanError(ValueError):
     """No kernel can serve the shape (the CUDA analogue of ORT's 'no supported plan')."""
 
 
-def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int) -> bool:
+def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int, aligned: bool = True) -> bool:
     """Shapes and devices the tensor-core chunked kernel serves (like ORT: Dk = Dv = 128, scalar decay,
     SM >= 80, and the device's opt-in shared memory per block holds CHUNK_SMEM_BYTES: sm_80 and sm_90 do,
-    the 99 KB parts (sm_86, sm_89, sm_120) do not)."""
+    the 99 KB parts (sm_86, sm_89, sm_120) do not). ``aligned``: q/k/v start on 8-byte and the states on
+    16-byte boundaries (the kernel's vector loads; see ``chunked_aligned``)."""
     return (dtype in ("float16", "bfloat16") and geo.head_size_k == CHUNK_D and geo.head_size_v == CHUNK_D
-            and not geo.per_key_decay and arch >= 80 and smem_optin >= CHUNK_SMEM_BYTES)
+            and not geo.per_key_decay and arch >= 80 and smem_optin >= CHUNK_SMEM_BYTES and aligned)
+
+
+def chunked_aligned(params: GdnParams) -> bool:
+    """The chunked kernel's vector accesses: 8-byte q/k, 4-byte v and output pairs, 16-byte state rows."""
+    def ok(ptr, n):
+        return ptr is None or ptr % n == 0
+    return (ok(params.q, 8) and ok(params.k, 8) and ok(params.v, 4) and ok(params.out, 4)
+            and ok(params.state_in, 16) and ok(params.state_out, 16))
 
 
 def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem_optin: int, engine: str = "auto",
@@ -126,12 +135,12 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
     if kmax is None:
         raise PlanError(f"GatedDeltaNet: no supported plan (head_size_qk {geo.head_size_k} > "
                         f"{REC_KEY_SIZES[-1]})")
-    chunked = chunked_supported(geo, dtype, arch, smem_optin)
+    chunked = chunked_supported(geo, dtype, arch, smem_optin, chunked_aligned(params))
     if engine == "chunked" and not chunked:
         raise PlanError(f"GatedDeltaNet: the chunked engine needs float16/bfloat16, head sizes 128/128, "
                         f"scalar decay and sm_80+; got {dtype}, {geo.head_size_k}/{geo.head_size_v}, "
                         f"per-key decay {geo.per_key_decay}, sm_{arch} with {smem_optin} B of opt-in shared "
-                        f"memory (needs {CHUNK_SMEM_BYTES})")
+                        f"memory (needs {CHUNK_SMEM_BYTES}), aligned inputs {chunked_aligned(params)}")
     use_chunked = chunked and (engine == "chunked" or
                                (engine == "auto" and geo.total_tokens >= SEQUENTIAL_MIN_TOKENS * geo.batch))
     launches = []
