@@ -142,3 +142,22 @@ def test_head_ratio_rejected_by_the_node_builder_and_at_session_creation():
         make_session(model)
     with pytest.raises(Exception, match="PagedAttention: num_heads must be a positive int32, got 0"):
         make_session(single_op_model(OP, case.feeds, dict(kv_num_heads=2), validate=False))
+
+
+@pytest.mark.parametrize("num_heads, kv_num_heads", [(4, 2), (8, 1)])
+def test_a_token_gets_the_same_bits_whatever_the_call_holds(num_heads, kv_num_heads):
+    """A verify step's rows equal one-token calls bit for bit (the tiles differ, the arithmetic per score and
+    per output element does not), so speculative decoding reproduces plain decoding exactly."""
+    case = random_paged_attention_case(np.random.default_rng(11), [7, 2], [21, 40], num_heads=num_heads,
+                                       kv_num_heads=kv_num_heads, head_size=48)
+    full = run_single_op(OP, case.feeds, case.attributes)
+    starts = case.feeds["cumulative_sequence_lengths"]
+    for b, past in enumerate(case.feeds["past_sequence_lengths"]):
+        for j in range(starts[b], starts[b + 1]):
+            token = {name: case.feeds[name][j:j + 1] for name in ("query", "key", "value")}
+            single = run_single_op(OP, dict(case.feeds, **token, key_cache=full["key_cache_out"],
+                                            value_cache=full["value_cache_out"],
+                                            cumulative_sequence_lengths=np.array([0, 1], np.int32),
+                                            past_sequence_lengths=np.array([past + j - starts[b]], np.int32),
+                                            block_table=case.feeds["block_table"][b:b + 1]), case.attributes)
+            np.testing.assert_array_equal(single["output"], full["output"][j:j + 1], err_msg=f"token {j}")

@@ -14,8 +14,6 @@ namespace {
 // Query rows (tokens x query heads of one KV head) per work item: 16 fills two AVX2 vectors of the GEMM
 // tile; a verify step of 4 tokens at G = 4 is one tile.
 constexpr int64_t kRowsPerTile = 16;
-// Below this many rows the scores come from dot products: the GEMM tile would leave most lanes idle.
-constexpr int64_t kGemmScoreRows = 8;
 
 // `rows` pool rows starting at element `first` and `row_stride` elements apart, as fp32 rows `*stride`
 // floats apart: the pool itself for fp32, else widened into `scratch`.
@@ -90,23 +88,20 @@ void RunPagedAttentionCpu(const PagedAttentionGeometry& geo, const std::vector<P
     // The G query heads of KV head g are contiguous in a query row.
     for (int64_t i = 0; i < tile.count; ++i)
       LoadAsFloat(t.type, t.query, (tile.first + i) * hq * d + g * g_size * d, g_size * d, q + i * g_size * d);
-    const bool gemm_scores = m >= kGemmScoreRows;
-    if (gemm_scores)
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t c = 0; c < d; ++c) q_t[c * m + r] = q[r * d + c];
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < d; ++c) q_t[c * m + r] = q[r * d + c];
 
     // scores^T[position, row] = K[position] . q[row]: the pool's key rows are the GEMM's A operand as they lie.
+    // Every score, and every output element of the PV product below, is one FMA chain in a fixed order
+    // whatever M is, so a token gets the same bits in a verify step as in a one-token step: speculative
+    // decoding then reproduces plain decoding exactly (test_replay_agreement.py checks it). Scoring small
+    // tiles with dot products instead would be faster for decode but would break that.
     int64_t stride = 0;
     for (int64_t first = 0; first < span; first += bs) {
       const int64_t n = std::min(bs, span - first);
       const float* keys = PoolRows(t.type, t.key_cache_out, slot(b, first) * kv_width + g * d, n, kv_width, d,
                                    pool_rows, &stride);
-      if (gemm_scores) {
-        kern.gemm(n, m, d, keys, stride, q_t, m, scores_t + first * m, m, /*accumulate=*/false);
-        continue;
-      }
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t r = 0; r < m; ++r) scores_t[(first + i) * m + r] = kern.dot(keys + i * stride, q + r * d, d);
+      kern.gemm(n, m, d, keys, stride, q_t, m, scores_t + first * m, m, /*accumulate=*/false);
     }
     // Softmax of row r over its causal span in fp32; positions it must not see get probability 0.
     for (int64_t r = 0; r < m; ++r) {
