@@ -82,5 +82,4 @@ def test_zeroed_capsules_diverge(packages, reference_tokens, tmp_path):
     run = run_engine(tampered, PROMPTS, NEW_TOKENS, drafts_from=reference_tokens)
     assert run.stats["partial_accept_rounds"] > 0
     diverged = [got != want for got, want in zip(run.tokens, reference_tokens)]
-    # The 1-token prompt settles on a repeated token that a zero state still predicts; the others diverge.
-    assert sum(diverged) >= len(PROMPTS) - 1, diverged
+    assert all(diverged), diverged  # measured: first at generated tokens 8, 8, 6 and 8
