@@ -1,9 +1,9 @@
-// Shared device helpers and the parameter structs of every kernel in this image.
-// The structs are passed by value; onnx_hybrid/cuda_ops/plan.py mirrors them field for field (ctypes),
-// and so must the C++ launcher of the custom-op library.
+// Shared device helpers of every kernel in this image; the parameter structs are in params.cuh.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+
+#include "params.cuh"
 
 namespace ohk {
 
@@ -38,43 +38,6 @@ __device__ __forceinline__ RowSpan row_span(const int* cu, int uniform_len, int 
 
 }  // namespace ohk
 
-// GatedDeltaNet: one struct for the recurrent, chunked and tail-pass kernels.
-struct GdnParams {
-  const void* q;              // first element of head 0 of token 0 (packed QKV: row base + section offset)
-  const void* k;
-  const void* v;
-  const int* cu_seqlens;      // [B+1] or null (uniform packing: uniform_len tokens per row)
-  const float* decay;         // [T, Hv] or [T, Hv, Dk]; null without decay
-  const float* beta;          // [T, Hv]; null without delta retrieval
-  const float* state_in;      // [B, Hv, Dv, Dk] or null (zeros)
-  const float* a_log;         // [Hv] (qwen gate)
-  const float* dt_bias;       // [Hv] (qwen gate)
-  const int* capture_count;   // [B] (capacity > 0)
-  void* out;                  // [T, Hv, Dv] in the activation type
-  float* state_out;           // [B, Hv, Dv, Dk] or null; may alias state_in
-  float* capsule;             // [B, capacity * (Hv + Hk*Dk + Hv*Dv)] or null
-  long long q_stride;         // elements between consecutive tokens
-  long long k_stride;
-  long long v_stride;
-  int batch;
-  int total_tokens;
-  int uniform_len;
-  int hk;
-  int hv;
-  int dk;
-  int dv;
-  int has_decay;
-  int has_delta;
-  int gate_qwen;
-  int beta_sigmoid;
-  int l2norm;
-  int decay_per_key;
-  int capacity;
-  int capture_active;         // state_update_active (host value) and capacity > 0
-  int tail_only;              // recurrent kernel: serve only rows the chunked kernel skips
-  int row_groups;             // recurrent kernel: row groups per warp (>= 1)
-  float scale;
-};
 
 // Rows the chunked engine leaves to the sequential one (spec/ops.md §2.8 rules 1 and 2), decided on the device.
 #define OHK_SEQUENTIAL_MIN_TOKENS 32
@@ -106,46 +69,3 @@ __device__ __forceinline__ size_t gdn_capsule_delta(const GdnParams& p) {
   return (size_t)p.capacity * (p.hv + (size_t)p.hk * p.dk);
 }
 
-struct ConvParams {
-  const void* x;              // [T, Ch]
-  const void* weight;         // [Ch, 1, K]
-  const void* bias;           // [Ch] or null
-  const void* state_in;       // [B, Ch, SL]
-  const int* cu_seqlens;      // [B+1]
-  const int* capture_count;   // [B] or null
-  void* out;                  // [T, Ch]
-  void* state_out;            // [B, Ch, SL]; may alias state_in
-  void* capsule;              // [B, capacity, Ch] or null
-  int batch;
-  int total_tokens;
-  int channels;
-  int kernel_size;
-  int dilation;
-  int state_len;
-  int capacity;
-  int silu;
-};
-
-struct GdnReplayParams {
-  const float* state_in;      // [B, Hv, Dv, Dk] committed state
-  float* state_out;           // may alias state_in
-  const float* capsule;       // [B, W]
-  const int* accepted;        // [B] transitions to replay, clamped to [0, capacity]
-  int batch;
-  int hk;
-  int hv;
-  int dk;
-  int dv;
-  int capacity;
-};
-
-struct ConvReplayParams {
-  const void* state_in;       // [B, Ch, SL]
-  void* state_out;            // may alias state_in
-  const void* capsule;        // [B, capacity, Ch]
-  const int* accepted;        // [B], clamped to [0, capacity]
-  int batch;
-  int channels;
-  int state_len;
-  int capacity;
-};

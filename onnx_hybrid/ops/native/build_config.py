@@ -17,6 +17,8 @@ ROOT = NATIVE.parent.parent.parent
 ORT_API_VERSION = 21
 HEADER_CACHE = ROOT / "build" / "ort-headers"
 GENERATED = ROOT / "build" / "generated"
+# The CUDA kernels' parameter structs (params.cuh) are compiled by NVRTC and by the library's launcher.
+CUDA_KERNELS = NATIVE.parent.parent / "cuda_ops" / "kernels"
 
 # spec/native_library.md §4: no FMA contraction (the recurrence's rounding is part of the contract), no
 # fast-math, hidden symbols; AVX-512 code is confined to one file by a target pragma.
@@ -52,8 +54,9 @@ def ort_include_dir() -> pathlib.Path:
 
 
 def include_dirs() -> list[str]:
-    """Fetch the ORT headers if needed, generate the contract header, and return the include path."""
+    """Fetch the ORT headers if needed, generate the contract and CUDA plan headers, return the include path."""
     include = ort_include_dir()
-    subprocess.run([sys.executable, str(NATIVE / "gen_contract_header.py"), str(GENERATED / "contract_generated.h")],
-                   check=True)
-    return [str(include), str(GENERATED), str(NATIVE)]
+    for script, header in (("gen_contract_header.py", "contract_generated.h"),
+                           ("gen_cuda_plan_header.py", "cuda_plan_generated.h")):
+        subprocess.run([sys.executable, str(NATIVE / script), str(GENERATED / header)], check=True)
+    return [str(include), str(GENERATED), str(NATIVE), str(CUDA_KERNELS)]

@@ -2,7 +2,10 @@
 // and validate inputs and call the engines, registration, and the ctypes control ABI.
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -12,9 +15,13 @@
 
 #include "conv_cpu.h"
 #include "cpu_kernels.h"
+#include "cuda_driver.h"
+#include "cuda_kernels.h"
+#include "cuda_plan.h"
 #include "gdn_cpu.h"
 #include "paged_attention_cpu.h"
 #include "ort_api.h"
+#include "ort_glue.h"
 
 #define ONNX_HYBRID_STR_(x) #x
 #define ONNX_HYBRID_STR(x) ONNX_HYBRID_STR_(x)
@@ -49,98 +56,6 @@ std::string& LastError() {
 bool EnvFlag(const char* name) {
   const char* v = std::getenv(name);
   return v && *v && std::strcmp(v, "0") != 0;
-}
-
-// Every error of an op starts with the op's name; contract errors already carry it.
-OrtStatusPtr ToStatus(const std::exception& e, const char* op) {
-  if (dynamic_cast<const ContractError*>(&e)) return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, e.what());
-  OrtErrorCode code = ORT_FAIL;
-  if (auto* ort = dynamic_cast<const Ort::Exception*>(&e)) code = ort->GetOrtErrorCode();
-  return Ort::GetApi().CreateStatus(code, (std::string(op) + ": " + e.what()).c_str());
-}
-
-ONNXTensorElementDataType OnnxType(ElemType t) {
-  switch (t) {
-    case ElemType::kFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-    case ElemType::kBFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
-    default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
-}
-
-ONNXTensorElementDataType PortElementType(contract::PortType port, ElemType activation) {
-  switch (port) {
-    case contract::PortType::kActivation: return OnnxType(activation);
-    case contract::PortType::kFloat: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
-  }
-}
-
-// Attribute readers: an absent attribute takes the contract's default.
-std::string StringAttribute(const OrtKernelInfo* info, const char* name, const char* fallback) {
-  const OrtApi& api = Ort::GetApi();
-  size_t size = 0;
-  if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) {
-    api.ReleaseStatus(st);
-    return fallback;
-  }
-  std::string value(size, '\0');
-  Ort::ThrowOnError(api.KernelInfoGetAttribute_string(info, name, value.data(), &size));
-  value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
-  return value;
-}
-
-int64_t IntAttribute(const OrtKernelInfo* info, const char* name, int64_t fallback) {
-  int64_t value = fallback;
-  if (OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &value)) {
-    Ort::GetApi().ReleaseStatus(st);
-    return fallback;
-  }
-  return value;
-}
-
-float FloatAttribute(const OrtKernelInfo* info, const char* name, float fallback) {
-  float value = fallback;
-  if (OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_float(info, name, &value)) {
-    Ort::GetApi().ReleaseStatus(st);
-    return fallback;
-  }
-  return value;
-}
-
-// The inputs of one Compute call: present flag, shape and host pointer by index. Trailing omitted
-// inputs are not counted by ORT; omitted inputs in the middle come back as null values.
-template <int N>
-struct Inputs : InputShapes<N> {
-  const void* data[N] = {};
-
-  explicit Inputs(OrtKernelContext* context) {
-    const OrtApi& api = Ort::GetApi();
-    size_t count = 0;
-    Ort::ThrowOnError(api.KernelContext_GetInputCount(context, &count));
-    for (size_t i = 0; i < count && i < size_t(N); ++i) {
-      const OrtValue* value = nullptr;
-      Ort::ThrowOnError(api.KernelContext_GetInput(context, i, &value));
-      if (!value) continue;
-      Ort::ConstValue v(value);
-      this->present[i] = true;
-      this->shape[i] = v.GetTensorTypeAndShapeInfo().GetShape();
-      data[i] = v.GetTensorRawData();
-    }
-  }
-};
-
-// Output `index` with `shape`, or null when the node omits it.
-void* Output(OrtKernelContext* context, size_t index, const Shape& shape) {
-  const OrtApi& api = Ort::GetApi();
-  size_t count = 0;
-  Ort::ThrowOnError(api.KernelContext_GetOutputCount(context, &count));
-  if (index >= count) return nullptr;
-  OrtValue* value = nullptr;
-  Ort::ThrowOnError(api.KernelContext_GetOutput(context, index, shape.data(), shape.size(), &value));
-  if (!value) return nullptr;
-  void* data = nullptr;
-  Ort::ThrowOnError(api.GetTensorMutableData(value, &data));
-  return data;
 }
 
 // ORT's intra-op thread pool. Exceptions stay on the worker and are rethrown on the calling thread.
@@ -182,16 +97,7 @@ class OrtParallelFor : public ParallelFor {
 
 class GdnCpuKernel {
  public:
-  GdnCpuKernel(const OrtKernelInfo* info, ElemType type) : type_(type) {
-    namespace g = contract::gdn;
-    attrs_ = MakeGdnAttributes(StringAttribute(info, g::kAttrUpdateRule, g::kDefaultUpdateRule),
-                               FloatAttribute(info, g::kAttrScale, g::kDefaultScale),
-                               StringAttribute(info, g::kAttrGateActivation, g::kDefaultGateActivation),
-                               StringAttribute(info, g::kAttrBetaActivation, g::kDefaultBetaActivation),
-                               IntAttribute(info, g::kAttrQkL2Norm, g::kDefaultQkL2Norm),
-                               IntAttribute(info, g::kAttrChunkSize, g::kDefaultChunkSize),
-                               IntAttribute(info, g::kAttrStateUpdateCapacity, g::kDefaultStateUpdateCapacity));
-  }
+  GdnCpuKernel(const OrtKernelInfo* info, ElemType type) : type_(type), attrs_(ReadGdnAttributes(info)) {}
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     namespace g = contract::gdn;
@@ -231,12 +137,7 @@ class GdnCpuKernel {
 
 class ConvCpuKernel {
  public:
-  ConvCpuKernel(const OrtKernelInfo* info, ElemType type) : type_(type) {
-    namespace cv = contract::conv;
-    attrs_ = MakeConvAttributes(StringAttribute(info, cv::kAttrActivation, cv::kDefaultActivation),
-                                IntAttribute(info, cv::kAttrDilation, cv::kDefaultDilation),
-                                IntAttribute(info, cv::kAttrStateUpdateCapacity, cv::kDefaultStateUpdateCapacity));
-  }
+  ConvCpuKernel(const OrtKernelInfo* info, ElemType type) : type_(type), attrs_(ReadConvAttributes(info)) {}
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     namespace cv = contract::conv;
@@ -308,11 +209,11 @@ class PagedAttentionCpuKernel {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Op declarations: the ports come from the contract; one object per (op, element type).
+// Op declarations: the ports come from the contract; one object per (op, execution provider, element
+// type), all objects of an op under one name (spec/native_library.md §5.2).
 // ---------------------------------------------------------------------------------------------
 
 struct GdnSpec {
-  using Kernel = GdnCpuKernel;
   static constexpr const char* kName = contract::gdn::kName;
   static constexpr const auto& kInputs = contract::gdn::kInputPorts;
   static constexpr const auto& kOutputs = contract::gdn::kOutputPorts;
@@ -320,7 +221,6 @@ struct GdnSpec {
 };
 
 struct ConvSpec {
-  using Kernel = ConvCpuKernel;
   static constexpr const char* kName = contract::conv::kName;
   static constexpr const auto& kInputs = contract::conv::kInputPorts;
   static constexpr const auto& kOutputs = contract::conv::kOutputPorts;
@@ -328,16 +228,15 @@ struct ConvSpec {
 };
 
 struct PagedAttentionSpec {
-  using Kernel = PagedAttentionCpuKernel;
   static constexpr const char* kName = contract::paged::kName;
   static constexpr const auto& kInputs = contract::paged::kInputPorts;
   static constexpr const auto& kOutputs = contract::paged::kOutputPorts;
   static constexpr const auto& kInplace = contract::paged::kInplace;
 };
 
-template <class Spec>
-struct CpuOp : Ort::CustomOpBase<CpuOp<Spec>, typename Spec::Kernel, /*WithStatus=*/true> {
-  explicit CpuOp(ElemType type) : type_(type) {
+template <class Spec, class Kernel, const char* kProvider>
+struct KernelOp : Ort::CustomOpBase<KernelOp<Spec, Kernel, kProvider>, Kernel, /*WithStatus=*/true> {
+  explicit KernelOp(ElemType type) : type_(type) {
     OrtCustomOp::GetMayInplace = [](int** inputs, int** outputs) -> size_t {
       constexpr size_t n = sizeof(Spec::kInplace) / sizeof(Spec::kInplace[0]);
       *inputs = static_cast<int*>(std::malloc(sizeof(int) * n));
@@ -355,7 +254,7 @@ struct CpuOp : Ort::CustomOpBase<CpuOp<Spec>, typename Spec::Kernel, /*WithStatu
   }
 
   const char* GetName() const { return Spec::kName; }
-  const char* GetExecutionProviderType() const { return kCpuProvider; }
+  const char* GetExecutionProviderType() const { return kProvider; }
   size_t GetInputTypeCount() const { return std::size(Spec::kInputs); }
   size_t GetOutputTypeCount() const { return std::size(Spec::kOutputs); }
   ONNXTensorElementDataType GetInputType(size_t i) const { return PortElementType(Spec::kInputs[i].type, type_); }
@@ -366,13 +265,14 @@ struct CpuOp : Ort::CustomOpBase<CpuOp<Spec>, typename Spec::Kernel, /*WithStatu
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
     return Spec::kOutputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
+  // Host-memory ports (GDN's state_update_active) arrive as host pointers on every EP.
   OrtMemType GetInputMemoryType(size_t i) const {
     return Spec::kInputs[i].host_memory ? OrtMemTypeCPUInput : OrtMemTypeDefault;
   }
 
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     try {
-      *kernel = new typename Spec::Kernel(info, type_);
+      *kernel = new Kernel(info, type_);
       return nullptr;
     } catch (const std::exception& e) {
       return ToStatus(e, Spec::kName);
@@ -383,26 +283,28 @@ struct CpuOp : Ort::CustomOpBase<CpuOp<Spec>, typename Spec::Kernel, /*WithStatu
   ElemType type_;
 };
 
-constexpr ElemType kCpuTypes[] = {ElemType::kFloat, ElemType::kFloat16, ElemType::kBFloat16};
+constexpr ElemType kTypes[] = {ElemType::kFloat, ElemType::kFloat16, ElemType::kBFloat16};
 
 // Op objects and domains live until the process ends (ORT keeps the library loaded), so they are
-// allocated once and never freed. PagedAttention is only in our domain: its I/O is a subset of
+// allocated once and never freed. A CUDA variant in a CPU-only ORT is never chosen, so registering it
+// there is harmless. PagedAttention is CPU-only and only in our domain: its I/O is a subset of
 // com.microsoft::PagedAttention's, so it must not shadow ORT's CUDA kernel under that name.
 struct Registry {
-  std::vector<std::unique_ptr<CpuOp<GdnSpec>>> gdn;
-  std::vector<std::unique_ptr<CpuOp<ConvSpec>>> conv;
-  std::vector<std::unique_ptr<CpuOp<PagedAttentionSpec>>> paged;
+  std::vector<OrtCustomOp*> state_ops;  // GatedDeltaNet and VarlenCausalConvWithState, CPU and CUDA
+  std::vector<OrtCustomOp*> paged;
   OrtCustomOpDomain* hybrid = nullptr;
   OrtCustomOpDomain* microsoft = nullptr;
 
   Registry() {
-    for (ElemType t : kCpuTypes) {
-      gdn.emplace_back(new CpuOp<GdnSpec>(t));
-      conv.emplace_back(new CpuOp<ConvSpec>(t));
-      paged.emplace_back(new CpuOp<PagedAttentionSpec>(t));
+    for (ElemType t : kTypes) {
+      state_ops.push_back(new KernelOp<GdnSpec, GdnCpuKernel, kCpuProvider>(t));
+      state_ops.push_back(new KernelOp<GdnSpec, GdnCudaKernel, kCudaProvider>(t));
+      state_ops.push_back(new KernelOp<ConvSpec, ConvCpuKernel, kCpuProvider>(t));
+      state_ops.push_back(new KernelOp<ConvSpec, ConvCudaKernel, kCudaProvider>(t));
+      paged.push_back(new KernelOp<PagedAttentionSpec, PagedAttentionCpuKernel, kCpuProvider>(t));
     }
     hybrid = MakeDomain(contract::kDomain);
-    for (auto& op : paged) Ort::ThrowOnError(Ort::GetApi().CustomOpDomain_Add(hybrid, op.get()));
+    for (OrtCustomOp* op : paged) Ort::ThrowOnError(Ort::GetApi().CustomOpDomain_Add(hybrid, op));
     microsoft = MakeDomain(contract::kMsDomain);
   }
 
@@ -411,8 +313,7 @@ struct Registry {
     const OrtApi& api = Ort::GetApi();
     OrtCustomOpDomain* domain = nullptr;
     Ort::ThrowOnError(api.CreateCustomOpDomain(name, &domain));
-    for (auto& op : gdn) Ort::ThrowOnError(api.CustomOpDomain_Add(domain, op.get()));
-    for (auto& op : conv) Ort::ThrowOnError(api.CustomOpDomain_Add(domain, op.get()));
+    for (OrtCustomOp* op : state_ops) Ort::ThrowOnError(api.CustomOpDomain_Add(domain, op));
     return domain;
   }
 };
@@ -460,8 +361,14 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_set_option(const char* key, const char* value
                                                                                : EngineChoice::kChunked);
     return 0;
   }
+  if (k == "cuda_gdn_engine" && (v == "auto" || v == "chunked" || v == "recurrent")) {
+    SetGdnCudaEngine(v == "auto" ? GdnCudaEngine::kAuto : v == "chunked" ? GdnCudaEngine::kChunked
+                                                                          : GdnCudaEngine::kRecurrent);
+    return 0;
+  }
   LastError() = "onnx_hybrid_set_option: unknown key or value: '" + k + "' = '" + v +
-                 "'; known: register_com_microsoft = 0|1, cpu_engine = auto|sequential|chunked";
+                 "'; known: register_com_microsoft = 0|1, cpu_engine = auto|sequential|chunked, "
+                 "cuda_gdn_engine = auto|chunked|recurrent";
   return -1;
 }
 
@@ -469,3 +376,115 @@ ONNX_HYBRID_EXPORT const char* onnx_hybrid_last_error(void) { return LastError()
 
 // Which variant of the CPU building blocks this process runs ("avx512", "avx2" or "generic").
 ONNX_HYBRID_EXPORT const char* onnx_hybrid_cpu_isa(void) { return Kernels().name; }
+
+// The CUDA kernels' image (cubin or PTX) for compute capability cc_major.cc_minor; the bytes are copied.
+// Returns 0, or -1 (empty image, or a different image already set for that capability) with the reason
+// in onnx_hybrid_last_error().
+ONNX_HYBRID_EXPORT int onnx_hybrid_set_cuda_image(int cc_major, int cc_minor, const void* data, size_t size) {
+  std::string error;
+  if (cuda::SetImage(cc_major, cc_minor, data, size, &error)) return 0;
+  LastError() = error;
+  return -1;
+}
+
+namespace {
+
+// Copies `text` (NUL-terminated, truncated to `size`) and returns the length it needs, as snprintf does.
+int WriteText(const std::string& text, char* out, size_t size) {
+  if (out && size > 0) {
+    const size_t n = std::min(text.size(), size - 1);
+    std::memcpy(out, text.data(), n);
+    out[n] = '\0';
+  }
+  return static_cast<int>(text.size());
+}
+
+#define ONNX_HYBRID_FIELD(S, f) (std::string(" ") + #f + "=" + std::to_string(offsetof(S, f)))
+
+std::string StructLayout(const std::string& name) {
+  if (name == "GdnParams") {
+    using S = GdnParams;
+    return "size=" + std::to_string(sizeof(S)) + ONNX_HYBRID_FIELD(S, q) + ONNX_HYBRID_FIELD(S, k) +
+           ONNX_HYBRID_FIELD(S, v) + ONNX_HYBRID_FIELD(S, cu_seqlens) + ONNX_HYBRID_FIELD(S, decay) +
+           ONNX_HYBRID_FIELD(S, beta) + ONNX_HYBRID_FIELD(S, state_in) + ONNX_HYBRID_FIELD(S, a_log) +
+           ONNX_HYBRID_FIELD(S, dt_bias) + ONNX_HYBRID_FIELD(S, capture_count) + ONNX_HYBRID_FIELD(S, out) +
+           ONNX_HYBRID_FIELD(S, state_out) + ONNX_HYBRID_FIELD(S, capsule) + ONNX_HYBRID_FIELD(S, q_stride) +
+           ONNX_HYBRID_FIELD(S, k_stride) + ONNX_HYBRID_FIELD(S, v_stride) + ONNX_HYBRID_FIELD(S, batch) +
+           ONNX_HYBRID_FIELD(S, total_tokens) + ONNX_HYBRID_FIELD(S, uniform_len) + ONNX_HYBRID_FIELD(S, hk) +
+           ONNX_HYBRID_FIELD(S, hv) + ONNX_HYBRID_FIELD(S, dk) + ONNX_HYBRID_FIELD(S, dv) +
+           ONNX_HYBRID_FIELD(S, has_decay) + ONNX_HYBRID_FIELD(S, has_delta) + ONNX_HYBRID_FIELD(S, gate_qwen) +
+           ONNX_HYBRID_FIELD(S, beta_sigmoid) + ONNX_HYBRID_FIELD(S, l2norm) + ONNX_HYBRID_FIELD(S, decay_per_key) +
+           ONNX_HYBRID_FIELD(S, capacity) + ONNX_HYBRID_FIELD(S, capture_active) + ONNX_HYBRID_FIELD(S, tail_only) +
+           ONNX_HYBRID_FIELD(S, row_groups) + ONNX_HYBRID_FIELD(S, scale);
+  }
+  if (name == "ConvParams") {
+    using S = ConvParams;
+    return "size=" + std::to_string(sizeof(S)) + ONNX_HYBRID_FIELD(S, x) + ONNX_HYBRID_FIELD(S, weight) +
+           ONNX_HYBRID_FIELD(S, bias) + ONNX_HYBRID_FIELD(S, state_in) + ONNX_HYBRID_FIELD(S, cu_seqlens) +
+           ONNX_HYBRID_FIELD(S, capture_count) + ONNX_HYBRID_FIELD(S, out) + ONNX_HYBRID_FIELD(S, state_out) +
+           ONNX_HYBRID_FIELD(S, capsule) + ONNX_HYBRID_FIELD(S, batch) + ONNX_HYBRID_FIELD(S, total_tokens) +
+           ONNX_HYBRID_FIELD(S, channels) + ONNX_HYBRID_FIELD(S, kernel_size) + ONNX_HYBRID_FIELD(S, dilation) +
+           ONNX_HYBRID_FIELD(S, state_len) + ONNX_HYBRID_FIELD(S, capacity) + ONNX_HYBRID_FIELD(S, silu);
+  }
+  return "";
+}
+
+#undef ONNX_HYBRID_FIELD
+
+std::string Describe(const std::string& kernel, cuda::Dim3 grid, cuda::Dim3 block, int smem, int tail_only,
+                     int row_groups) {
+  char line[256];
+  std::snprintf(line, sizeof line, "%s %u %u %u %u %u %u %d %d %d\n", kernel.c_str(), grid.x, grid.y, grid.z,
+                block.x, block.y, block.z, smem, tail_only, row_groups);
+  return line;
+}
+
+}  // namespace
+
+// The launcher's view of a kernel parameter struct ("GdnParams", "ConvParams") as "size=N field=offset ...",
+// for the check against the ctypes mirror in cuda_ops/plan.py. Returns the text's length (-1: unknown name).
+ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_struct_layout(const char* name, char* out, size_t size) {
+  const std::string layout = StructLayout(name ? name : "");
+  if (layout.empty()) {
+    LastError() = std::string("onnx_hybrid_cuda_struct_layout: unknown struct '") + (name ? name : "") + "'";
+    return -1;
+  }
+  return WriteText(layout, out, size);
+}
+
+// The launch plan the CUDA variant would enqueue, without a device: one line per kernel, "name gx gy gz bx
+// by bz smem tail_only row_groups". op "gdn": dims = {batch, total_tokens, hv, dk, dv, per_key_decay,
+// aligned}; op "conv": dims = {batch, total_tokens, channels}. type: 0 float, 1 float16, 2 bfloat16;
+// engine: 0 auto, 1 chunked, 2 recurrent. Returns the text's length, or -1 with onnx_hybrid_last_error().
+ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int64_t* dims, int n_dims, int arch,
+                                             int smem_optin, int engine, char* out, size_t size) {
+  try {
+    const std::string name = op ? op : "";
+    if (type < 0 || type > 2 || engine < 0 || engine > 2 || !dims) throw std::invalid_argument("bad type/engine/dims");
+    const ElemType elem = static_cast<ElemType>(type);
+    std::string text;
+    if (name == "gdn" && n_dims == 7) {
+      GdnGeometry geo{};
+      geo.batch = dims[0];
+      geo.total_tokens = dims[1];
+      geo.num_heads_v = dims[2];
+      geo.head_size_k = dims[3];
+      geo.head_size_v = dims[4];
+      geo.per_key_decay = dims[5] != 0;
+      GdnParams p{};
+      alignas(16) static const float kAnyState[4] = {};
+      p.state_in = dims[6] ? kAnyState : reinterpret_cast<const float*>(8);  // 16-byte aligned or not
+      for (const auto& l : PlanGdn(geo, elem, p, arch, smem_optin, static_cast<GdnCudaEngine>(engine)))
+        text += Describe(l.kernel, l.grid, l.block, l.smem, l.params.tail_only, l.params.row_groups);
+    } else if (name == "conv" && n_dims == 3) {
+      ConvGeometry geo{dims[0], dims[1], dims[2], 0, 0, 0};
+      for (const auto& l : PlanConv(geo, elem, ConvParams{})) text += Describe(l.kernel, l.grid, l.block, l.smem, 0, 0);
+    } else {
+      throw std::invalid_argument("unknown op '" + name + "' or wrong number of dims");
+    }
+    return WriteText(text, out, size);
+  } catch (const std::exception& e) {
+    LastError() = std::string("onnx_hybrid_cuda_plan: ") + e.what();
+    return -1;
+  }
+}

@@ -1,0 +1,241 @@
+#include "cuda_driver.h"
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace onnx_hybrid {
+namespace cuda {
+namespace {
+
+using CUresult = int;
+using CUdevice = int;
+using CUmodule = struct CUmod_st*;
+
+// Values from cuda.h (stable across CUDA releases).
+constexpr int kAttrMultiprocessorCount = 16;
+constexpr int kAttrComputeCapabilityMajor = 75;
+constexpr int kAttrComputeCapabilityMinor = 76;
+constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
+constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8;
+constexpr int kDefaultSharedMemoryLimit = 48 * 1024;
+
+constexpr char kNotLoaded[] =
+    "onnx_hybrid: CUDA kernels are not loaded; call onnx_hybrid.ops.library.prepare_cuda() before running a CUDA "
+    "session";
+
+// The entry points the launcher uses, resolved once from libcuda.so.1.
+struct Driver {
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuGetErrorString)(CUresult, const char**);
+  CUresult (*cuStreamGetCtx)(CUstream, CUcontext*);
+  CUresult (*cuCtxPushCurrent)(CUcontext);
+  CUresult (*cuCtxPopCurrent)(CUcontext*);
+  CUresult (*cuCtxGetDevice)(CUdevice*);
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void**, void**);
+  std::string error;  // why the driver is unusable; empty when every entry point resolved
+};
+
+template <class Fn>
+bool Resolve(void* handle, const char* name, Fn* fn, std::string* error) {
+  *fn = reinterpret_cast<Fn>(dlsym(handle, name));
+  if (!*fn && error->empty()) *error = std::string("onnx_hybrid: libcuda.so.1 has no ") + name;
+  return *fn != nullptr;
+}
+
+Driver LoadDriver() {
+  Driver d{};
+  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);  // never closed: kernels may run until exit
+  if (!handle) {
+    const char* why = dlerror();
+    d.error = std::string("onnx_hybrid: the CUDA driver (libcuda.so.1) cannot be loaded: ") + (why ? why : "");
+    return d;
+  }
+  Resolve(handle, "cuInit", &d.cuInit, &d.error);
+  Resolve(handle, "cuGetErrorString", &d.cuGetErrorString, &d.error);
+  Resolve(handle, "cuStreamGetCtx", &d.cuStreamGetCtx, &d.error);
+  Resolve(handle, "cuCtxPushCurrent_v2", &d.cuCtxPushCurrent, &d.error);
+  Resolve(handle, "cuCtxPopCurrent_v2", &d.cuCtxPopCurrent, &d.error);
+  Resolve(handle, "cuCtxGetDevice", &d.cuCtxGetDevice, &d.error);
+  Resolve(handle, "cuDeviceGetAttribute", &d.cuDeviceGetAttribute, &d.error);
+  Resolve(handle, "cuModuleLoadData", &d.cuModuleLoadData, &d.error);
+  Resolve(handle, "cuModuleGetFunction", &d.cuModuleGetFunction, &d.error);
+  Resolve(handle, "cuFuncSetAttribute", &d.cuFuncSetAttribute, &d.error);
+  Resolve(handle, "cuLaunchKernel", &d.cuLaunchKernel, &d.error);
+  return d;
+}
+
+const Driver& TheDriver() {
+  static const Driver* driver = new Driver(LoadDriver());
+  if (!driver->error.empty()) throw std::runtime_error(driver->error);
+  return *driver;
+}
+
+void Check(CUresult result, const char* what) {
+  if (result == 0) return;
+  const char* text = nullptr;
+  if (TheDriver().cuGetErrorString(result, &text) != 0 || !text) text = "unknown error";
+  throw std::runtime_error(std::string("onnx_hybrid: ") + what + " failed: " + text + " (CUresult " +
+                           std::to_string(result) + ")");
+}
+
+// Images by compute capability (10 * major + minor), copied from Python.
+struct Images {
+  std::mutex mutex;
+  std::map<int, std::vector<unsigned char>> by_arch;
+};
+
+Images& TheImages() {
+  static Images* images = new Images();
+  return *images;
+}
+
+}  // namespace
+
+// The image loaded into one context, and the functions looked up in it. Contexts are the devices'
+// primary contexts, which live as long as the process, so entries are never dropped.
+struct ContextModule {
+  CUmodule module = nullptr;
+  DeviceInfo device{};
+  std::mutex mutex;
+  struct Function {
+    CUfunction handle;
+    int smem_limit;  // dynamic shared memory the function has been allowed
+  };
+  std::unordered_map<std::string, Function> functions;
+};
+
+namespace {
+
+// The best image for a device: the same major, the highest minor not above the device's (a cubin runs
+// on later minors of its major; spec/native_library.md §9.4).
+const std::vector<unsigned char>& ImageFor(int major, int minor) {
+  Images& images = TheImages();
+  std::lock_guard<std::mutex> lock(images.mutex);
+  if (images.by_arch.empty()) throw std::runtime_error(kNotLoaded);
+  const std::vector<unsigned char>* best = nullptr;
+  for (const auto& [arch, data] : images.by_arch)
+    if (arch / 10 == major && arch % 10 <= minor) best = &data;
+  if (!best)
+    throw std::runtime_error("onnx_hybrid: no CUDA kernel image for sm_" + std::to_string(10 * major + minor) +
+                             " (loaded: " + ImageList() + "); call onnx_hybrid.ops.library.prepare_cuda() for "
+                             "this device");
+  return *best;  // never erased, so the reference outlives the lock
+}
+
+ContextModule* ModuleFor(const Driver& d, CUcontext context) {
+  static std::mutex* mutex = new std::mutex();
+  static auto* modules = new std::map<CUcontext, ContextModule*>();
+  std::lock_guard<std::mutex> lock(*mutex);
+  auto found = modules->find(context);
+  if (found != modules->end()) return found->second;
+  CUdevice device = 0;
+  Check(d.cuCtxGetDevice(&device), "cuCtxGetDevice");
+  int major = 0, minor = 0, sms = 0, smem = 0;
+  Check(d.cuDeviceGetAttribute(&major, kAttrComputeCapabilityMajor, device), "cuDeviceGetAttribute");
+  Check(d.cuDeviceGetAttribute(&minor, kAttrComputeCapabilityMinor, device), "cuDeviceGetAttribute");
+  Check(d.cuDeviceGetAttribute(&sms, kAttrMultiprocessorCount, device), "cuDeviceGetAttribute");
+  Check(d.cuDeviceGetAttribute(&smem, kAttrMaxSharedMemoryPerBlockOptin, device), "cuDeviceGetAttribute");
+  auto entry = std::make_unique<ContextModule>();
+  Check(d.cuModuleLoadData(&entry->module, ImageFor(major, minor).data()), "cuModuleLoadData");
+  entry->device = DeviceInfo{10 * major + minor, smem};
+  ContextModule* module = entry.release();
+  (*modules)[context] = module;
+  return module;
+}
+
+CUfunction FunctionFor(const Driver& d, ContextModule& m, const char* name, int smem) {
+  std::lock_guard<std::mutex> lock(m.mutex);
+  auto found = m.functions.find(name);
+  if (found == m.functions.end()) {
+    CUfunction f = nullptr;
+    const CUresult r = d.cuModuleGetFunction(&f, m.module, name);
+    if (r != 0) Check(r, (std::string("cuModuleGetFunction(") + name + ")").c_str());
+    found = m.functions.emplace(name, ContextModule::Function{f, kDefaultSharedMemoryLimit}).first;
+  }
+  if (smem > found->second.smem_limit) {
+    Check(d.cuFuncSetAttribute(found->second.handle, kFuncAttrMaxDynamicSharedSizeBytes, smem),
+          "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+    found->second.smem_limit = smem;
+  }
+  return found->second.handle;
+}
+
+}  // namespace
+
+bool SetImage(int cc_major, int cc_minor, const void* data, size_t size, std::string* error) {
+  if (cc_major <= 0 || cc_minor < 0 || cc_minor > 9 || !data || size == 0) {
+    *error = "onnx_hybrid_set_cuda_image: needs a compute capability (major > 0, minor 0-9) and a non-empty image";
+    return false;
+  }
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  const int arch = 10 * cc_major + cc_minor;
+  Images& images = TheImages();
+  std::lock_guard<std::mutex> lock(images.mutex);
+  auto found = images.by_arch.find(arch);
+  if (found == images.by_arch.end()) {
+    images.by_arch.emplace(arch, std::vector<unsigned char>(bytes, bytes + size));
+    return true;
+  }
+  if (found->second.size() == size && std::memcmp(found->second.data(), bytes, size) == 0) return true;
+  *error = "onnx_hybrid_set_cuda_image: a different image is already set for sm_" + std::to_string(arch) +
+           " (images are never replaced; restart the process to use new kernels)";
+  return false;
+}
+
+std::string ImageList() {
+  Images& images = TheImages();
+  std::lock_guard<std::mutex> lock(images.mutex);
+  std::string list;
+  for (const auto& entry : images.by_arch) list += (list.empty() ? "sm_" : ", sm_") + std::to_string(entry.first);
+  return list;
+}
+
+Launcher::Launcher(void* ort_stream) : stream_(static_cast<CUstream>(ort_stream)) {
+  const Driver& d = TheDriver();
+  static const CUresult init = d.cuInit(0);  // ORT initialised the driver already; this is a formality
+  Check(init, "cuInit");
+  CUcontext context = nullptr;
+  Check(d.cuStreamGetCtx(stream_, &context), "cuStreamGetCtx");
+  Check(d.cuCtxPushCurrent(context), "cuCtxPushCurrent");
+  pushed_ = true;
+  try {
+    module_ = ModuleFor(d, context);
+  } catch (...) {
+    CUcontext popped = nullptr;
+    d.cuCtxPopCurrent(&popped);
+    throw;
+  }
+  device_ = &module_->device;
+}
+
+Launcher::~Launcher() {
+  if (!pushed_) return;
+  CUcontext popped = nullptr;
+  TheDriver().cuCtxPopCurrent(&popped);
+}
+
+void Launcher::Launch(const char* kernel, Dim3 grid, Dim3 block, int smem, const void* params) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // nothing to do (e.g. no tokens)
+  const Driver& d = TheDriver();
+  CUfunction f = FunctionFor(d, *module_, kernel, smem);
+  void* args[] = {const_cast<void*>(params)};
+  const CUresult r = d.cuLaunchKernel(f, grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                                      static_cast<unsigned>(smem), stream_, args, nullptr);
+  if (r != 0) Check(r, (std::string("cuLaunchKernel(") + kernel + ")").c_str());
+}
+
+}  // namespace cuda
+}  // namespace onnx_hybrid

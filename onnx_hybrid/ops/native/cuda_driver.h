@@ -1,0 +1,56 @@
+// The CUDA driver API without CUDA headers or a link dependency (spec/native_library.md §6.4-§6.5):
+// opaque handle types, the images (cubins) Python hands over, and a launcher that loads them into the
+// context of ORT's stream and enqueues kernels there. libcuda.so.1 is dlopen'ed on the first launch.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace onnx_hybrid {
+namespace cuda {
+
+using CUstream = struct CUstream_st*;
+using CUcontext = struct CUctx_st*;
+using CUfunction = struct CUfunc_st*;
+
+struct Dim3 {
+  unsigned x, y, z;
+};
+
+// Stores a copy of `data` as the image for compute capability major.minor. Returns false (and says why
+// in *error) for an empty image or when a different image is already set for that capability: a module
+// loaded from the first one may be live in some context, and two sources of truth would be a bug.
+bool SetImage(int cc_major, int cc_minor, const void* data, size_t size, std::string* error);
+
+// The compute capabilities that have an image, as "sm_80, sm_90" (empty when none).
+std::string ImageList();
+
+// The device behind the stream's context, as the plans need it.
+struct DeviceInfo {
+  int arch;        // 10 * major + minor
+  int smem_optin;  // opt-in shared memory per block, bytes
+};
+
+// One Compute call's view of the driver: pushes the stream's context on construction and pops it on
+// destruction (every path, errors included). Every failure throws std::runtime_error with the driver's
+// own text; nothing here synchronises with the host.
+class Launcher {
+ public:
+  explicit Launcher(void* ort_stream);
+  ~Launcher();
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+
+  const DeviceInfo& device() const { return *device_; }
+  // Launches `kernel` (an extern "C" name of the image) with one by-value parameter struct.
+  void Launch(const char* kernel, Dim3 grid, Dim3 block, int smem, const void* params);
+
+ private:
+  CUstream stream_;
+  struct ContextModule* module_ = nullptr;
+  const DeviceInfo* device_ = nullptr;
+  bool pushed_ = false;
+};
+
+}  // namespace cuda
+}  // namespace onnx_hybrid

@@ -1,0 +1,35 @@
+// The CUDA variants of GatedDeltaNet and VarlenCausalConvWithState: the same validation as the CPU
+// kernels (shapes and attributes through gdn_plan / conv_plan, same messages), then the kernels of
+// onnx_hybrid.cuda_ops enqueued on ORT's compute stream. Offsets and capture counts stay on the device
+// (spec/ops.md §2.8 rule 4): nothing here reads device memory or synchronises with the host.
+#pragma once
+
+#include "conv_plan.h"
+#include "gdn_plan.h"
+#include "ort_api.h"
+
+namespace onnx_hybrid {
+
+constexpr char kCudaProvider[] = "CUDAExecutionProvider";
+
+class GdnCudaKernel {
+ public:
+  GdnCudaKernel(const OrtKernelInfo* info, ElemType type);
+  OrtStatusPtr ComputeV2(OrtKernelContext* context);
+
+ private:
+  ElemType type_;
+  GdnAttributes attrs_;
+};
+
+class ConvCudaKernel {
+ public:
+  ConvCudaKernel(const OrtKernelInfo* info, ElemType type);
+  OrtStatusPtr ComputeV2(OrtKernelContext* context);
+
+ private:
+  ElemType type_;
+  ConvAttributes attrs_;
+};
+
+}  // namespace onnx_hybrid

@@ -1,0 +1,101 @@
+#include "cuda_plan.h"
+
+#include <atomic>
+#include <cstdint>
+#include <stdexcept>
+
+#include "cuda_plan_generated.h"
+
+namespace onnx_hybrid {
+namespace {
+
+namespace cp = cuda_plan;
+
+std::atomic<GdnCudaEngine> g_gdn_engine{GdnCudaEngine::kAuto};
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+unsigned U(int64_t v) { return static_cast<unsigned>(v); }
+
+const char* Suffix(ElemType type) { return cp::kTypeSuffix[static_cast<int>(type)]; }
+
+const char* TypeName(ElemType type) {
+  return type == ElemType::kFloat16 ? "float16" : type == ElemType::kBFloat16 ? "bfloat16" : "float32";
+}
+
+bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+// plan.chunked_aligned: the chunked kernel's vector loads and stores.
+bool ChunkedAligned(const GdnParams& p) {
+  return Aligned(p.q, 8) && Aligned(p.k, 8) && Aligned(p.v, 4) && Aligned(p.out, 4) && Aligned(p.state_in, 16) &&
+         Aligned(p.state_out, 16);
+}
+
+// plan.rec_row_groups.
+int RecRowGroups(const GdnGeometry& geo, int rows) {
+  const int64_t warps = geo.batch * geo.num_heads_v * CeilDiv(geo.head_size_v, rows);
+  int groups = 1;
+  while (groups < 4 && warps / (2 * groups * cp::kRecWarps) >= cp::kRecMinBlocks) groups *= 2;
+  return groups;
+}
+
+}  // namespace
+
+void SetGdnCudaEngine(GdnCudaEngine engine) { g_gdn_engine.store(engine); }
+GdnCudaEngine GetGdnCudaEngine() { return g_gdn_engine.load(); }
+
+std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type, const GdnParams& params, int arch,
+                                           int smem_optin, GdnCudaEngine engine) {
+  constexpr int kKeySizes = sizeof(cp::kRecKeySizes) / sizeof(cp::kRecKeySizes[0]);
+  int key = 0;
+  while (key < kKeySizes && geo.head_size_k > cp::kRecKeySizes[key]) ++key;
+  if (key == kKeySizes)
+    throw std::runtime_error("no supported plan (head_size_qk " + std::to_string(geo.head_size_k) + " > " +
+                             std::to_string(cp::kRecKeySizes[kKeySizes - 1]) + ")");
+  const bool aligned = ChunkedAligned(params);
+  const bool chunked = type != ElemType::kFloat && geo.head_size_k == cp::kChunkD && geo.head_size_v == cp::kChunkD &&
+                       !geo.per_key_decay && arch >= 80 && smem_optin >= cp::kChunkSmemBytes && aligned;
+  if (engine == GdnCudaEngine::kChunked && !chunked)
+    throw std::runtime_error(
+        std::string("the chunked engine needs float16/bfloat16, head sizes 128/128, scalar decay and sm_80+; got ") +
+        TypeName(type) + ", " + std::to_string(geo.head_size_k) + "/" + std::to_string(geo.head_size_v) +
+        ", per-key decay " + (geo.per_key_decay ? "True" : "False") + ", sm_" + std::to_string(arch) + " with " +
+        std::to_string(smem_optin) + " B of opt-in shared memory (needs " + std::to_string(cp::kChunkSmemBytes) +
+        "), aligned inputs " + (aligned ? "True" : "False"));
+  const bool use_chunked =
+      chunked && (engine == GdnCudaEngine::kChunked ||
+                  (engine == GdnCudaEngine::kAuto && geo.total_tokens >= cp::kSequentialMinTokens * geo.batch));
+  std::vector<CudaLaunch<GdnParams>> launches;
+  if (use_chunked) {
+    launches.push_back({std::string("gdn_chunked_") + Suffix(type) + "_d" + std::to_string(cp::kChunkD),
+                        {U(geo.head_size_v / cp::kChunkVt), U(geo.num_heads_v), U(geo.batch)},
+                        {U(cp::kChunkThreads), 1, 1},
+                        cp::kChunkSmemBytes,
+                        params});
+  }
+  GdnParams rec = params;
+  rec.tail_only = use_chunked ? 1 : 0;
+  const int large = cp::kRecRowsLarge[key];
+  const int rows = RecRowGroups(geo, large) > 1 ? large : cp::kRecRowsSmall[key];
+  rec.row_groups = RecRowGroups(geo, rows);
+  const int64_t rows_per_block = int64_t(cp::kRecWarps) * rows * rec.row_groups;
+  launches.push_back({std::string("gdn_recurrent_") + Suffix(type) + "_k" + std::to_string(cp::kRecKeySizes[key]) +
+                          "_r" + std::to_string(rows),
+                      {U(CeilDiv(geo.head_size_v, rows_per_block)), U(geo.num_heads_v), U(geo.batch)},
+                      {U(cp::kRecWarps * 32), 1, 1},
+                      0,
+                      rec});
+  return launches;
+}
+
+std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType type, const ConvParams& params) {
+  const unsigned cx = U(CeilDiv(geo.channels, cp::kConvThreads));
+  const cuda::Dim3 block{U(cp::kConvThreads), 1, 1};
+  return {
+      {std::string("conv_output_") + Suffix(type), {cx, U(CeilDiv(geo.total_tokens, cp::kConvTokens)), 1}, block, 0,
+       params},
+      {std::string("conv_state_") + Suffix(type), {cx, U(geo.batch), 1}, block, 0, params},
+  };
+}
+
+}  // namespace onnx_hybrid

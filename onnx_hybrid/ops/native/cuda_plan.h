@@ -1,0 +1,40 @@
+// Launch plans of the CUDA variants: which kernels of the image run, with what grid, block, dynamic
+// shared memory and parameters. A C++ mirror of onnx_hybrid/cuda_ops/plan.py (gdn_plan, conv_plan) built
+// on that file's own constants (cuda_plan_generated.h) and the kernels' parameter structs (params.cuh);
+// tests/test_native_cuda_cpu.py compares the two plans on many geometries.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "conv_plan.h"
+#include "cuda_driver.h"
+#include "gdn_plan.h"
+#include "params.cuh"
+
+namespace onnx_hybrid {
+
+template <class Params>
+struct CudaLaunch {
+  std::string kernel;
+  cuda::Dim3 grid, block;
+  int smem;
+  Params params;
+};
+
+enum class GdnCudaEngine { kAuto, kChunked, kRecurrent };
+
+// The engine the CUDA GatedDeltaNet uses (a test knob; ``auto`` by default).
+void SetGdnCudaEngine(GdnCudaEngine engine);
+GdnCudaEngine GetGdnCudaEngine();
+
+// plan.gdn_plan: the chunked kernel where the shape, device and alignment allow it and the batch
+// averages at least kSequentialMinTokens tokens per row, then the recurrent kernel (a tail pass over the
+// rows the chunked one skips, decided on the device); or the recurrent kernel alone.
+std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type, const GdnParams& params, int arch,
+                                           int smem_optin, GdnCudaEngine engine);
+
+// plan.conv_plan: the output pass, then the state and capsule pass.
+std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType type, const ConvParams& params);
+
+}  // namespace onnx_hybrid

@@ -1,0 +1,91 @@
+"""Write the C++ header with the launch constants of onnx_hybrid/cuda_ops/plan.py.
+
+plan.py is the one place that states block sizes, shared memory and which kernel variants exist; the
+library's C++ launcher must not restate them, so the build reads the module-level constants out of plan.py
+(``ast.literal_eval``: plan.py imports the package, which is not installed yet at build time) and the
+launcher includes the result. The parameter structs themselves are shared as a header
+(cuda_ops/kernels/params.cuh); tests/test_native_cuda_cpu.py checks the launcher's plans against plan.py's.
+
+Usage: python gen_cuda_plan_header.py OUTPUT_HEADER
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import sys
+
+PLAN_PATH = pathlib.Path(__file__).resolve().parent.parent.parent / "cuda_ops" / "plan.py"
+# plan.TYPE_SUFFIX keys in the order of the library's ElemType enum (kFloat, kFloat16, kBFloat16).
+ELEM_TYPES = ("float32", "float16", "bfloat16")
+
+
+def plan_constants(source: str) -> dict[str, object]:
+    """Module-level UPPER_CASE assignments whose values are literals (tuple targets unpacked)."""
+    found = {}
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target = node.targets[0]
+        try:
+            value = ast.literal_eval(node.value)
+        except ValueError:
+            continue
+        if isinstance(target, ast.Name) and target.id.isupper():
+            found[target.id] = value
+        elif isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
+            found.update(zip((e.id for e in target.elts), value))
+    return found
+
+
+def ints(values) -> str:
+    return "{" + ", ".join(str(int(v)) for v in values) + "}"
+
+
+def render(c: dict[str, object]) -> str:
+    keys = tuple(c["REC_KEY_SIZES"])
+    for name in ("REC_ROW_VARIANTS", "REC_ROWS_LARGE", "REC_ROWS_SMALL"):
+        if tuple(c[name]) != keys:
+            raise SystemExit(f"plan.py: {name} keys {tuple(c[name])} differ from REC_KEY_SIZES {keys}")
+    widest = max(len(v) for v in c["REC_ROW_VARIANTS"].values())
+    variants = ", ".join(ints(tuple(v) + (0,) * (widest - len(v))) for v in c["REC_ROW_VARIANTS"].values())
+    scalars = ("REC_WARPS", "REC_MIN_BLOCKS", "CHUNK_D", "CHUNK_VT", "CHUNK_THREADS", "CHUNK_SMEM_BYTES",
+               "SEQUENTIAL_MIN_TOKENS", "CONV_THREADS", "CONV_TOKENS")
+    lines = [
+        "// Generated from onnx_hybrid/cuda_ops/plan.py by gen_cuda_plan_header.py. Do not edit.",
+        "#pragma once",
+        "",
+        "namespace onnx_hybrid {",
+        "namespace cuda_plan {",
+        "",
+        *(f"inline constexpr int k{''.join(p.capitalize() for p in n.split('_'))} = {int(c[n])};" for n in scalars),
+        f"inline constexpr int kRecKeySizes[] = {ints(keys)};",
+        "// Per key size (kRecKeySizes order): the instantiated rows per warp (0 = none) and the defaults.",
+        f"inline constexpr int kRecRowVariants[][{widest}] = {{{variants}}};",
+        f"inline constexpr int kRecRowsLarge[] = {ints(c['REC_ROWS_LARGE'].values())};",
+        f"inline constexpr int kRecRowsSmall[] = {ints(c['REC_ROWS_SMALL'].values())};",
+        "// Kernel name suffix per ElemType (kFloat, kFloat16, kBFloat16).",
+        "inline constexpr const char* kTypeSuffix[] = {"
+        + ", ".join(f'"{c["TYPE_SUFFIX"][t]}"' for t in ELEM_TYPES) + "};",
+        "",
+        "}  // namespace cuda_plan",
+        "}  // namespace onnx_hybrid",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    target = pathlib.Path(argv[1])
+    text = render(plan_constants(PLAN_PATH.read_text()))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists() or target.read_text() != text:  # keep the timestamp when nothing changed
+        target.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,126 @@
+// Glue between ORT's kernel API and our kernels, shared by every execution provider: attribute readers,
+// the inputs of one Compute call, outputs, and turning exceptions into statuses.
+#pragma once
+
+#include <string>
+
+#include "common.h"
+#include "conv_plan.h"
+#include "gdn_plan.h"
+#include "ort_api.h"
+
+namespace onnx_hybrid {
+
+// Every error of an op starts with the op's name; contract errors already carry it.
+inline OrtStatusPtr ToStatus(const std::exception& e, const char* op) {
+  if (dynamic_cast<const ContractError*>(&e)) return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, e.what());
+  OrtErrorCode code = ORT_FAIL;
+  if (auto* ort = dynamic_cast<const Ort::Exception*>(&e)) code = ort->GetOrtErrorCode();
+  return Ort::GetApi().CreateStatus(code, (std::string(op) + ": " + e.what()).c_str());
+}
+
+inline ONNXTensorElementDataType OnnxType(ElemType t) {
+  switch (t) {
+    case ElemType::kFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    case ElemType::kBFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+    default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+}
+
+inline ONNXTensorElementDataType PortElementType(contract::PortType port, ElemType activation) {
+  switch (port) {
+    case contract::PortType::kActivation: return OnnxType(activation);
+    case contract::PortType::kFloat: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+  }
+}
+
+// Attribute readers: an absent attribute takes the contract's default.
+inline std::string StringAttribute(const OrtKernelInfo* info, const char* name, const char* fallback) {
+  const OrtApi& api = Ort::GetApi();
+  size_t size = 0;
+  if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) {
+    api.ReleaseStatus(st);
+    return fallback;
+  }
+  std::string value(size, '\0');
+  Ort::ThrowOnError(api.KernelInfoGetAttribute_string(info, name, value.data(), &size));
+  value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+  return value;
+}
+
+inline int64_t IntAttribute(const OrtKernelInfo* info, const char* name, int64_t fallback) {
+  int64_t value = fallback;
+  if (OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &value)) {
+    Ort::GetApi().ReleaseStatus(st);
+    return fallback;
+  }
+  return value;
+}
+
+inline float FloatAttribute(const OrtKernelInfo* info, const char* name, float fallback) {
+  float value = fallback;
+  if (OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_float(info, name, &value)) {
+    Ort::GetApi().ReleaseStatus(st);
+    return fallback;
+  }
+  return value;
+}
+
+// The inputs of one Compute call: present flag, shape and data pointer by index (device memory on a GPU
+// EP, except inputs declared OrtMemTypeCPUInput). Trailing omitted
+// inputs are not counted by ORT; omitted inputs in the middle come back as null values.
+template <int N>
+struct Inputs : InputShapes<N> {
+  const void* data[N] = {};
+
+  explicit Inputs(OrtKernelContext* context) {
+    const OrtApi& api = Ort::GetApi();
+    size_t count = 0;
+    Ort::ThrowOnError(api.KernelContext_GetInputCount(context, &count));
+    for (size_t i = 0; i < count && i < size_t(N); ++i) {
+      const OrtValue* value = nullptr;
+      Ort::ThrowOnError(api.KernelContext_GetInput(context, i, &value));
+      if (!value) continue;
+      Ort::ConstValue v(value);
+      this->present[i] = true;
+      this->shape[i] = v.GetTensorTypeAndShapeInfo().GetShape();
+      data[i] = v.GetTensorRawData();
+    }
+  }
+};
+
+// Output `index` with `shape`, or null when the node omits it.
+inline void* Output(OrtKernelContext* context, size_t index, const Shape& shape) {
+  const OrtApi& api = Ort::GetApi();
+  size_t count = 0;
+  Ort::ThrowOnError(api.KernelContext_GetOutputCount(context, &count));
+  if (index >= count) return nullptr;
+  OrtValue* value = nullptr;
+  Ort::ThrowOnError(api.KernelContext_GetOutput(context, index, shape.data(), shape.size(), &value));
+  if (!value) return nullptr;
+  void* data = nullptr;
+  Ort::ThrowOnError(api.GetTensorMutableData(value, &data));
+  return data;
+}
+
+// The node's attributes, validated when the kernel is created (an absent one takes its default).
+inline GdnAttributes ReadGdnAttributes(const OrtKernelInfo* info) {
+  namespace g = contract::gdn;
+  return MakeGdnAttributes(StringAttribute(info, g::kAttrUpdateRule, g::kDefaultUpdateRule),
+                           FloatAttribute(info, g::kAttrScale, g::kDefaultScale),
+                           StringAttribute(info, g::kAttrGateActivation, g::kDefaultGateActivation),
+                           StringAttribute(info, g::kAttrBetaActivation, g::kDefaultBetaActivation),
+                           IntAttribute(info, g::kAttrQkL2Norm, g::kDefaultQkL2Norm),
+                           IntAttribute(info, g::kAttrChunkSize, g::kDefaultChunkSize),
+                           IntAttribute(info, g::kAttrStateUpdateCapacity, g::kDefaultStateUpdateCapacity));
+}
+
+inline ConvAttributes ReadConvAttributes(const OrtKernelInfo* info) {
+  namespace cv = contract::conv;
+  return MakeConvAttributes(StringAttribute(info, cv::kAttrActivation, cv::kDefaultActivation),
+                            IntAttribute(info, cv::kAttrDilation, cv::kDefaultDilation),
+                            IntAttribute(info, cv::kAttrStateUpdateCapacity, cv::kDefaultStateUpdateCapacity));
+}
+
+}  // namespace onnx_hybrid
