@@ -34,6 +34,10 @@ struct CpuKernels {
   void (*recurrent_row)(const RecurrentRowArgs& args);
   float (*sum_squares)(const float* x, int64_t n);
   float (*dot)(const float* x, const float* y, int64_t n);
+  // out[r * ldo + i] = dot(a + r * lda, b + i * ldb, n) for r < m, i < k, every element bit-identical to
+  // dot()'s (register tiles share the loads, not the arithmetic).
+  void (*dots)(int64_t m, int64_t k, int64_t n, const float* a, int64_t lda, const float* b, int64_t ldb, float* out,
+               int64_t ldo);
   // y = x * s (elementwise; y may equal x). With s = 1 an exact copy.
   void (*scale)(const float* x, float s, float* y, int64_t n);
   // out = b * (v - e * w), each operation rounded in that order.

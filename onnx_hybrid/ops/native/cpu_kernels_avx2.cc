@@ -42,7 +42,7 @@ struct Vec {
 
 #include "cpu_kernels_simd.inc"
 
-const CpuKernels kKernels = {"avx2", Gemm, RecurrentRow, SumSquares, Dot, Scale, DeltaRhs};
+const CpuKernels kKernels = {"avx2", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs};
 
 }  // namespace avx2
 }  // namespace onnx_hybrid

@@ -40,7 +40,7 @@ struct Vec {
 
 #include "cpu_kernels_simd.inc"
 
-const CpuKernels kKernels = {"avx512", Gemm, RecurrentRow, SumSquares, Dot, Scale, DeltaRhs};
+const CpuKernels kKernels = {"avx512", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs};
 
 }  // namespace avx512
 }  // namespace onnx_hybrid

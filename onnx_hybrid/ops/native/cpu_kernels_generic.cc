@@ -60,6 +60,12 @@ float Dot(const float* x, const float* y, int64_t n) {
   return acc;
 }
 
+void Dots(int64_t m, int64_t k, int64_t n, const float* a, int64_t lda, const float* b, int64_t ldb, float* out,
+          int64_t ldo) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < k; ++i) out[r * ldo + i] = Dot(a + r * lda, b + i * ldb, n);
+}
+
 void Scale(const float* x, float s, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
 }
@@ -68,7 +74,7 @@ void DeltaRhs(const float* v, const float* w, float e, float b, float* out, int6
   for (int64_t i = 0; i < n; ++i) out[i] = b * (v[i] - e * w[i]);
 }
 
-const CpuKernels kGeneric = {"generic", Gemm, RecurrentRow, SumSquares, Dot, Scale, DeltaRhs};
+const CpuKernels kGeneric = {"generic", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs};
 
 const CpuKernels& Select() {
   const char* forced = std::getenv("ONNX_HYBRID_CPU_ISA");

@@ -11,8 +11,8 @@
 namespace onnx_hybrid {
 namespace {
 
-// Query rows (tokens x query heads of one KV head) per work item: 16 fills two AVX2 vectors of the GEMM
-// tile; a verify step of 4 tokens at G = 4 is one tile.
+// Query rows (tokens x query heads of one KV head) per work item, which share every key and value block
+// read from the pool; a verify step of 4 tokens at G = 4 is one tile.
 constexpr int64_t kRowsPerTile = 16;
 
 // `rows` pool rows starting at element `first` and `row_stride` elements apart, as fp32 rows `*stride`
@@ -77,38 +77,33 @@ void RunPagedAttentionCpu(const PagedAttentionGeometry& geo, const std::vector<P
     const int64_t m = tile.count * g_size;
     const int64_t first_position = rows[b].past + tile.first - rows[b].start;
     const int64_t span = first_position + tile.count;  // positions 0..span-1: all the tile's tokens see
-    std::unique_ptr<float[]> work(new float[3 * m * d + 2 * m * span + bs * d]);
-    float* q = work.get();                  // [M, D], row = token * G + head
-    float* q_t = q + m * d;                 // [D, M]
-    float* acc = q_t + m * d;               // [M, D]
-    float* scores_t = acc + m * d;          // [span, M]
-    float* probs = scores_t + span * m;     // [M, span]
-    float* pool_rows = probs + m * span;    // [bs, D] widened pool rows (fp16/bf16)
+    std::unique_ptr<float[]> work(new float[2 * m * d + m * span + bs * d]);
+    float* q = work.get();                // [M, D], row = token * G + head
+    float* acc = q + m * d;               // [M, D]
+    float* probs = acc + m * d;           // [M, span]: scores, then probabilities
+    float* pool_rows = probs + m * span;  // [bs, D]: pool rows widened from fp16/bf16
 
     // The G query heads of KV head g are contiguous in a query row.
     for (int64_t i = 0; i < tile.count; ++i)
       LoadAsFloat(t.type, t.query, (tile.first + i) * hq * d + g * g_size * d, g_size * d, q + i * g_size * d);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t c = 0; c < d; ++c) q_t[c * m + r] = q[r * d + c];
 
-    // scores^T[position, row] = K[position] . q[row]: the pool's key rows are the GEMM's A operand as they lie.
-    // Every score, and every output element of the PV product below, is one FMA chain in a fixed order
-    // whatever M is, so a token gets the same bits in a verify step as in a one-token step: speculative
-    // decoding then reproduces plain decoding exactly (test_replay_agreement.py checks it). Scoring small
-    // tiles with dot products instead would be faster for decode but would break that.
+    // scores = q K^T, one key block at a time (the pool's rows as they lie). Every score is one dot product
+    // and every output element of the PV product below one FMA chain in a fixed order, whatever M is, so a
+    // token gets the same bits in a verify step as in a one-token step: speculative decoding then
+    // reproduces plain decoding exactly (tests/test_replay_agreement.py).
     int64_t stride = 0;
     for (int64_t first = 0; first < span; first += bs) {
       const int64_t n = std::min(bs, span - first);
       const float* keys = PoolRows(t.type, t.key_cache_out, slot(b, first) * kv_width + g * d, n, kv_width, d,
                                    pool_rows, &stride);
-      kern.gemm(n, m, d, keys, stride, q_t, m, scores_t + first * m, m, /*accumulate=*/false);
+      kern.dots(m, n, d, q, d, keys, stride, probs + first, span);
     }
     // Softmax of row r over its causal span in fp32; positions it must not see get probability 0.
     for (int64_t r = 0; r < m; ++r) {
       const int64_t visible = first_position + r / g_size + 1;
       float* p = probs + r * span;
       float top = -std::numeric_limits<float>::infinity();
-      for (int64_t i = 0; i < visible; ++i) top = std::max(top, p[i] = scores_t[i * m + r] * geo.scale);
+      for (int64_t i = 0; i < visible; ++i) top = std::max(top, p[i] *= geo.scale);
       float sum = 0.0f;
       for (int64_t i = 0; i < visible; ++i) sum += (p[i] = std::exp(p[i] - top));
       kern.scale(p, 1.0f / sum, p, visible);
