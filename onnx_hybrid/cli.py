@@ -70,18 +70,38 @@ def _run_export(args: argparse.Namespace) -> None:
     print(f"exported {args.model_dir} -> {out}")
 
 
+def _add_prepare_cuda_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", type=int, action="append", required=True, metavar="CC",
+                        help="compute capability without the dot, e.g. 90 for H100/H200, 80 for A100 (repeatable); "
+                             "a cubin also runs on later minors of its major (sm_80 on sm_86)")
+    parser.add_argument("-o", "--output", required=True,
+                        help="folder for sm<CC>.cubin; point ONNX_HYBRID_CUDA_IMAGES (or "
+                             "onnx_hybrid.ops.library.prepare_cuda(directory=...)) at it on the GPU host")
+
+
+def _run_prepare_cuda(args: argparse.Namespace) -> None:
+    from .ops.library import write_cuda_images
+
+    for path in write_cuda_images(args.arch, args.output):
+        print(path)
+
+
 # Subcommands of `onnx-hybrid`: name -> (help, add_arguments, run); run may return an exit status.
 SUBCOMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "export": ("export a Hugging Face hybrid checkpoint to ONNX (same as export-hybrid)",
                _add_export_arguments, _run_export),
+    "prepare-cuda": ("compile the CUDA kernels of the custom-op library for given GPU architectures (no GPU "
+                     "needed; CuPy and NVRTC are), for hosts that run CUDA sessions without CuPy",
+                     _add_prepare_cuda_arguments, _run_prepare_cuda),
     **CONFIG_SUBCOMMANDS,
 }
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from .cuda_ops.compiler import KernelBuildError
     from .exporter.errors import ExportError
 
-    return ExportError, contract.ContractError, FileExistsError
+    return ExportError, contract.ContractError, FileExistsError, KernelBuildError
 
 
 def _run(prog: str, run: Callable, args: argparse.Namespace) -> int:

@@ -2,7 +2,9 @@
 
 ORT loads the library by path (``SessionOptions.register_custom_ops_library``); ctypes opens the same
 file, which gives the same loaded object, so options set here are seen by kernels in live sessions
-(spec/native_library.md §10).
+(spec/native_library.md §10). That is how the CUDA variants get their kernels: :func:`prepare_cuda`
+hands the library one cubin per compute capability, compiled from ``onnx_hybrid.cuda_ops`` through CuPy
+(cached on disk) or read from a folder written by ``onnx-hybrid prepare-cuda``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import ctypes
 import functools
 import os
 import pathlib
+import re
+import tempfile
 import warnings
 
 ABI_VERSION = 1
@@ -41,7 +45,12 @@ _REGISTERED_KEY = "onnx_hybrid.custom_ops_library"
 
 
 def register(session_options) -> None:
-    """Register the library's ops (domain ``onnx_hybrid``) into ``session_options``; idempotent."""
+    """Register the library's ops (domain ``onnx_hybrid``) into ``session_options``; idempotent.
+
+    Where a CUDA session could run (an ORT with the CUDA EP and a visible GPU, or $ONNX_HYBRID_CUDA_IMAGES
+    set), also prepares the CUDA kernels (:func:`prepare_cuda`), so that a plain
+    ``InferenceSession(..., providers=["CUDAExecutionProvider"])`` works.
+    """
     path = library_path()
     try:
         if session_options.get_session_config_entry(_REGISTERED_KEY) == path:
@@ -51,6 +60,8 @@ def register(session_options) -> None:
     control()  # refuse a library with another control ABI before ORT loads it into a session
     session_options.register_custom_ops_library(path)
     session_options.add_session_config_entry(_REGISTERED_KEY, path)
+    if os.environ.get(IMAGES_ENV) or _visible_cuda_archs():
+        prepare_cuda()
 
 
 @functools.cache
@@ -65,6 +76,13 @@ def control() -> ctypes.CDLL:
     lib.onnx_hybrid_last_error.restype = ctypes.c_char_p
     lib.onnx_hybrid_cpu_isa.argtypes = []
     lib.onnx_hybrid_cpu_isa.restype = ctypes.c_char_p
+    lib.onnx_hybrid_set_cuda_image.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+    lib.onnx_hybrid_set_cuda_image.restype = ctypes.c_int
+    lib.onnx_hybrid_cuda_struct_layout.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.onnx_hybrid_cuda_struct_layout.restype = ctypes.c_int
+    lib.onnx_hybrid_cuda_plan.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
+                                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    lib.onnx_hybrid_cuda_plan.restype = ctypes.c_int
     found = lib.onnx_hybrid_abi_version()
     if found != ABI_VERSION:
         raise RuntimeError(f"{library_path()} has control ABI {found}, this package expects {ABI_VERSION}; rebuild it")
@@ -72,7 +90,8 @@ def control() -> ctypes.CDLL:
 
 
 def set_option(key: str, value: str) -> None:
-    """Set a library option (``register_com_microsoft`` = 0|1, ``cpu_engine`` = auto|sequential|chunked)."""
+    """Set a library option (``register_com_microsoft`` = 0|1, ``cpu_engine`` = auto|sequential|chunked,
+    ``cuda_gdn_engine`` = auto|chunked|recurrent)."""
     lib = control()
     if lib.onnx_hybrid_set_option(key.encode(), value.encode()) != 0:
         raise ValueError(lib.onnx_hybrid_last_error().decode())
@@ -84,9 +103,9 @@ def cpu_isa() -> str:
 
 
 # Execution providers whose own com.microsoft kernels our alias silently replaces, and the first stock ORT
-# version that has them (spec/native_library.md §8). Only CPU for now: the library has no CUDA variant yet,
-# so ORT's CUDA kernels (onnxruntime-gpu >= 1.31) still win on the CUDA EP.
-_ORT_OWN_KERNELS = {"CPUExecutionProvider": (1, 32)}
+# version that has them (spec/native_library.md §8): the CPU kernels of onnxruntime 1.32 and the CUDA
+# kernels of onnxruntime-gpu 1.31.
+_ORT_OWN_KERNELS = {"CPUExecutionProvider": (1, 32), "CUDAExecutionProvider": (1, 31)}
 
 
 def enable_com_microsoft_alias(enabled: bool = True) -> None:
@@ -106,3 +125,135 @@ def enable_com_microsoft_alias(enabled: bool = True) -> None:
                 f"kernels for {', '.join(shadowed)}; the onnx_hybrid alias overrides them in sessions registered "
                 "from now on", RuntimeWarning, stacklevel=2)
     set_option("register_com_microsoft", "1" if enabled else "0")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CUDA kernels for the CUDA variants
+# ---------------------------------------------------------------------------------------------------------
+
+# A folder of prepared images (``onnx-hybrid prepare-cuda -o DIR``): every sm<arch>.cubin in it is loaded.
+IMAGES_ENV = "ONNX_HYBRID_CUDA_IMAGES"
+_IMAGE_NAME = re.compile(r"^sm(\d+)\.cubin$")
+
+
+class CudaPrepareError(RuntimeError):
+    pass
+
+
+def set_cuda_image(arch: int, image: bytes) -> None:
+    """Hand the library the kernels' image for ``sm_<arch>`` (the library copies it). A second call for the
+    same arch must pass the same bytes."""
+    lib = control()
+    if lib.onnx_hybrid_set_cuda_image(arch // 10, arch % 10, image, len(image)) != 0:
+        raise CudaPrepareError(lib.onnx_hybrid_last_error().decode())
+
+
+def image_file_name(arch: int) -> str:
+    return f"sm{arch}.cubin"
+
+
+def write_cuda_images(archs, directory) -> list[pathlib.Path]:
+    """Compile the kernels for each ``sm_<arch>`` (no GPU needed) into ``directory``/sm<arch>.cubin."""
+    from ..cuda_ops.compiler import compile_image
+
+    folder = pathlib.Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for arch in archs:
+        path = folder / image_file_name(arch)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(compile_image(arch))
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the images from other users of the folder
+            os.replace(tmp, path)
+        except BaseException:
+            pathlib.Path(tmp).unlink(missing_ok=True)
+            raise
+        written.append(path)
+    return written
+
+
+def prepare_cuda(*, arch: int | None = None, directory=None) -> list[int]:
+    """Give the library the CUDA kernels before a CUDA session runs; returns the archs now loaded from here.
+
+    * ``directory`` (or $ONNX_HYBRID_CUDA_IMAGES): load every ``sm<arch>.cubin`` prepared there; no CuPy needed.
+    * ``arch``: compile for ``sm_<arch>`` through CuPy/NVRTC (or take it from the kernel cache); no GPU needed.
+    * neither: compile for the compute capability of every visible GPU.
+    """
+    folder = directory or os.environ.get(IMAGES_ENV)
+    if folder:
+        found = sorted((int(m.group(1)), p) for p in pathlib.Path(folder).glob("sm*.cubin")
+                       if (m := _IMAGE_NAME.match(p.name)))
+        if not found:
+            raise CudaPrepareError(f"no sm<arch>.cubin in {folder}; write them with `onnx-hybrid prepare-cuda "
+                                   f"--arch <cc> -o {folder}`")
+        for a, path in found:
+            set_cuda_image(a, path.read_bytes())
+        return [a for a, _ in found]
+    archs = [arch] if arch is not None else _visible_cuda_archs()
+    if not archs:
+        raise CudaPrepareError("no CUDA device visible to CuPy; pass arch=<compute capability> or set "
+                               f"{IMAGES_ENV} to a folder written by `onnx-hybrid prepare-cuda`")
+    try:
+        from ..cuda_ops.compiler import compile_image
+    except ImportError as error:
+        raise CudaPrepareError(f"compiling the CUDA kernels needs CuPy with NVRTC ({error}); or set {IMAGES_ENV} "
+                               "to a folder written by `onnx-hybrid prepare-cuda` on a host that has them") from None
+    for a in archs:
+        set_cuda_image(a, compile_image(a))
+    return archs
+
+
+def _visible_cuda_archs() -> list[int]:
+    """Compute capabilities (e.g. 90) of the GPUs CuPy sees, when this ORT can run the CUDA EP; else []."""
+    try:
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            return []
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy, no driver, no device: nothing to prepare here
+        return []
+    return sorted({int(cupy.cuda.Device(d).compute_capability) for d in range(count)})
+
+
+def _text(call, *args) -> str:
+    """Call a control function that writes text into a caller buffer and returns the length it needs."""
+    lib = control()
+    size = 1024
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = call(*args, buf, size)
+        if n < 0:
+            raise ValueError(lib.onnx_hybrid_last_error().decode())
+        if n < size:
+            return buf.value.decode()
+        size = n + 1
+
+
+def cuda_struct_layout(name: str) -> dict[str, int]:
+    """The launcher's sizeof and field offsets of a kernel parameter struct ("GdnParams", "ConvParams")."""
+    text = _text(control().onnx_hybrid_cuda_struct_layout, name.encode())
+    return {k: int(v) for k, v in (item.split("=") for item in text.split())}
+
+
+_CUDA_ENGINES = {"auto": 0, "chunked": 1, "recurrent": 2}
+_CUDA_TYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
+def cuda_plan(op: str, dtype: str, dims, *, arch: int, smem_optin: int, engine: str = "auto") -> list[tuple]:
+    """The launches the CUDA variant would enqueue, computed by the library without a device: (kernel, grid,
+    block, smem, tail_only, row_groups) each. op "gdn": dims (batch, total_tokens, hv, dk, dv, per_key_decay,
+    aligned); op "conv": dims (batch, total_tokens, channels)."""
+    arr = (ctypes.c_int64 * len(dims))(*dims)
+    text = _text(control().onnx_hybrid_cuda_plan, op.encode(), _CUDA_TYPES[dtype], arr, len(dims), arch, smem_optin,
+                 _CUDA_ENGINES[engine])
+    launches = []
+    for line in text.splitlines():
+        name, *n = line.split()
+        n = [int(v) for v in n]
+        launches.append((name, tuple(n[0:3]), tuple(n[3:6]), n[6], n[7], n[8]))
+    return launches

@@ -1,0 +1,173 @@
+"""The library's CUDA variants, checked without a GPU: the launcher's parameter structs and launch plans
+agree with onnx_hybrid.cuda_ops.plan (what the kernels were tested with), images are handed over by copy
+and never replaced, prepare_cuda compiles offline or loads a prepared folder, and a CUDA session request
+on a CPU-only ORT still runs our CPU kernels. The GPU half is tests/test_cuda_ep.py."""
+
+import ctypes
+import itertools
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from native_util import GDN, check_gdn
+from onnx_hybrid import cli
+from onnx_hybrid.cuda_ops import plan
+from onnx_hybrid.ops import contract, library, single_op
+from onnx_hybrid.ops.testing import random_gdn_case
+
+# (arch, opt-in shared memory per block): H100/H200, A100, RTX 30xx/40xx (too little for the chunked
+# kernel), Turing (too old for it).
+DEVICES = [(90, 232448), (80, 166912), (86, 101376), (75, 65536)]
+DTYPES = ["float32", "float16", "bfloat16"]
+
+
+@pytest.mark.parametrize("struct", [plan.GdnParams, plan.ConvParams])
+def test_param_structs_match_the_ctypes_mirror(struct):
+    layout = library.cuda_struct_layout(struct.__name__)
+    assert layout.pop("size") == ctypes.sizeof(struct)
+    expected = {name: getattr(struct, name).offset for name, _ in struct._fields_}
+    assert layout == expected  # same fields, same order, same offsets
+
+
+def test_unknown_struct_is_an_error():
+    with pytest.raises(ValueError, match="unknown struct 'Nope'"):
+        library.cuda_struct_layout("Nope")
+
+
+def python_gdn_plan(dims, dtype, arch, smem, engine):
+    batch, total, hv, dk, dv, per_key, aligned = dims
+    geo = contract.GdnGeometry("ragged", batch, total, hv, hv, hv, dk, dv, bool(per_key), 0, (), (), 0)
+    params = plan.GdnParams(state_in=None if aligned else 8)
+    return [(ln.kernel, ln.grid, ln.block, ln.smem, ln.params.tail_only, ln.params.row_groups)
+            for ln in plan.gdn_plan(geo, dtype, params, arch=arch, smem_optin=smem, engine=engine)]
+
+
+def gdn_geometries():
+    rng = np.random.default_rng(7)
+    fixed = [  # decode and prefill of the real models, odd sizes, the chunked threshold, big batches
+        (1, 1, 32, 128, 128, 0, 1), (64, 64, 48, 128, 128, 0, 1), (4, 4096, 32, 128, 128, 0, 1),
+        (3, 95, 16, 128, 128, 0, 1), (3, 96, 16, 128, 128, 0, 1), (2, 200, 8, 128, 128, 0, 0),
+        (2, 200, 8, 128, 128, 1, 1), (5, 17, 3, 96, 80, 0, 1), (1, 8, 2, 512, 64, 0, 1), (7, 7, 5, 33, 31, 1, 1),
+        (512, 512, 64, 128, 128, 0, 1), (256, 256, 32, 256, 256, 0, 1), (2, 0, 4, 64, 64, 0, 1),
+    ]
+    drawn = [(int(rng.integers(1, 300)), 0, int(rng.integers(1, 65)), int(rng.choice([16, 64, 100, 128, 256, 300])),
+              int(rng.integers(1, 257)), int(rng.integers(0, 2)), int(rng.integers(0, 2))) for _ in range(25)]
+    drawn = [(b, b * int(rng.integers(0, 80)), *rest) for b, _, *rest in drawn]
+    return fixed + drawn
+
+
+def test_gdn_plan_matches_cuda_ops_plan():
+    plans = errors = 0
+    for dims, dtype, (arch, smem), engine in itertools.product(gdn_geometries(), DTYPES, DEVICES,
+                                                               ["auto", "recurrent", "chunked"]):
+        try:
+            expected = python_gdn_plan(dims, dtype, arch, smem, engine)
+        except plan.PlanError as error:
+            with pytest.raises(ValueError) as raised:
+                library.cuda_plan("gdn", dtype, dims, arch=arch, smem_optin=smem, engine=engine)
+            # the same reason, without the op-name prefix that the kernel's status adds
+            assert str(raised.value).removeprefix("onnx_hybrid_cuda_plan: ") == str(error).removeprefix(
+                f"{GDN}: "), dims
+            errors += 1
+            continue
+        assert library.cuda_plan("gdn", dtype, dims, arch=arch, smem_optin=smem, engine=engine) == expected, \
+            (dims, dtype, arch, engine)
+        plans += 1
+    assert plans > 800 and errors > 100  # both sides of the comparison were exercised
+
+
+@pytest.mark.parametrize("dims", [(1, 1, 1), (4, 4, 8192), (3, 100, 129), (64, 1000, 4096), (2, 0, 10)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_conv_plan_matches_cuda_ops_plan(dims, dtype):
+    batch, total, channels = dims
+    geo = contract.ConvGeometry(batch, total, channels, 4, 3, 0)
+    expected = [(ln.kernel, ln.grid, ln.block, ln.smem, 0, 0) for ln in plan.conv_plan(geo, dtype, plan.ConvParams())]
+    assert library.cuda_plan("conv", dtype, dims, arch=90, smem_optin=232448) == expected
+
+
+def test_planned_kernels_exist_in_the_image():
+    names = set(plan.kernel_names())
+    for dims, dtype in itertools.product(gdn_geometries(), DTYPES):
+        for engine in ("auto", "recurrent"):
+            try:
+                launches = library.cuda_plan("gdn", dtype, dims, arch=90, smem_optin=232448, engine=engine)
+            except ValueError:
+                continue
+            assert {ln[0] for ln in launches} <= names
+
+
+# Images live for the whole process (they are never replaced), so these tests use compute capabilities no
+# GPU has (1.x) and leave the real ones to prepare_cuda.
+def test_set_cuda_image_copies_the_bytes_and_never_replaces_an_image():
+    original = b"\x7fELF image one"
+    buffer = ctypes.create_string_buffer(original, len(original))
+    lib = library.control()
+    assert lib.onnx_hybrid_set_cuda_image(1, 0, buffer, len(original)) == 0
+    buffer[0:4] = b"XXXX"  # the library kept its own copy: the original bytes are still "the same image"
+    library.set_cuda_image(10, original)
+    with pytest.raises(library.CudaPrepareError, match=r"a different image is already set for sm_10"):
+        library.set_cuda_image(10, bytes(buffer))
+    library.set_cuda_image(11, bytes(buffer))  # another capability is independent
+
+
+def test_set_cuda_image_rejects_empty_images_and_bad_capabilities():
+    with pytest.raises(library.CudaPrepareError, match="non-empty image"):
+        library.set_cuda_image(12, b"")
+    lib = library.control()
+    assert lib.onnx_hybrid_set_cuda_image(1, 10, b"x", 1) == -1
+    assert lib.onnx_hybrid_set_cuda_image(0, 0, b"x", 1) == -1
+
+
+def test_prepare_cuda_compiles_offline_for_a_given_arch():
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+    assert library.prepare_cuda(arch=90) == [90]
+    assert library.prepare_cuda(arch=90) == [90]  # the same bytes again (from the kernel cache): accepted
+
+
+def test_prepare_cuda_loads_a_prepared_folder(tmp_path, monkeypatch):
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+    folder = tmp_path / "cubins"
+    assert cli.main(["prepare-cuda", "--arch", "90", "-o", str(folder)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["sm90.cubin"]
+    assert library.prepare_cuda(directory=folder) == [90]
+    monkeypatch.setenv(library.IMAGES_ENV, str(folder))
+    assert library.prepare_cuda() == [90]
+    so = ort.SessionOptions()
+    library.register(so)  # with the variable set, registration loads the folder (same bytes: accepted)
+
+
+def test_prepare_cuda_errors_say_what_to_do(tmp_path, monkeypatch):
+    with pytest.raises(library.CudaPrepareError, match="no sm<arch>.cubin in .*onnx-hybrid prepare-cuda"):
+        library.prepare_cuda(directory=tmp_path)
+    monkeypatch.delenv(library.IMAGES_ENV, raising=False)
+    if not library._visible_cuda_archs():
+        with pytest.raises(library.CudaPrepareError, match="no CUDA device visible"):
+            library.prepare_cuda()
+
+
+def test_prepare_cuda_cli_rejects_an_arch_nvrtc_lacks(tmp_path, capsys):
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+    assert cli.main(["prepare-cuda", "--arch", "91", "-o", str(tmp_path)]) == cli.USAGE_ERROR
+    assert "cannot target sm_91" in capsys.readouterr().err
+
+
+def test_cuda_gdn_engine_option():
+    for value in ("chunked", "recurrent", "auto"):
+        library.set_option("cuda_gdn_engine", value)
+    with pytest.raises(ValueError, match="cuda_gdn_engine = auto|chunked|recurrent"):
+        library.set_option("cuda_gdn_engine", "fast")
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider' is not in available provider names")
+def test_cuda_session_request_falls_back_to_our_cpu_kernels():
+    """On a CPU-only ORT the CUDA variants are registered but never chosen; the CPU kernels run."""
+    if "CUDAExecutionProvider" in ort.get_available_providers() and library._visible_cuda_archs():
+        pytest.skip("a usable CUDA EP is present: tests/test_cuda_ep.py covers this host")
+    case = random_gdn_case(np.random.default_rng(3), [5, 1, 40])
+    model = single_op.single_op_model(GDN, case.feeds, case.attributes).SerializeToString()
+    so = ort.SessionOptions()
+    library.register(so)
+    session = ort.InferenceSession(model, so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    check_gdn(case, single_op.run_session(session, case.feeds))
