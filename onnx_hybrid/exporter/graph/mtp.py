@@ -20,7 +20,7 @@ from functools import partial
 import onnx_ir as ir
 
 from .. import io_names as io
-from ..model_config import FULL
+from ..model_config import FULL, ModelConfig
 from .attention import attention
 from .context import GraphContext
 from .decoder import (INT64, _as_output, _packed_inputs, _packed_preamble, _preamble, _tensor,
@@ -31,8 +31,9 @@ MTP_PREFIX = "mtp."
 LAYER_PREFIX = "mtp.layers."
 
 
-def head_config(ctx: GraphContext):
-    """The main config reduced to the head's single full-attention layer (MoE when its weights are)."""
+def head_config(ctx: GraphContext) -> ModelConfig:
+    """The main config reduced to the head's one full-attention layer, with an MoE block when the
+    checkpoint's head has a router (MoE releases), else a dense MLP."""
     moe = f"{LAYER_PREFIX}0.mlp.gate.weight" in ctx.weights.checkpoint
     return replace(ctx.config, num_layers=1, layer_types=(FULL,), moe_layers=(moe,))
 
