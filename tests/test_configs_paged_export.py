@@ -170,10 +170,26 @@ def test_paged_io_matches_the_0_18_builders_paged_export(checkpoints, tmp_path):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(block_size=24), "power of two"), (dict(block_size=8), "power of two"), (dict(num_blocks=0), "positive")])
+    (dict(block_size=24), "power of two"), (dict(block_size=8), "power of two"), (dict(num_blocks=0), "positive"),
+    (dict(paged_attention="ai.onnx"), "paged_attention must be one of onnx_hybrid, com.microsoft")])
 def test_bad_paged_options(options, message, checkpoints, tmp_path):
     with pytest.raises(ExportError, match=message):
         export(checkpoints["qwen3_5_text"], tmp_path / "out", paged=True, progress=False, **options)
+
+
+def test_our_paged_attention_with_orts_state_ops(checkpoints, tmp_path):
+    """--op-domain com.microsoft --paged-attention onnx_hybrid: ORT's GDN/conv kernels, our attention; the
+    library is copied and named because the graph still has one of our ops."""
+    out = tmp_path / "out"
+    assert export_main([str(checkpoints["qwen3_5_text"]), "-o", str(out), "--paged", "--block-size", "16",
+                        "--num-blocks", "4", "--op-domain", "com.microsoft", "--paged-attention", "onnx_hybrid",
+                        "-q"]) == 0
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    domains = {n.op_type: n.domain for n in graph.node if n.domain not in ("", "ai.onnx")}
+    assert domains["PagedAttention"] == contract.DOMAIN and domains["GatedDeltaNet"] == contract.MS_DOMAIN
+    library = read_config(out)["model"]["decoder"]["session_options"]["custom_ops_library"]
+    assert (out / library).is_file()
+    assert validate(out).ok
 
 
 # --- running the graph --------------------------------------------------------------------------
