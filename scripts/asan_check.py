@@ -1,12 +1,12 @@
 """Memory safety of the native library under AddressSanitizer.
 
-Builds a second copy of the library with -fsanitize=address (build/asan/), then runs, in a child Python
-with libasan preloaded, every malformed-offset case (negative, decreasing, past the end, wrong length,
-cu[0] != 0, last offset != T) and every shape rejection of the state ops, PagedAttention's malformed
-metadata (block table entries outside the pool, positions past the table, offsets past the end, negative
-past lengths), plus valid calls that exercise the edges of each engine (ragged with zero-length rows,
-capture, chunk tails, wide and deep convs, aliased state, pools in every element type). Any out-of-bounds access aborts the child with an ASan report; a rejection must come back as an
-ORT error. Exit status 0 means clean.
+Builds a second copy of the library with -fsanitize=address (build/asan/), then runs, in a child Python with
+libasan preloaded, every malformed-offset case (negative, decreasing, past the end, wrong length, cu[0] != 0,
+last offset != T) and every shape rejection of the state ops, PagedAttention's malformed metadata (block table
+entries outside the pool, positions past the table, offsets past the end, negative past lengths), plus valid
+calls that exercise the edges of each engine (ragged with zero-length rows, capture, chunk tails, wide and
+deep convs, aliased state, pools in every element type). Any out-of-bounds access aborts the child with an
+ASan report; a rejection must come back as an ORT error. Exit status 0 means clean.
 
 Usage: python scripts/asan_check.py [--quick]
 """
@@ -119,7 +119,8 @@ valid_paged = [dict(lengths=[1, 0, 40, 16], past=[15, 9, 0, 16], spare_blocks=0,
                dict(lengths=[5, 1], past=[27, 63], dtype="float16", head_size=17, block_size=32),
                dict(lengths=[2, 3], past=[0, 14], dtype="bfloat16", num_heads=8, kv_num_heads=1)]
 for kw in valid_paged[:1] if QUICK else valid_paged:
-    kw = dict(kw); run("PagedAttention", random_paged_attention_case(np.random.default_rng(1), kw.pop("lengths"), kw.pop("past"), **kw))
+    kw = dict(kw)
+    run("PagedAttention", random_paged_attention_case(np.random.default_rng(1), kw.pop("lengths"), kw.pop("past"), **kw))
 print(f"asan_check: {rejected} rejections, {ran} valid calls, no memory errors")
 '''
 

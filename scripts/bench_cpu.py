@@ -145,7 +145,8 @@ def bench_attention_case(lengths, past, runs: int, threads: int):
     got = single_op.run_session(ours, case.feeds)["output"]
     want = single_op.run_session(peer, dense_feeds)["out"].transpose(0, 3, 1, 2, 4).reshape(got.shape)
     if not np.allclose(got, want, rtol=1e-4, atol=1e-5):
-        raise AssertionError(f"{lengths}: PagedAttention differs from dense attention by {np.abs(got - want).max():.3e}")
+        raise AssertionError(f"{lengths}: PagedAttention differs from dense attention by "
+                             f"{np.abs(got - want).max():.3e}")
     pools = {"key_cache": "key_cache_out", "value_cache": "value_cache_out"}
     return timed_in_place(ours, case.feeds, pools, runs), timed_in_place(peer, dense_feeds, {}, runs)
 
@@ -175,8 +176,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name, lengths, past in ATTENTION_CASES:
         (ours, ours_cpu), (theirs, theirs_cpu) = bench_attention_case(lengths, past, args.runs, args.threads)
-        print(f"| {name} | {ours * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {theirs / ours:.2f}x | {ours_cpu * 1e3:.3f} ms "
-              f"| {theirs_cpu * 1e3:.3f} ms | {theirs_cpu / ours_cpu:.2f}x |", flush=True)
+        print(f"| {name} | {ours * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {theirs / ours:.2f}x | "
+              f"{ours_cpu * 1e3:.3f} ms | {theirs_cpu * 1e3:.3f} ms | {theirs_cpu / ours_cpu:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

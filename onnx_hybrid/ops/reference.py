@@ -1,10 +1,10 @@
 """float64 NumPy reference of GatedDeltaNet and VarlenCausalConvWithState (spec/ops.md §2.6, §2.7, §3.4)
 and of PagedAttention (speculative.md §4.2).
 
-Every function takes ``feeds`` exactly as an ONNX Runtime feed dict (the contract's input names; absent
-inputs missing or None) plus the node's attributes, checks shapes through the contract, and returns
-the op's three outputs in float64 (``(output, final_state, state_update)`` for the state ops). This is the oracle the kernels are tested against:
-it is written for clarity, token by token, not for speed.
+Every function takes ``feeds`` exactly as an ONNX Runtime feed dict (the contract's input names; absent inputs
+missing or None) plus the node's attributes, checks shapes through the contract, and returns the op's three
+outputs in float64 (``(output, final_state, state_update)`` for the state ops). This is the oracle the kernels
+are tested against: it is written for clarity, token by token, not for speed.
 """
 
 from __future__ import annotations

@@ -10,14 +10,16 @@ constexpr const char* kOp = pa::kName;
 }  // namespace
 
 PagedAttentionAttributes MakePagedAttentionAttributes(int64_t num_heads, int64_t kv_num_heads, float scale) {
-  if (num_heads < pa::kMinNumHeads || num_heads > pa::kMaxNumHeads) throw ContractError(kOp, msg::kPaNumHeads, {num_heads});
+  if (num_heads < pa::kMinNumHeads || num_heads > pa::kMaxNumHeads)
+    throw ContractError(kOp, msg::kPaNumHeads, {num_heads});
   if (kv_num_heads < pa::kMinKvNumHeads || kv_num_heads > pa::kMaxKvNumHeads)
     throw ContractError(kOp, msg::kPaKvNumHeads, {kv_num_heads});
   if (num_heads % kv_num_heads) throw ContractError(kOp, msg::kPaHeads, {num_heads, kv_num_heads});
   return PagedAttentionAttributes{num_heads, kv_num_heads, scale};
 }
 
-PagedAttentionGeometry ResolvePagedAttention(const PagedAttentionInputShapes& in, const PagedAttentionAttributes& attrs) {
+PagedAttentionGeometry ResolvePagedAttention(const PagedAttentionInputShapes& in,
+                                             const PagedAttentionAttributes& attrs) {
   const int64_t hq = attrs.num_heads, hkv = attrs.kv_num_heads;
   const Shape& cache = in.shape[pa::kInputKeyCache];
   if (cache.size() != 4) throw ContractError(kOp, msg::kPaCacheRank, {"key_cache", cache});
@@ -68,7 +70,8 @@ std::vector<PagedRow> PagedRows(const PagedAttentionGeometry& geo, const int32_t
       throw ContractError(kOp, msg::kPaBlockColumns, {b, p + length - 1, columns, geo.max_num_blocks});
     for (int64_t c = 0; c < columns; ++c) {
       const int64_t block = block_table[b * geo.max_num_blocks + c];
-      if (block < 0 || block >= geo.num_blocks) throw ContractError(kOp, msg::kPaBlockIndex, {b, c, block, geo.num_blocks});
+      if (block < 0 || block >= geo.num_blocks)
+        throw ContractError(kOp, msg::kPaBlockIndex, {b, c, block, geo.num_blocks});
     }
     rows[b] = {cu[b], length, p};
   }
