@@ -1,0 +1,190 @@
+"""Our CUDA nodes against ORT's own com.microsoft CUDA nodes, per op, inside ONNX Runtime sessions.
+
+For each case, one single-op model per domain (onnx_hybrid with our library, com.microsoft with
+onnxruntime-gpu's kernel), inputs and outputs bound to CuPy buffers through IOBinding, timed as the median
+wall time of ``run_with_iobinding`` (which ends with a stream synchronisation):
+* ``run``: a plain session;
+* ``graph``: the same session with ``enable_cuda_graph`` (ORT replays the captured node: GPU time plus
+  the fixed cost of one graph launch, without the node's host-side Compute);
+* ``host = run - graph``: the per-node host cost of the ORT path (input/output lookup, validation, plan,
+  launches). The issue's budget: ours may exceed ORT's own by at most 2 us (the last column).
+``kernel`` is our kernels alone (onnx_hybrid.cuda_ops replayed from a CuPy CUDA graph, like
+scripts/bench_gpu.py). 27B geometry (Hk = 16, Hv = 48, D = 128), fp16, qwen gate, L2 norm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+
+import cupy
+import numpy as np
+import onnxruntime as ort
+
+from onnx_hybrid import cuda_ops
+from onnx_hybrid.ops import contract, library, single_op
+
+HK, HV, D, KERNEL = 16, 48, 128, 4
+CONV_CH = 2 * HK * D + HV * D
+ATTRS = dict(gate_activation="qwen", beta_activation="sigmoid", qk_l2_norm=1, update_rule="gated_delta")
+BUDGET_US = 2.0
+
+
+def gdn_feeds(lengths, capacity, rng):
+    t, b = sum(lengths), len(lengths)
+    f = {
+        "query": rng.standard_normal((t, HK, D)).astype(np.float16),
+        "key": rng.standard_normal((t, HK, D)).astype(np.float16),
+        "value": rng.standard_normal((t, HV, D)).astype(np.float16),
+        "cu_seqlens": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+        "decay": rng.standard_normal((t, HV)).astype(np.float32),
+        "beta": rng.standard_normal((t, HV)).astype(np.float32),
+        "initial_state": (0.05 * rng.standard_normal((b, HV, D, D))).astype(np.float32),
+        "a_log": np.log(rng.uniform(0.5, 8.0, HV)).astype(np.float32),
+        "dt_bias": rng.uniform(-1, 1, HV).astype(np.float32),
+    }
+    if capacity:
+        f["capture_count"] = np.full(b, capacity, np.int32)
+    return f, dict(ATTRS, state_update_capacity=capacity)
+
+
+def conv_feeds(lengths, capacity, rng):
+    t, b = sum(lengths), len(lengths)
+    f = {
+        "input": rng.standard_normal((t, CONV_CH)).astype(np.float16),
+        "weight": (0.5 * rng.standard_normal((CONV_CH, 1, KERNEL))).astype(np.float16),
+        "cumulative_sequence_length": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+        "bias": rng.standard_normal(CONV_CH).astype(np.float16),
+        "initial_state": rng.standard_normal((b, CONV_CH, KERNEL - 1)).astype(np.float16),
+    }
+    if capacity:
+        f["capture_count"] = np.full(b, capacity, np.int32)
+    return f, dict(activation="silu", state_update_capacity=capacity)
+
+
+def session(op, feeds, attrs, domain, graph):
+    model = single_op.single_op_model(op, feeds, attrs, domain=domain).SerializeToString()
+    so = ort.SessionOptions()
+    if domain == contract.DOMAIN:
+        library.register(so)
+    options = {"enable_cuda_graph": "1"} if graph else {}
+    return ort.InferenceSession(model, so, providers=[("CUDAExecutionProvider", options)])
+
+
+def bound(sess, feeds, outputs):
+    """IOBinding over device copies of the feeds and preallocated device outputs (kept alive by the caller)."""
+    io = sess.io_binding()
+    arrays = {}
+    for name, value in feeds.items():
+        arrays[name] = cupy.asarray(value)
+        io.bind_input(name, "cuda", 0, value.dtype, list(value.shape), arrays[name].data.ptr)
+    for name, arr in outputs.items():
+        io.bind_output(name, "cuda", 0, arr.dtype, list(arr.shape), arr.data.ptr)
+    return io, arrays
+
+
+def ort_time(op, feeds, attrs, outputs, domain, graph, reps):
+    sess = session(op, feeds, attrs, domain, graph)
+    io, keep = bound(sess, feeds, outputs)
+    for _ in range(5):  # warm-up (and ORT's capture runs in graph mode)
+        sess.run_with_iobinding(io)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        sess.run_with_iobinding(io)
+        times.append(time.perf_counter() - t0)
+    del keep
+    return statistics.median(times)
+
+
+def kernel_time(op, feeds, attrs, outputs, reps):
+    """Our kernels alone: one CuPy graph of the plan, replayed; CUDA events."""
+    dev = {k: cupy.asarray(v) for k, v in feeds.items()}
+    stream = cupy.cuda.Stream(non_blocking=True)
+    fn = cuda_ops.gated_delta_net if op == contract.GATED_DELTA_NET.name else cuda_ops.varlen_causal_conv
+    with stream:
+        fn(dev, outputs=outputs, stream=stream.ptr, **attrs)  # loads the module outside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        fn(dev, outputs=outputs, stream=stream.ptr, **attrs)
+        graph = stream.end_capture()
+        times = []
+        for _ in range(reps):
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return statistics.median(times)
+
+
+def outputs_for(op, feeds, attrs):
+    if op == contract.GATED_DELTA_NET.name:
+        t, b = feeds["query"].shape[0], feeds["initial_state"].shape[0]
+        cap = attrs["state_update_capacity"]
+        return {"output": cupy.empty((t, HV, D), np.float16), "final_state": cupy.empty((b, HV, D, D), np.float32),
+                "state_update": cupy.empty((b, contract.gdn_capsule_width(cap, HV, HK, D, D)), np.float32)}
+    t, b = feeds["input"].shape[0], feeds["initial_state"].shape[0]
+    return {"output": cupy.empty((t, CONV_CH), np.float16), "final_state": cupy.empty((b, CONV_CH, KERNEL - 1),
+                                                                                    np.float16),
+            "state_update": cupy.empty((b, attrs["state_update_capacity"], CONV_CH), np.float16)}
+
+
+CASES = [  # (name, op, lengths, capacity)
+    ("gdn decode B=1", contract.GATED_DELTA_NET.name, [1], 0),
+    ("gdn decode B=32", contract.GATED_DELTA_NET.name, [1] * 32, 0),
+    ("gdn verify 4 B=32 cap4", contract.GATED_DELTA_NET.name, [4] * 32, 4),
+    ("gdn prefill 1x4096", contract.GATED_DELTA_NET.name, [4096], 0),
+    ("gdn prefill 8x2048", contract.GATED_DELTA_NET.name, [2048] * 8, 0),
+    ("conv decode B=32", contract.VARLEN_CAUSAL_CONV.name, [1] * 32, 0),
+    ("conv verify 4 B=32 cap4", contract.VARLEN_CAUSAL_CONV.name, [4] * 32, 4),
+    ("conv prefill 1x4096", contract.VARLEN_CAUSAL_CONV.name, [4096], 0),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="", help="comma-separated substrings of case names to run")
+    ap.add_argument("--reps", type=int, default=200)
+    args = ap.parse_args()
+    if hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    library.prepare_cuda()
+    rng = np.random.default_rng(0)
+    print(f"# {datetime.date.today()} {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}  "
+          f"onnxruntime {ort.__version__}; times in us (median of {args.reps})")
+    print(f"{'case':24s} {'kernel':>7s} | {'ours run':>8s} {'graph':>7s} {'host':>6s} | {'ORT run':>8s} "
+          f"{'graph':>7s} {'host':>6s} | {'run ratio':>9s} {'host diff':>9s}")
+    for name, op, lengths, capacity in CASES:
+        if args.cases and not any(c in name for c in args.cases.split(",")):
+            continue
+        make = gdn_feeds if op == contract.GATED_DELTA_NET.name else conv_feeds
+        feeds, attrs = make(lengths, capacity, rng)
+        outs = outputs_for(op, feeds, attrs)
+        k = kernel_time(op, feeds, attrs, outs, args.reps)
+        row = {}
+        for domain in (contract.DOMAIN, contract.MS_DOMAIN):
+            for graph in (False, True):
+                try:
+                    row[domain, graph] = ort_time(op, feeds, attrs, outs, domain, graph, args.reps)
+                except Exception as exc:  # report and go on (e.g. a node that cannot be captured)
+                    print(f"# {name} {domain} graph={graph}: {type(exc).__name__}: {str(exc)[:200]}")
+                    row[domain, graph] = float("nan")
+        ours_host = row[contract.DOMAIN, False] - row[contract.DOMAIN, True]
+        ort_host = row[contract.MS_DOMAIN, False] - row[contract.MS_DOMAIN, True]
+        diff = ours_host - ort_host
+        verdict = "ok" if diff * 1e6 <= BUDGET_US else "OVER"
+        print(f"{name:24s} {k * 1e6:7.1f} | {row[contract.DOMAIN, False] * 1e6:8.1f} "
+              f"{row[contract.DOMAIN, True] * 1e6:7.1f} {ours_host * 1e6:6.1f} | "
+              f"{row[contract.MS_DOMAIN, False] * 1e6:8.1f} {row[contract.MS_DOMAIN, True] * 1e6:7.1f} "
+              f"{ort_host * 1e6:6.1f} | {row[contract.MS_DOMAIN, False] / row[contract.DOMAIN, False]:9.2f} "
+              f"{diff * 1e6:+8.1f} {verdict}", flush=True)
+        del outs
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+#!/bin/bash
+# Our custom-op library's CUDA variants inside onnxruntime-gpu 1.31.1 sessions on the device machine:
+# tests/test_cuda_ep.py, then scripts/bench_cuda_ep.py. Logs go to $OUT (device tool) or ./out.
+#
+# The onnxruntime-gpu wheel (cp312, ~255 MB) reaches the device machine in five git-ignored parts,
+# .ortgpu0/part0 (with .ortgpu0/SHA256) ... .ortgpu4/part4, because one device call carries at most
+# 64 MiB. Make the five calls back to back on one warm machine (/tmp survives between calls only while
+# the machine stays held):
+#
+#   run(command="bash scripts/gpu_ort_session.sh part 0", carry=[".ortgpu0"])
+#   run(command="bash scripts/gpu_ort_session.sh part 1", carry=[".ortgpu1"])
+#   run(command="bash scripts/gpu_ort_session.sh part 2", carry=[".ortgpu2"])
+#   run(command="bash scripts/gpu_ort_session.sh part 3", carry=[".ortgpu3"])
+#   run(command="bash scripts/gpu_ort_session.sh part 4", timeout_s=600,
+#       carry=[".ortgpu4", "onnx_hybrid/ops/_native", "build/ort-headers", "build/generated"])
+#
+#   run(command="STEPS=bench bash scripts/gpu_ort_session.sh run", timeout_s=400)
+#
+# "part N" copies the part to /tmp/ortgpu-parts. Part 4 then joins the parts, checks the sha256,
+# installs the wheel with `pip install --no-deps --target /tmp/ortgpu`, and runs the check and test
+# steps (one call is limited to 10 minutes, so the benchmark gets its own call). `run` repeats steps on
+# the same warm machine: STEPS=check,test,bench picks them (default: all), BENCH_ARGS goes to
+# bench_cuda_ep.py, PYTEST_ARGS to pytest (e.g. PYTEST_ARGS="-k graph -x").
+#
+# The library: the copy built on the CPU host (carried as onnx_hybrid/ops/_native) is used when it loads;
+# otherwise it is compiled here with g++ from the carried ORT headers and generated headers (the device
+# machine has no network to fetch them).
+set -o pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+PARTS=/tmp/ortgpu-parts
+SITE=/tmp/ortgpu
+WHEEL_NAME=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
+LIBRARY=onnx_hybrid/ops/_native/libonnx_hybrid_ortops.so
+
+copy_part() {
+  local n=$1
+  mkdir -p "$PARTS"
+  cp ".ortgpu$n/part$n" "$PARTS/part$n" || { echo "no .ortgpu$n/part$n: carry .ortgpu$n"; exit 1; }
+  [ "$n" = 0 ] && cp .ortgpu0/SHA256 "$PARTS/SHA256"
+  ls -l "$PARTS"
+}
+
+install_wheel() {
+  local wheel=/tmp/ortgpu-wheel/$WHEEL_NAME
+  for n in 0 1 2 3 4; do
+    [ -f "$PARTS/part$n" ] || { echo "missing $PARTS/part$n: the machine was released between calls; start over at part 0"; exit 1; }
+  done
+  mkdir -p /tmp/ortgpu-wheel
+  cat "$PARTS"/part0 "$PARTS"/part1 "$PARTS"/part2 "$PARTS"/part3 "$PARTS"/part4 > "$wheel"
+  local want got
+  want=$(cut -d' ' -f1 "$PARTS/SHA256"); got=$(sha256sum "$wheel" | cut -d' ' -f1)
+  [ "$want" = "$got" ] || { echo "sha256 mismatch: $got, expected $want"; exit 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$wheel" || exit 1
+  rm -f "$wheel" "$PARTS"/part*
+}
+
+build_library() {
+  if python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$LIBRARY" 2>/dev/null; then
+    echo "library: the carried build ($LIBRARY)"
+    return
+  fi
+  echo "library: the carried build does not load here; compiling it with g++"
+  mkdir -p "$(dirname "$LIBRARY")"
+  python3 - "$LIBRARY" <<'PY' || exit 1
+import importlib.util, pathlib, subprocess, sys
+spec = importlib.util.spec_from_file_location("build_config", "onnx_hybrid/ops/native/build_config.py")
+config = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(config)
+subprocess.run(["g++", *config.COMPILE_ARGS, "-shared", *[f"-I{d}" for d in config.include_dirs()],
+                *map(str, config.sources()), *config.LINK_ARGS, "-ldl", "-o", sys.argv[1]], check=True)
+PY
+}
+
+run_steps() {
+  [ -d "$SITE/onnxruntime" ] || { echo "onnxruntime-gpu is not installed in $SITE: run the five part calls first"; exit 1; }
+  if ls .whl/*.whl >/dev/null 2>&1; then  # other carried wheels (e.g. onnx, ml_dtypes if the machine lacks them)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  fi
+  export PYTHONPATH=$PWD:$SITE:/tmp/site:$PYTHONPATH PYTHONUNBUFFERED=1
+  build_library
+  nvidia-smi -L
+  STEPS=${STEPS:-check,test,bench}
+  if [[ $STEPS == *check* ]]; then
+    python3 - <<'PY' 2>&1 | tee "$OUT/check.log"
+import importlib
+for name in ("numpy", "onnx", "ml_dtypes", "cupy", "onnxruntime"):
+    try:
+        m = importlib.import_module(name)
+        print(f"{name} {getattr(m, '__version__', '?')} {getattr(m, '__file__', '')}")
+    except Exception as e:
+        print(f"{name}: MISSING ({e})")
+import onnxruntime as ort
+if hasattr(ort, "preload_dlls"):
+    ort.preload_dlls()
+print("providers", ort.get_available_providers())
+from onnx_hybrid.ops import library
+print("library", library.library_path(), "prepared archs", library.prepare_cuda())
+PY
+  fi
+  [[ $STEPS == *test* ]] && timeout 420 python3 -m pytest -q -p no:cacheprovider -rfEs ${PYTEST_ARGS} \
+      tests/test_cuda_ep.py tests/test_native_cuda_cpu.py 2>&1 | tee "$OUT/pytest_cuda_ep.log" | tail -60
+  [[ $STEPS == *bench* ]] && eval "timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench_cuda_ep.py ${BENCH_ARGS}" \
+      2>&1 | tee "$OUT/bench_cuda_ep.log"
+  return 0
+}
+
+case "$1" in
+  part)
+    [[ "$2" =~ ^[0-4]$ ]] || { echo "usage: $0 part 0|1|2|3|4"; exit 2; }
+    copy_part "$2"
+    if [ "$2" = 4 ]; then install_wheel; STEPS=${STEPS:-check,test} run_steps; fi ;;
+  run) run_steps ;;
+  *) echo "usage: $0 part N | run   (the procedure is at the top of this file)"; exit 2 ;;
+esac
+exit 0

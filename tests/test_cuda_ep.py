@@ -1,0 +1,358 @@
+"""Our CUDA variants inside ONNX Runtime sessions on the CUDA EP (onnxruntime-gpu 1.31.1, a GPU).
+
+* Same kernels, same parameters: a session's outputs equal onnx_hybrid.cuda_ops' direct launches bit for
+  bit (the C++ launcher mirrors cuda_ops/plan.py), and both agree with the float64 reference within the
+  tolerances of tests/test_cuda_ops_gpu.py (whose configurations are reused here).
+* Against ORT's own com.microsoft CUDA kernels on the same node (spec/ops.md §7.2), without zero-length
+  requests (§3.9): fp32 1e-4, fp16/bf16 3e-2 (ORT's chunked tolerance), relative to max(|ref|, 1).
+* IOBinding with device inputs, initial_state and final_state bound to one buffer, CUDA-graph capture of
+  a decode step, the com.microsoft alias shadowing ORT's CUDA kernel, and a tiny exported model whose
+  greedy tokens equal the CPU run's.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from onnx_hybrid.ops import contract, library, reference, single_op
+from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case
+
+GDN = contract.GATED_DELTA_NET.name
+CONV = contract.VARLEN_CAUSAL_CONV.name
+
+
+def _skip_reason() -> str | None:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return "onnxruntime is not installed"
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (the CPU wheel; install onnxruntime-gpu)"
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            return "no CUDA device"
+    except Exception as error:  # no CuPy, no driver, no device
+        return f"no CUDA device visible to CuPy ({type(error).__name__}: {error})"
+    return None
+
+
+SKIP = _skip_reason()
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+
+if SKIP is None:
+    import cupy
+    import ml_dtypes
+    import onnxruntime as ort
+
+    from onnx_hybrid import cuda_ops
+    from test_cuda_ops_gpu import CONV_CONFIGS, GDN_CONFIGS
+
+    if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN libraries from the nvidia-* wheels, if that is where they are
+        ort.preload_dlls()
+else:
+    GDN_CONFIGS = CONV_CONFIGS = []
+
+
+@pytest.fixture(autouse=True)
+def engine_auto():
+    yield
+    if SKIP is None:
+        library.set_option("cuda_gdn_engine", "auto")
+
+
+def cuda_session(model, *, with_library=True, graph=False):
+    """A session whose every node runs on the CUDA EP (no silent CPU fallback)."""
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    if with_library:
+        library.register(so)
+    options = {"enable_cuda_graph": "1"} if graph else {}
+    data = model if isinstance(model, (str, bytes)) else model.SerializeToString()
+    session = ort.InferenceSession(data, so, providers=[("CUDAExecutionProvider", options)])
+    assert session.get_providers()[0] == "CUDAExecutionProvider", (
+        "the CUDA EP did not initialise (CUDA 13 / cuDNN 9 libraries missing?); ORT fell back to "
+        f"{session.get_providers()}")
+    return session
+
+
+def run_cuda(op, case, *, domain=contract.DOMAIN, with_library=True):
+    model = single_op.single_op_model(op, case.feeds, case.attributes, domain=domain)
+    return single_op.run_session(cuda_session(model, with_library=with_library), case.feeds)
+
+
+def rel_err(ours, ref):
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.max(np.abs(ours - ref)) / max(np.max(np.abs(ref)), 1.0)) if ref.size else 0.0
+
+
+def to_device(x):
+    """A CuPy array with x's bytes (bfloat16 travels as its uint16 bits)."""
+    x = np.ascontiguousarray(x)
+    return cupy.asarray(x.view(np.uint16) if x.dtype == ml_dtypes.bfloat16 else x)
+
+
+def host(x, dtype):
+    out = cupy.asnumpy(x)
+    return out.view(ml_dtypes.bfloat16) if np.dtype(dtype) == ml_dtypes.bfloat16 else out
+
+
+def direct_gdn(case, engine):
+    """cuda_ops.gated_delta_net on the same inputs: the kernels without ORT."""
+    dev = {k: (v if k == "state_update_active" or v is None else to_device(v)) for k, v in case.feeds.items()}
+    out, state, capsule = cuda_ops.gated_delta_net(dev, engine=engine, **case.attributes)
+    cupy.cuda.runtime.deviceSynchronize()
+    return host(out, case.feeds["query"].dtype), cupy.asnumpy(state), cupy.asnumpy(capsule)
+
+
+@pytest.mark.parametrize("name,kwargs,tol,engine", GDN_CONFIGS, ids=[c[0] for c in GDN_CONFIGS])
+def test_gdn_session_equals_the_kernels_and_the_reference(name, kwargs, tol, engine):
+    case = random_gdn_case(np.random.default_rng(11), **kwargs)
+    library.set_option("cuda_gdn_engine", engine)
+    ours = run_cuda(GDN, case)
+    expected = reference.gated_delta_net(case.feeds, **case.attributes)
+    for port, want in zip(["output", "final_state", "state_update"], expected):
+        assert np.isfinite(np.asarray(ours[port], np.float64)).all(), port
+        assert rel_err(ours[port], want) <= tol, f"{name} {port}: {rel_err(ours[port], want):.2e} > {tol}"
+    if case.feeds["query"].dtype != ml_dtypes.bfloat16:  # CuPy has no bfloat16 (test_cuda_ops_gpu.py covers it)
+        for port, direct in zip(["output", "final_state", "state_update"], direct_gdn(case, engine)):
+            np.testing.assert_array_equal(ours[port], direct, err_msg=f"{name} {port}: session != direct launch")
+
+
+@pytest.mark.parametrize("name,kwargs,tol", CONV_CONFIGS, ids=[c[0] for c in CONV_CONFIGS])
+def test_conv_session_equals_the_kernels_and_the_reference(name, kwargs, tol):
+    case = random_conv_case(np.random.default_rng(12), **kwargs)
+    ours = run_cuda(CONV, case)
+    expected = reference.varlen_causal_conv(case.feeds, **case.attributes)
+    for port, want in zip(["output", "final_state", "state_update"], expected):
+        assert rel_err(ours[port], want) <= tol, f"{name} {port}: {rel_err(ours[port], want):.2e} > {tol}"
+    dtype = case.feeds["input"].dtype
+    if dtype != ml_dtypes.bfloat16:
+        dev = {k: (None if v is None else to_device(v)) for k, v in case.feeds.items()}
+        direct = cuda_ops.varlen_causal_conv(dev, **case.attributes)
+        cupy.cuda.runtime.deviceSynchronize()
+        for port, d in zip(["output", "final_state", "state_update"], direct):
+            np.testing.assert_array_equal(ours[port], host(d, dtype), err_msg=f"{name} {port}")
+
+
+D128 = dict(num_heads_q=2, num_heads_v=4, head_size_k=128, head_size_v=128)
+ORT_GDN_CASES = [
+    ("f16-prefill-chunked", dict(lengths=(40, 150, 200), dtype="float16", **D128), 3e-2),
+    ("f16-decode", dict(lengths=(1, 1, 1, 1), dtype="float16", **D128), 3e-2),
+    ("bf16-mixed", dict(lengths=(3, 40), dtype="bfloat16", **D128), 3e-2),
+    ("f32-small-heads", dict(lengths=(5, 9), head_size_k=64, head_size_v=64), 1e-4),
+    ("f32-capture", dict(lengths=(3, 5, 1), capacity=4, capture=(2, 9, 2), head_size_k=64, head_size_v=64), 1e-4),
+    ("f32-packed", dict(lengths=(4, 9), layout="packed", head_size_k=64, head_size_v=64), 1e-4),
+]
+
+
+@pytest.mark.parametrize("name,kwargs,tol", ORT_GDN_CASES, ids=[c[0] for c in ORT_GDN_CASES])
+def test_gdn_agrees_with_ort_cuda_kernel(name, kwargs, tol):
+    case = random_gdn_case(np.random.default_rng(21), **kwargs)
+    ours = run_cuda(GDN, case)
+    theirs = run_cuda(GDN, case, domain=contract.MS_DOMAIN, with_library=False)
+    for port in ours:
+        assert rel_err(ours[port], theirs[port]) <= tol, f"{name} {port}: {rel_err(ours[port], theirs[port]):.2e}"
+
+
+ORT_CONV_CASES = [
+    ("f32", dict(lengths=(5, 9, 1)), 1e-5),
+    ("f16-capture", dict(dtype="float16", capacity=4, capture=(1, 4, 2), lengths=(3, 6, 2)), 2e-2),
+    ("decode-wide", dict(lengths=(1, 1, 1), channels=1024), 1e-5),
+]
+
+
+@pytest.mark.parametrize("name,kwargs,tol", ORT_CONV_CASES, ids=[c[0] for c in ORT_CONV_CASES])
+def test_conv_agrees_with_ort_cuda_kernel(name, kwargs, tol):
+    case = random_conv_case(np.random.default_rng(22), **kwargs)
+    ours = run_cuda(CONV, case)
+    theirs = run_cuda(CONV, case, domain=contract.MS_DOMAIN, with_library=False)
+    for port in ours:
+        assert rel_err(ours[port], theirs[port]) <= tol, f"{name} {port}: {rel_err(ours[port], theirs[port]):.2e}"
+
+
+def test_contract_errors_match_the_cpu_kernels():
+    case = random_gdn_case(np.random.default_rng(5), lengths=(3, 4), capacity=2, capture=(1, 1))
+    feeds = dict(case.feeds, capture_count=np.array([1, 1, 1], np.int32))  # [B] expected, B = 2
+    model = single_op.single_op_model(GDN, feeds, case.attributes)
+    messages = []
+    for session in (cuda_session(model), single_op.make_session(model)):
+        with pytest.raises(Exception) as raised:
+            single_op.run_session(session, feeds)
+        messages.append(str(raised.value).split("GatedDeltaNet: ", 1)[-1])
+    assert messages[0] == messages[1] and "capture_count" in messages[0]
+
+
+def test_engine_option_reaches_the_cuda_kernel_and_errors_come_back_as_status():
+    case = random_gdn_case(np.random.default_rng(6), lengths=(4, 3))  # fp32: no chunked kernel serves it
+    library.set_option("cuda_gdn_engine", "chunked")
+    with pytest.raises(Exception, match="GatedDeltaNet: the chunked engine needs float16/bfloat16"):
+        run_cuda(GDN, case)
+
+
+def test_a_session_without_prepared_kernels_says_what_to_call():
+    code = (
+        "import numpy as np, onnxruntime as ort\n"
+        "if hasattr(ort, 'preload_dlls'):\n"
+        "    ort.preload_dlls()\n"
+        "from onnx_hybrid.ops import library, single_op\n"
+        "from onnx_hybrid.ops.testing import random_gdn_case\n"
+        "case = random_gdn_case(np.random.default_rng(0), lengths=(2, 3))\n"
+        "model = single_op.single_op_model('GatedDeltaNet', case.feeds, case.attributes).SerializeToString()\n"
+        "so = ort.SessionOptions()\n"
+        "so.register_custom_ops_library(library.library_path())  # no prepare_cuda()\n"
+        "s = ort.InferenceSession(model, so, providers=['CUDAExecutionProvider'])\n"
+        "try:\n"
+        "    single_op.run_session(s, case.feeds)\n"
+        "except Exception as e:\n"
+        "    print(e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != library.IMAGES_ENV}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert ("onnx_hybrid: CUDA kernels are not loaded; call onnx_hybrid.ops.library.prepare_cuda() before running "
+            "a CUDA session") in done.stdout, done.stdout + done.stderr
+
+
+def bind_inputs(io, feeds):
+    """Device copies of the feeds, bound by pointer (state_update_active stays a host value)."""
+    arrays = {}
+    for name, value in feeds.items():
+        if value is None:
+            continue
+        if name == "state_update_active":
+            io.bind_cpu_input(name, value)
+            continue
+        arrays[name] = to_device(value)
+        io.bind_input(name, "cuda", 0, value.dtype, list(value.shape), arrays[name].data.ptr)
+    return arrays
+
+
+@pytest.mark.parametrize("kwargs,tol", [
+    (dict(lengths=(1, 1, 1, 1), capacity=2, capture=(1, 0, 2, 1)), 1e-4),
+    (dict(lengths=(70, 1, 40), dtype="float16", **D128), 3e-2),
+])
+def test_iobinding_device_inputs_and_state_bound_in_place(kwargs, tol):
+    case = random_gdn_case(np.random.default_rng(31), **kwargs)
+    model = single_op.single_op_model(GDN, case.feeds, case.attributes)
+    session = cuda_session(model)
+    io = session.io_binding()
+    arrays = bind_inputs(io, case.feeds)
+    state = arrays["initial_state"]
+    io.bind_output("final_state", "cuda", 0, np.float32, list(state.shape), state.data.ptr)  # the same buffer
+    io.bind_output("output", "cuda")
+    io.bind_output("state_update", "cuda")
+    cupy.cuda.runtime.deviceSynchronize()
+    session.run_with_iobinding(io)
+    out, _, capsule = io.get_outputs()
+    assert out.device_name().lower() == "cuda"
+    expected = reference.gated_delta_net(case.feeds, **case.attributes)
+    results = {"output": cupy.asnumpy(cupy.from_dlpack(out)), "final_state": cupy.asnumpy(state),
+               "state_update": cupy.asnumpy(cupy.from_dlpack(capsule))}
+    for port, want in zip(["output", "final_state", "state_update"], expected):
+        assert rel_err(results[port], want) <= tol, f"{port}: {rel_err(results[port], want):.2e}"
+
+
+def test_conv_state_bound_in_place():
+    case = random_conv_case(np.random.default_rng(32), lengths=(1, 7, 3), capacity=3, capture=(1, 2, 3))
+    model = single_op.single_op_model(CONV, case.feeds, case.attributes)
+    session = cuda_session(model)
+    io = session.io_binding()
+    arrays = bind_inputs(io, case.feeds)
+    state = arrays["initial_state"]
+    io.bind_output("output", "cuda")
+    io.bind_output("final_state", "cuda", 0, state.dtype, list(state.shape), state.data.ptr)
+    io.bind_output("state_update", "cuda")
+    cupy.cuda.runtime.deviceSynchronize()
+    session.run_with_iobinding(io)
+    expected = reference.varlen_causal_conv(case.feeds, **case.attributes)
+    assert rel_err(cupy.asnumpy(state), expected[1]) <= 1e-5
+
+
+@pytest.mark.parametrize("op", [GDN, CONV])
+def test_cuda_graph_replays_a_decode_step_with_new_inputs(op):
+    """enable_cuda_graph: ORT captures the step on its first runs and replays it; new inputs are copied into
+    the bound buffers between steps. initial_state and final_state are separate buffers (ORT #32243)."""
+    rng = np.random.default_rng(41)
+    if op == GDN:
+        def make():
+            return random_gdn_case(rng, lengths=(1, 1, 1, 1), capacity=2, capture=(1, 0, 1, 1), dtype="float16",
+                                   **D128)
+        ref, tol, types = reference.gated_delta_net, 3e-2, (np.float16, np.float32, np.float32)
+    else:
+        def make():
+            return random_conv_case(rng, lengths=(1, 1, 1, 1), capacity=2, capture=(1, 0, 1, 1))
+        ref, tol, types = reference.varlen_causal_conv, 1e-5, (np.float32,) * 3
+    first = make()
+    model = single_op.single_op_model(op, first.feeds, first.attributes)
+    session = cuda_session(model, graph=True)
+    out_arrays = {p: cupy.empty(np.shape(e), dtype=t)
+                  for p, e, t in zip(["output", "final_state", "state_update"], ref(first.feeds, **first.attributes),
+                                     types)}
+    io = session.io_binding()
+    in_arrays = bind_inputs(io, first.feeds)
+    for port, arr in out_arrays.items():
+        io.bind_output(port, "cuda", 0, arr.dtype, list(arr.shape), arr.data.ptr)
+    for step in range(4):
+        case = first if step == 0 else make()
+        for name, arr in in_arrays.items():
+            arr[...] = to_device(case.feeds[name])  # same address: the captured graph reads it
+        cupy.cuda.runtime.deviceSynchronize()
+        session.run_with_iobinding(io)
+        expected = ref(case.feeds, **case.attributes)
+        for port, want in zip(["output", "final_state", "state_update"], expected):
+            got = cupy.asnumpy(out_arrays[port])
+            assert rel_err(got, want) <= tol, f"step {step} {port}: {rel_err(got, want):.2e}"
+
+
+def test_com_microsoft_alias_shadows_ort_cuda_kernel():
+    """spec/native_library.md §8: a custom CUDA kernel under com.microsoft wins over ORT's built-in one. With
+    the engine forced to 'chunked' on fp32 our kernel refuses, ORT's would run: the error proves ours ran."""
+    case = random_gdn_case(np.random.default_rng(7), lengths=(4, 3))
+    model = single_op.single_op_model(GDN, case.feeds, case.attributes, domain=contract.MS_DOMAIN)
+    with pytest.warns(RuntimeWarning, match="CUDAExecutionProvider"):
+        library.enable_com_microsoft_alias(True)
+    try:
+        session = cuda_session(model)
+    finally:
+        library.enable_com_microsoft_alias(False)
+    library.set_option("cuda_gdn_engine", "chunked")
+    with pytest.raises(Exception, match="the chunked engine needs"):
+        single_op.run_session(session, case.feeds)
+    library.set_option("cuda_gdn_engine", "auto")
+    ours = single_op.run_session(session, case.feeds)
+    expected = reference.gated_delta_net(case.feeds, **case.attributes)
+    assert rel_err(ours["output"], expected[0]) <= 1e-4
+
+
+def test_tiny_exported_model_generates_the_cpu_tokens(tmp_path):
+    pytest.importorskip("transformers")
+    from onnx_hybrid.exporter import export
+    from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint
+    from onnx_hybrid.testing.greedy import GreedyDriver, make_session
+
+    prompts = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150], [44, 3, 150, 12, 9]]
+    model_dir = make_tiny_checkpoint(tmp_path / "hf", "qwen3_5_text", seed=1)
+    out = export(model_dir, tmp_path / "onnx", state_update_capacity=2, progress=False)
+    cpu = GreedyDriver(make_session(out, contract.DOMAIN)).generate(prompts, 12, capture_count=2)
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "profile")
+    library.register(so)
+    session = ort.InferenceSession(str(out / "model.onnx"), so,
+                                   providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    gpu = GreedyDriver(session).generate(prompts, 12, capture_count=2)
+    with open(session.end_profiling()) as f:
+        events = json.load(f)
+    providers = {e["args"].get("provider") for e in events
+                 if e.get("cat") == "Node" and e.get("args", {}).get("op_name") in (GDN, CONV)}
+    assert providers == {"CUDAExecutionProvider"}, providers
+    assert gpu.tokens == cpu.tokens
+    np.testing.assert_allclose(gpu.prefill_logits, cpu.prefill_logits, atol=1e-3, rtol=0)
+    for cpu_step, gpu_step in zip(cpu.extra_outputs, gpu.extra_outputs):  # the capsules of every step
+        for name, value in cpu_step.items():
+            assert rel_err(gpu_step[name], value) <= 1e-4, name
