@@ -109,6 +109,7 @@ def test_set_cuda_image_copies_the_bytes_and_never_replaces_an_image():
     with pytest.raises(library.CudaPrepareError, match=r"a different image is already set for sm_10"):
         library.set_cuda_image(10, bytes(buffer))
     library.set_cuda_image(11, bytes(buffer))  # another capability is independent
+    assert {10, 11} <= set(library.cuda_images())
 
 
 def test_set_cuda_image_rejects_empty_images_and_bad_capabilities():
@@ -123,6 +124,7 @@ def test_prepare_cuda_compiles_offline_for_a_given_arch():
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
     assert library.prepare_cuda(arch=90) == [90]
     assert library.prepare_cuda(arch=90) == [90]  # the same bytes again (from the kernel cache): accepted
+    assert 90 in library.cuda_images()
 
 
 def test_prepare_cuda_loads_a_prepared_folder(tmp_path, monkeypatch):

@@ -78,6 +78,8 @@ def control() -> ctypes.CDLL:
     lib.onnx_hybrid_cpu_isa.restype = ctypes.c_char_p
     lib.onnx_hybrid_set_cuda_image.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
     lib.onnx_hybrid_set_cuda_image.restype = ctypes.c_int
+    lib.onnx_hybrid_cuda_images.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.onnx_hybrid_cuda_images.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_struct_layout.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.onnx_hybrid_cuda_struct_layout.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_plan.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
@@ -146,6 +148,12 @@ def set_cuda_image(arch: int, image: bytes) -> None:
     lib = control()
     if lib.onnx_hybrid_set_cuda_image(arch // 10, arch % 10, image, len(image)) != 0:
         raise CudaPrepareError(lib.onnx_hybrid_last_error().decode())
+
+
+def cuda_images() -> list[int]:
+    """The architectures (e.g. [90]) the library holds kernel images for."""
+    text = _text(control().onnx_hybrid_cuda_images)
+    return [int(item.removeprefix("sm_")) for item in text.split(", ") if item]
 
 
 def image_file_name(arch: int) -> str:

@@ -102,6 +102,13 @@ Images& TheImages() {
   return *images;
 }
 
+// "sm_80, sm_90"; the caller holds images.mutex.
+std::string ListLocked(const Images& images) {
+  std::string list;
+  for (const auto& entry : images.by_arch) list += (list.empty() ? "sm_" : ", sm_") + std::to_string(entry.first);
+  return list;
+}
+
 }  // namespace
 
 // The image loaded into one context, and the functions looked up in it. Contexts are the devices'
@@ -130,8 +137,8 @@ const std::vector<unsigned char>& ImageFor(int major, int minor) {
     if (arch / 10 == major && arch % 10 <= minor) best = &data;
   if (!best)
     throw std::runtime_error("onnx_hybrid: no CUDA kernel image for sm_" + std::to_string(10 * major + minor) +
-                             " (loaded: " + ImageList() + "); call onnx_hybrid.ops.library.prepare_cuda() for "
-                             "this device");
+                             " (loaded: " + ListLocked(images) + "); call onnx_hybrid.ops.library.prepare_cuda() "
+                             "for this device");
   return *best;  // never erased, so the reference outlives the lock
 }
 
@@ -198,9 +205,7 @@ bool SetImage(int cc_major, int cc_minor, const void* data, size_t size, std::st
 std::string ImageList() {
   Images& images = TheImages();
   std::lock_guard<std::mutex> lock(images.mutex);
-  std::string list;
-  for (const auto& entry : images.by_arch) list += (list.empty() ? "sm_" : ", sm_") + std::to_string(entry.first);
-  return list;
+  return ListLocked(images);
 }
 
 Launcher::Launcher(void* ort_stream) : stream_(static_cast<CUstream>(ort_stream)) {

@@ -58,7 +58,7 @@ OrtStatusPtr GdnCudaKernel::ComputeV2(OrtKernelContext* context) {
     p.v_stride = qkv.v_token_stride;
     p.batch = static_cast<int>(geo.batch);
     p.total_tokens = static_cast<int>(geo.total_tokens);
-    p.uniform_len = geo.ragged() ? 0 : static_cast<int>(geo.total_tokens / geo.batch);
+    p.uniform_len = geo.ragged() || geo.batch == 0 ? 0 : static_cast<int>(geo.total_tokens / geo.batch);
     p.hk = static_cast<int>(geo.num_heads_k);
     p.hv = static_cast<int>(geo.num_heads_v);
     p.dk = static_cast<int>(geo.head_size_k);

@@ -441,6 +441,9 @@ std::string Describe(const std::string& kernel, cuda::Dim3 grid, cuda::Dim3 bloc
 
 }  // namespace
 
+// The compute capabilities that have an image, as "sm_80, sm_90". Returns the text's length.
+ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_images(char* out, size_t size) { return WriteText(cuda::ImageList(), out, size); }
+
 // The launcher's view of a kernel parameter struct ("GdnParams", "ConvParams") as "size=N field=offset ...",
 // for the check against the ctypes mirror in cuda_ops/plan.py. Returns the text's length (-1: unknown name).
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_struct_layout(const char* name, char* out, size_t size) {
