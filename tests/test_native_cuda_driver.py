@@ -1,0 +1,146 @@
+"""The library's driver-API launcher (ops/native/cuda_driver.cc) against a stand-in libcuda.so.1, on a
+host without a GPU: a small C++ program drives cuda::Launcher the way a CUDA Compute does, and the stub
+driver prints every call it receives. Checked: the lazy dlopen and its error, context push/pop balanced
+on every path, one module load per context, the image chosen by compute capability (same major, minor not
+above the device's), function lookups and the >48 KB shared-memory attribute cached, the launch
+configuration and by-value parameters passed through, driver errors carrying the driver's text."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+NATIVE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "onnx_hybrid", "ops", "native")
+
+STUB_DRIVER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static int cc(int which) { const char* v = getenv("STUB_CC"); int n = v ? atoi(v) : 90; return which ? n % 10 : n / 10; }
+int cuInit(unsigned flags) { return 0; }
+int cuGetErrorString(int r, const char** s) { *s = "CUDA_ERROR_NOT_FOUND (stub)"; return 0; }
+int cuStreamGetCtx(void* stream, void** ctx) { *ctx = stream; return 0; }  /* one context per stream here */
+int cuCtxPushCurrent_v2(void* ctx) { printf("push %p\n", ctx); return 0; }
+int cuCtxPopCurrent_v2(void** ctx) { printf("pop\n"); return 0; }
+int cuCtxGetDevice(int* device) { *device = 0; return 0; }
+int cuDeviceGetAttribute(int* v, int attr, int device) {
+  *v = attr == 75 ? cc(0) : attr == 76 ? cc(1) : attr == 97 ? 232448 : attr == 16 ? 132 : -1;
+  return 0;
+}
+int cuModuleLoadData(void** module, const void* image) { printf("load %s\n", (const char*)image); *module = (void*)1; return 0; }
+int cuModuleGetFunction(void** f, void* module, const char* name) {
+  if (strcmp(name, "absent") == 0) return 500;
+  printf("lookup %s\n", name);
+  *f = strdup(name);
+  return 0;
+}
+int cuFuncSetAttribute(void* f, int attr, int value) { printf("attr %s %d %d\n", (char*)f, attr, value); return 0; }
+int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned smem, void* stream, void** params, void** extra) {
+  const int* p = (const int*)params[0];
+  printf("launch %s %u %u %u %u %u %u %u %p %d %d\n", (char*)f, gx, gy, gz, bx, by, bz, smem, stream, p[0], p[1]);
+  return 0;
+}
+"""
+
+HARNESS = r"""
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include "cuda_driver.h"
+using namespace onnx_hybrid::cuda;
+
+static void Attempt(unsigned long stream, const char* kernel, int smem, unsigned gx = 2) {
+  try {
+    Launcher launcher(reinterpret_cast<void*>(stream));
+    std::printf("device %d %d\n", launcher.device().arch, launcher.device().smem_optin);
+    const int params[2] = {42, 7};
+    launcher.Launch(kernel, {gx, 3, 4}, {128, 1, 1}, smem, params);
+  } catch (const std::exception& e) {
+    std::printf("error %s\n", e.what());
+  }
+  std::fflush(stdout);
+}
+
+int main(int argc, char** argv) {
+  Attempt(0x10, "k", 0);  // no image yet
+  std::string error;
+  for (int i = 1; i < argc; ++i) {  // images "sm80" ... given as arguments
+    const std::string name = argv[i];
+    const int arch = std::stoi(name.substr(2));
+    if (!SetImage(arch / 10, arch % 10, argv[i], name.size() + 1, &error)) std::printf("set failed %s\n", error.c_str());
+  }
+  std::printf("images %s\n", ImageList().c_str());
+  Attempt(0x10, "k", 0);
+  Attempt(0x10, "k", 100000);  // > 48 KB: the attribute is set once
+  Attempt(0x10, "k", 100000);
+  Attempt(0x10, "k", 0, 0);    // an empty grid launches nothing
+  Attempt(0x20, "k", 0);       // another context loads the image again
+  Attempt(0x10, "absent", 0);  // a driver error, with its text
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    if not (shutil.which("g++") and shutil.which("gcc")):
+        pytest.fail("g++ and gcc are needed to build the launcher test (they build the library too)")
+    folder = tmp_path_factory.mktemp("cuda-driver")
+    (folder / "stub.c").write_text(STUB_DRIVER)
+    (folder / "harness.cc").write_text(HARNESS)
+    driver_dir = folder / "driver"
+    driver_dir.mkdir()
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(driver_dir / "libcuda.so.1"), str(folder / "stub.c")],
+                   check=True)
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{NATIVE}", str(folder / "harness.cc"),
+                    os.path.join(NATIVE, "cuda_driver.cc"), "-ldl", "-o", str(folder / "harness")], check=True)
+    return folder / "harness", driver_dir
+
+
+def run(programs, *images, cc="90", with_driver=True):
+    harness, driver_dir = programs
+    env = dict(os.environ, STUB_CC=cc)
+    if with_driver:
+        env["LD_LIBRARY_PATH"] = str(driver_dir)
+    done = subprocess.run([str(harness), *images], capture_output=True, text=True, env=env, timeout=60, check=True)
+    return done.stdout.splitlines()
+
+
+def test_launch_sequence(programs):
+    lines = run(programs, "sm80", "sm90", cc="90")
+    assert lines == [
+        "push 0x10",
+        "pop",
+        "error onnx_hybrid: CUDA kernels are not loaded; call onnx_hybrid.ops.library.prepare_cuda() before "
+        "running a CUDA session",
+        "images sm_80, sm_90",
+        "push 0x10", "load sm90", "device 90 232448", "lookup k", "launch k 2 3 4 128 1 1 0 0x10 42 7", "pop",
+        "push 0x10", "device 90 232448", "attr k 8 100000", "launch k 2 3 4 128 1 1 100000 0x10 42 7", "pop",
+        "push 0x10", "device 90 232448", "launch k 2 3 4 128 1 1 100000 0x10 42 7", "pop",
+        "push 0x10", "device 90 232448", "pop",
+        "push 0x20", "load sm90", "device 90 232448", "lookup k", "launch k 2 3 4 128 1 1 0 0x20 42 7", "pop",
+        "push 0x10", "device 90 232448", "pop",
+        "error onnx_hybrid: cuModuleGetFunction(absent) failed: CUDA_ERROR_NOT_FOUND (stub) (CUresult 500)",
+    ]
+
+
+def test_a_cubin_serves_later_minors_of_its_major(programs):
+    lines = run(programs, "sm80", "sm90", cc="86")
+    assert "load sm80" in lines and "device 86 232448" in lines
+
+
+def test_no_image_for_the_device_names_the_loaded_ones(programs):
+    lines = run(programs, "sm86", cc="80")
+    assert ("error onnx_hybrid: no CUDA kernel image for sm_80 (loaded: sm_86); call "
+            "onnx_hybrid.ops.library.prepare_cuda() for this device") in lines
+    assert sum(line.startswith("push") for line in lines) == lines.count("pop")  # popped on the error path too
+
+
+def test_missing_driver_is_a_clear_error(programs):
+    if any(os.path.exists(os.path.join(d, "libcuda.so.1")) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64")):
+        pytest.skip("this host has a real libcuda.so.1")
+    lines = run(programs, "sm90", with_driver=False)
+    assert lines[0].startswith("error onnx_hybrid: the CUDA driver (libcuda.so.1) cannot be loaded: ")
+    assert all(line.startswith(("error onnx_hybrid: the CUDA driver", "images")) for line in lines)
