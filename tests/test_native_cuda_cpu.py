@@ -173,3 +173,17 @@ def test_cuda_session_request_falls_back_to_our_cpu_kernels():
     session = ort.InferenceSession(model, so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert session.get_providers() == ["CPUExecutionProvider"]
     check_gdn(case, single_op.run_session(session, case.feeds))
+
+
+def test_register_warns_but_works_when_the_kernels_cannot_be_prepared(monkeypatch):
+    """A GPU the installed NVRTC cannot target must not break CPU sessions: registration warns."""
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+    monkeypatch.delenv(library.IMAGES_ENV, raising=False)
+    monkeypatch.setattr(library, "_visible_cuda_archs", lambda: [19])
+    so = ort.SessionOptions()
+    with pytest.warns(RuntimeWarning, match="CUDA kernels could not be prepared .*sm_19"):
+        library.register(so)
+    case = random_gdn_case(np.random.default_rng(4), [2, 3])
+    model = single_op.single_op_model(GDN, case.feeds, case.attributes).SerializeToString()
+    check_gdn(case, single_op.run_session(ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]),
+                                          case.feeds))

@@ -49,7 +49,8 @@ def register(session_options) -> None:
 
     Where a CUDA session could run (an ORT with the CUDA EP and a visible GPU, or $ONNX_HYBRID_CUDA_IMAGES
     set), also prepares the CUDA kernels (:func:`prepare_cuda`), so that a plain
-    ``InferenceSession(..., providers=["CUDAExecutionProvider"])`` works.
+    ``InferenceSession(..., providers=["CUDAExecutionProvider"])`` works. Without the variable, a failure to
+    prepare them is a warning: CPU sessions do not need them.
     """
     path = library_path()
     try:
@@ -60,8 +61,14 @@ def register(session_options) -> None:
     control()  # refuse a library with another control ABI before ORT loads it into a session
     session_options.register_custom_ops_library(path)
     session_options.add_session_config_entry(_REGISTERED_KEY, path)
-    if os.environ.get(IMAGES_ENV) or _visible_cuda_archs():
-        prepare_cuda()
+    if os.environ.get(IMAGES_ENV):
+        prepare_cuda()  # asked for explicitly: a bad folder is an error
+    elif _visible_cuda_archs():
+        try:
+            prepare_cuda()
+        except (RuntimeError, OSError, ImportError) as error:  # CPU sessions must not depend on the CUDA kernels
+            warnings.warn(f"onnx_hybrid: the CUDA kernels could not be prepared ({error}); CUDA sessions fail until "
+                          "onnx_hybrid.ops.library.prepare_cuda() succeeds", RuntimeWarning, stacklevel=2)
 
 
 @functools.cache
