@@ -22,9 +22,9 @@
 # the same warm machine: STEPS=check,test,bench picks them (default: all), BENCH_ARGS goes to
 # bench_cuda_ep.py, PYTEST_ARGS to pytest (e.g. PYTEST_ARGS="-k graph -x").
 #
-# The library: the copy built on the CPU host (carried as onnx_hybrid/ops/_native) is used when it loads;
-# otherwise it is compiled here with g++ from the carried ORT headers and generated headers (the device
-# machine has no network to fetch them).
+# The library is compiled here from this tree with g++ and the carried ORT headers (the device machine has
+# no network to fetch them); without g++, the copy built on the CPU host (carried as onnx_hybrid/ops/_native,
+# rebuild it first with `pip install --no-deps -e .`) is used.
 set -o pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 PARTS=/tmp/ortgpu-parts
@@ -55,11 +55,12 @@ install_wheel() {
 }
 
 build_library() {
-  if python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$LIBRARY" 2>/dev/null; then
-    echo "library: the carried build ($LIBRARY)"
+  if ! command -v g++ >/dev/null || [ ! -f build/ort-headers/onnxruntime_c_api.h ]; then
+    python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$LIBRARY" || { echo "no g++ or headers here, and the carried $LIBRARY does not load"; exit 1; }
+    echo "library: the carried build ($LIBRARY; no g++ or ORT headers here)"
     return
   fi
-  echo "library: the carried build does not load here; compiling it with g++"
+  echo "library: compiling it from this tree with g++"
   mkdir -p "$(dirname "$LIBRARY")"
   python3 - "$LIBRARY" <<'PY' || exit 1
 import importlib.util, pathlib, subprocess, sys
