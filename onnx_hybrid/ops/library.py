@@ -17,7 +17,7 @@ import re
 import tempfile
 import warnings
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: the CUDA image, layout and plan functions
 # ONNX_HYBRID_LIBRARY points the package at another build of the library (e.g. the AddressSanitizer
 # copy of scripts/asan_check.py).
 _LIBRARY = pathlib.Path(os.environ.get("ONNX_HYBRID_LIBRARY") or
@@ -77,6 +77,9 @@ def control() -> ctypes.CDLL:
     lib = ctypes.CDLL(library_path())
     lib.onnx_hybrid_abi_version.argtypes = []
     lib.onnx_hybrid_abi_version.restype = ctypes.c_int
+    found = lib.onnx_hybrid_abi_version()
+    if found != ABI_VERSION:
+        raise RuntimeError(f"{library_path()} has control ABI {found}, this package expects {ABI_VERSION}; rebuild it")
     lib.onnx_hybrid_set_option.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     lib.onnx_hybrid_set_option.restype = ctypes.c_int
     lib.onnx_hybrid_last_error.argtypes = []
@@ -92,9 +95,6 @@ def control() -> ctypes.CDLL:
     lib.onnx_hybrid_cuda_plan.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
                                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
     lib.onnx_hybrid_cuda_plan.restype = ctypes.c_int
-    found = lib.onnx_hybrid_abi_version()
-    if found != ABI_VERSION:
-        raise RuntimeError(f"{library_path()} has control ABI {found}, this package expects {ABI_VERSION}; rebuild it")
     return lib
 
 

@@ -30,7 +30,7 @@
 namespace onnx_hybrid {
 namespace {
 
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;  // 2: onnx_hybrid_set_cuda_image and the CUDA inspection functions
 constexpr char kCpuProvider[] = "CPUExecutionProvider";
 
 std::atomic<bool> g_register_com_microsoft{false};
