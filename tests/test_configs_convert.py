@@ -118,3 +118,12 @@ def test_convert_command_reports_what_cannot_be_converted(tmp_path, capsys):
     assert run_command("convert-config", [str(out), "--to", "released"]) == 2
     assert "checkpoint" in capsys.readouterr().err
     assert (out / "genai_config.json").read_text() == before
+
+
+def test_convert_command_reports_an_unreadable_config(tmp_path, capsys):
+    assert run_command("convert-config", [str(tmp_path), "--to", "released"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    (tmp_path / "genai_config.json").write_text("{")
+    assert run_command("convert-config", [str(tmp_path), "--to", "released"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert (tmp_path / "genai_config.json").read_text() == "{"

@@ -2,14 +2,16 @@
 
 Each entry of :data:`SUBCOMMANDS` is ``name -> (help, add_arguments, run)``; ``run`` returns the exit
 status: 0 when the config is valid (or was converted), 1 when validation found errors, 2 when a
-conversion is impossible.
+conversion is impossible or the config cannot be read.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from .convert import ConversionError, convert_config
@@ -46,17 +48,38 @@ def _add_convert_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run_convert(args: argparse.Namespace) -> int:
     path = Path(args.out_dir) / CONFIG_FILE
-    config = load_config(path)
+    try:
+        config = load_config(path)
+    except (OSError, ValueError) as error:  # missing file, not JSON
+        return _conversion_failed(f"cannot read {path}: {error}")
     try:
         converted = convert_config(config, args.to, graph=_graph_if_any(Path(args.out_dir), config),
                                    drop_checkpoints=args.drop_checkpoints)
     except ConversionError as error:
-        print(f"onnx-hybrid convert-config: error: {error}", file=sys.stderr)
-        return CONVERSION_FAILED
+        return _conversion_failed(error)
     target = Path(args.output) if args.output else path
-    target.write_text(json.dumps(converted, indent=4) + "\n")
+    _write_atomically(target, json.dumps(converted, indent=4) + "\n")
     print(f"wrote {target} ({args.to} form)")
     return 0
+
+
+def _conversion_failed(error) -> int:
+    print(f"onnx-hybrid convert-config: error: {error}", file=sys.stderr)
+    return CONVERSION_FAILED
+
+
+def _write_atomically(target: Path, text: str) -> None:
+    """Replace ``target`` in one step, so an interrupted in-place rewrite never leaves half a config."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        # mkstemp's 0600 would hide the config from other users: keep the old file's mode
+        os.chmod(tmp, target.stat().st_mode & 0o7777 if target.exists() else 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _graph_if_any(out_dir: Path, config: dict) -> GraphIO | None:
