@@ -70,6 +70,18 @@ def test_missing_tensor_is_named(tiny, tmp_path):
         export(bad, tmp_path / "out", progress=False)
 
 
+def test_truncated_weights_or_bad_json_are_export_errors(tiny, tmp_path):
+    truncated = _copy_with(tiny, tmp_path / "truncated", lambda c, t: (c, t))
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(ExportError, match="model.safetensors is not a readable safetensors file.*outside"):
+        export(truncated, tmp_path / "out", progress=False)
+    (truncated / "config.json").write_text("{")
+    with pytest.raises(ExportError, match="config.json is not valid JSON"):
+        export(truncated, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_failed_export_leaves_no_partial_output_and_keeps_existing(tiny, tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()

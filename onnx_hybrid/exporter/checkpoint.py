@@ -87,12 +87,25 @@ class Checkpoint:
 
 
 def _read_header(file: Path) -> list[StoredTensor]:
-    with open(file, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-    base = 8 + size
-    return [StoredTensor(file, key, tuple(info["shape"]), info["dtype"], base + info["data_offsets"][0])
-            for key, info in header.items() if key != "__metadata__"]
+    """The tensors a safetensors file declares; a truncated or foreign file is an ExportError here,
+    not a NumPy error halfway through writing the weights."""
+    try:
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        base = 8 + size
+        data_bytes = file.stat().st_size - base
+        tensors = []
+        for key, info in header.items():
+            if key == "__metadata__":
+                continue
+            start, stop = info["data_offsets"]
+            if not 0 <= start <= stop <= data_bytes:
+                raise ValueError(f"{key}: data_offsets [{start}, {stop}] lie outside its {data_bytes} data bytes")
+            tensors.append(StoredTensor(file, key, tuple(info["shape"]), info["dtype"], base + start))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:  # JSONDecodeError is a ValueError
+        raise ExportError(f"{file} is not a readable safetensors file: {error}") from None
+    return tensors
 
 
 def _safetensors_files(model_dir: Path) -> list[Path]:
@@ -100,7 +113,10 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
         raise ExportError(f"{model_dir} is not a folder")
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+        except (ValueError, AttributeError) as error:
+            raise ExportError(f"{index}: not a safetensors index ({error})") from None
         files = sorted({model_dir / name for name in weight_map.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:

@@ -94,7 +94,12 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ExportError(f"{model_dir}: no config.json found (is this a Hugging Face checkpoint folder?)")
-    top = json.loads(path.read_text())
+    try:
+        top = json.loads(path.read_text())
+    except ValueError as error:
+        raise ExportError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(top, dict):
+        raise ExportError(f"{path} must hold a JSON object")
     return parse_model_config(top)
 
 
