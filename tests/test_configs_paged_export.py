@@ -34,7 +34,7 @@ from onnx_hybrid.configs import validate  # noqa: E402
 from onnx_hybrid.exporter import ExportError, export  # noqa: E402
 from onnx_hybrid.ops import contract, reference  # noqa: E402
 from onnx_hybrid.testing import packed as testing_packed  # noqa: E402
-from onnx_hybrid.testing.checkpoints import LAYOUTS, load_reference, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid.testing.checkpoints import GDN_HEADS, LAYOUTS, TEXT, load_reference, make_tiny_checkpoint  # noqa: E402
 
 BLOCK_SIZE, NUM_BLOCKS, CAPACITY = 16, 4, 3
 PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150, 8, 21, 40, 77, 90, 13, 101], [44, 3, 150, 12, 9]]
@@ -116,11 +116,12 @@ def test_paged_io_is_what_the_engine_feeds(kernel, pool, paged_exports):
     assert inputs["past_sequence_lengths"] == ("INT32", ["batch_size"])
     assert inputs["block_table"] == ("INT32", ["batch_size", "max_num_blocks"])
     assert inputs["attention_metadata"] == ("INT32", [3])
-    assert inputs["past_key_values.2.key"] == (pool, ["num_blocks", BLOCK_SIZE, 2, 32])
+    assert inputs["past_key_values.2.key"] == (pool, ["num_blocks", BLOCK_SIZE, TEXT["num_key_value_heads"],
+                                                      TEXT["head_dim"]])
     assert outputs["present.2.value"] == inputs["past_key_values.2.value"]
-    assert outputs["logits"] == ("FLOAT", ["num_tokens", 160])
+    assert outputs["logits"] == ("FLOAT", ["num_tokens", TEXT["vocab_size"]])
     assert outputs["state_update.0.recurrent_capsule"] == ("FLOAT", ["batch_size", contract.gdn_capsule_width(
-        CAPACITY, 4, 2, 16, 32)])
+        CAPACITY, *GDN_HEADS)])
     attention = [n for n in graph.node if n.op_type == "PagedAttention"]
     assert [n.domain for n in attention] == [kernel]
     assert attention[0].output[1:] == ["present.2.key", "present.2.value"]  # the pool, updated in place

@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
-from onnx_hybrid.testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid.testing.checkpoints import GDN_HEADS, load_reference, make_tiny_checkpoint  # noqa: E402
 from onnx_hybrid.testing.greedy import GreedyDriver, make_session  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150], [44, 3, 150, 12, 9]]
@@ -111,12 +111,12 @@ def test_state_update_capacity_keeps_tokens(text_case, tmp_path, capacity):
         decoder = json.load(f)["model"]["decoder"]
     assert decoder["state_update_capacity"] == capacity
     layers = decoder["state_groups"][0]["layer_ids"]
-    hv, hk, dk, dv = 4, 2, 16, 32  # testing.checkpoints geometry
+    hv, hk, dk, dv = GDN_HEADS
     for step in result.extra_outputs:
         for layer in layers:
             assert step[f"state_update.{layer}.conv_value"].shape == (2, capacity, 2 * hk * dk + hv * dv)
             assert step[f"state_update.{layer}.recurrent_capsule"].shape == (
-                2, contract.gdn_capsule_width(capacity, hv, hk, dk, dv))
+                2, contract.gdn_capsule_width(capacity, *GDN_HEADS))
 
 
 @pytest.mark.parametrize("dtype", ["fp16"])

@@ -26,6 +26,9 @@ TEXT = dict(
     linear_value_head_dim=32, linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=512,
     layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
 )
+# (Hv, Hk, Dk, Dv) of the GatedDeltaNet layers, in the argument order of contract.gdn_capsule_width.
+GDN_HEADS = (TEXT["linear_num_value_heads"], TEXT["linear_num_key_heads"], TEXT["linear_key_head_dim"],
+             TEXT["linear_value_head_dim"])
 ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
 MROPE = {**ROPE, "mrope_section": [2, 1, 1], "mrope_interleaved": True}
 MOE = dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40)
