@@ -21,7 +21,7 @@ from pathlib import Path
 from onnx_hybrid.cli import export_main, main as onnx_hybrid_main
 from onnx_hybrid.ops import contract
 from onnx_hybrid.testing.checkpoints import LAYOUTS, load_reference, make_tiny_checkpoint
-from onnx_hybrid.testing.greedy import GreedyDriver, make_session
+from onnx_hybrid.testing.greedy import GreedyDriver, genai_greedy_tokens, make_session
 
 PROMPT = [5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150]
 
@@ -36,19 +36,6 @@ def transformers_tokens(model_dir: Path, new_tokens: int) -> list[int]:
         out = model.generate(torch.tensor([PROMPT]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                              do_sample=False)
     return out[0, len(PROMPT):].tolist()
-
-
-def genai_tokens(onnx_dir: Path, new_tokens: int) -> list[int]:
-    import onnxruntime_genai as og
-
-    model = og.Model(str(onnx_dir))
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=len(PROMPT) + new_tokens)
-    generator = og.Generator(model, params)
-    generator.append_tokens(PROMPT)
-    while not generator.is_done():
-        generator.generate_next_token()
-    return [int(t) for t in generator.get_sequence(0)[len(PROMPT):]]
 
 
 def main() -> int:
@@ -79,8 +66,12 @@ def main() -> int:
         ours = driver.generate([PROMPT], args.new_tokens, capture_count=3).tokens[0]
         # onnxruntime-genai's non-paged Generator does not feed the capture inputs: give it a capacity-0 export.
         plain_dir = work / "onnx-plain"
-        export_main([str(hf_dir), "-o", str(plain_dir), "--overwrite", "--quiet"])
-        genai = genai_tokens(plain_dir, args.new_tokens)
+        status = export_main([str(hf_dir), "-o", str(plain_dir), "--overwrite", "--quiet"])
+        if status:
+            return status
+        import onnxruntime_genai as og
+
+        genai = genai_greedy_tokens(og.Model(str(plain_dir)), PROMPT, args.new_tokens)
         reference = transformers_tokens(hf_dir, args.new_tokens)
 
         print("[5/5] tokens")

@@ -2,7 +2,8 @@
 
 It feeds exactly what onnxruntime-genai feeds a non-paged model (left padding, ``position_ids =
 cumsum(mask) - 1`` clipped at 0 on padding, the growing 2-D ``attention_mask``) and reads the graph's
-own I/O to know which states exist, so it serves any export of this package.
+own I/O to know which states exist, so it serves any export of this package. :func:`genai_greedy_tokens`
+is the same job done by onnxruntime-genai itself, the real client.
 """
 
 from __future__ import annotations
@@ -96,3 +97,17 @@ class GreedyDriver:
             step_ids = next_ids[:, None].astype(np.int64)
             mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
         return result
+
+
+def genai_greedy_tokens(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """The tokens onnxruntime-genai's ``Generator`` picks greedily after ``prompt`` (``model``: an
+    ``og.Model``); fewer than ``max_new_tokens`` when it meets an EOS or pad id."""
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(prompt) + max_new_tokens)
+    generator = og.Generator(model, params)
+    generator.append_tokens(prompt)
+    while not generator.is_done():
+        generator.generate_next_token()
+    return [int(t) for t in generator.get_sequence(0)[len(prompt):]]
