@@ -100,8 +100,9 @@ SUBCOMMANDS: dict[str, tuple[str, Callable, Callable]] = {
 def _user_errors() -> tuple[type[BaseException], ...]:
     from .cuda_ops.compiler import KernelBuildError
     from .exporter.errors import ExportError
+    from .ops.library import LibraryNotBuiltError  # an export in our domain copies the library
 
-    return ExportError, contract.ContractError, FileExistsError, KernelBuildError
+    return ExportError, contract.ContractError, FileExistsError, KernelBuildError, LibraryNotBuiltError
 
 
 def _run(prog: str, run: Callable, args: argparse.Namespace) -> int:

@@ -149,6 +149,15 @@ def test_cli_user_error_exits_2_without_traceback(tmp_path):
     assert export_main([str(tmp_path), "-o", str(tmp_path / "o"), "--state-update-capacity", "9"]) == 2
 
 
+def test_cli_reports_an_unbuilt_library_before_writing(tiny, tmp_path, monkeypatch, capsys):
+    from onnx_hybrid.ops import library
+
+    monkeypatch.setattr(library, "_LIBRARY", tmp_path / "missing.so")
+    assert export_main([str(tiny), "-o", str(tmp_path / "o"), "-q"]) == 2
+    assert "custom-op library is not built" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # not even a staging folder
+
+
 def test_cli_exports(tiny, tmp_path):
     assert export_main([str(tiny), "-o", str(tmp_path / "o"), "--state-update-capacity", "2", "-q"]) == 0
     decoder = json.loads((tmp_path / "o" / "genai_config.json").read_text())["model"]["decoder"]

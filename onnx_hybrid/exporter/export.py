@@ -104,6 +104,9 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
         log.warning("skipping %d tensor(s) of the multi-token-prediction head (no MTP export requested)",
                     mtp_tensor_count(checkpoint))
     logits_type = ir.DataType.from_numpy(_numpy_dtype(logits_dtype)) if logits_dtype else None
+    uses_library = op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN)
+    library = _op_library() if uses_library else None  # an unbuilt library fails now, not after the weights
+    library_name = library.name if library else None
 
     ctx = GraphContext(config=cfg, weights=Weights(checkpoint), act=ir.DataType.from_numpy(np_act),
                        np_act=np_act, op_domain=op_domain, capacity=state_update_capacity)
@@ -118,9 +121,9 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
         ir.save(assemble_model(ctx, inputs, outputs), stage / MODEL_FILE)
         if with_mtp:
             write_mtp_head(ctx, layout, stage)
-        uses_library = op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN)
-        library = _copy_op_library(stage) if uses_library else None
-        desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library, paged=paged),
+        if library:
+            shutil.copy2(library, stage / library.name)
+        desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library_name, paged=paged),
                                    manifest_format=manifest_format,
                                    paged=PagedCache(block_size, num_blocks) if paged else None)
         config = genai_config(desc)
@@ -160,11 +163,9 @@ def decoder_export(cfg: ModelConfig, capacity: int, custom_ops_library: str | No
         eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id, custom_ops_library=custom_ops_library)
 
 
-def _copy_op_library(stage: Path) -> str:
-    """Put our kernel library next to the model; genai_config names it by bare file name (genai_config.md §8)."""
+def _op_library() -> Path:
+    """Our kernel library, copied next to the model; genai_config names it by bare file name (genai_config.md §8)."""
     from ..ops import library
 
-    source = Path(library.library_path())
-    shutil.copy2(source, stage / source.name)
-    return source.name
+    return Path(library.library_path())
 
