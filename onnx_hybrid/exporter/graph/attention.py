@@ -81,8 +81,9 @@ def attention(ctx: GraphContext, layer: int, x: ir.Value, past_key: ir.Value, pa
 
     key_t = ctx.op("Unsqueeze", ctx.op("Transpose", present_key, perm=[0, 1, 3, 2]), ctx.const([2]))
     scores = ctx.op("Add", ctx.op("MatMul", q, key_t), sh.attention_bias)  # [B, Hkv, G, S, L]
-    probs = ctx.op("Softmax", scores, axis=-1)
-    if ctx.act != ir.DataType.FLOAT:  # HF's eager path: softmax in fp32
+    if ctx.act == ir.DataType.FLOAT:
+        probs = ctx.op("Softmax", scores, axis=-1)
+    else:  # HF's eager path: softmax in fp32
         probs = ctx.op("Cast", ctx.op("Softmax", ctx.op("Cast", scores, to=ir.DataType.FLOAT), axis=-1),
                        to=ctx.act)
     out = ctx.op("MatMul", probs, ctx.op("Unsqueeze", present_value, ctx.const([2])))  # [B, Hkv, G, S, D]
