@@ -7,7 +7,7 @@ import pytest
 from native_util import CONV, GDN
 from onnx_hybrid.ops import contract, reference
 from onnx_hybrid.ops.single_op import make_session, run_single_op, single_op_model
-from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case
+from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case, random_paged_attention_case
 
 
 def gdn_base(**kw):
@@ -182,3 +182,19 @@ def test_attribute_errors_at_session_creation(op, name, value, key):
         make_session(model)  # kernel creation happens while the session is created
     assert str(want.value) in str(got.value)
     assert contract.format_message(op, key, value) in str(got.value)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+@pytest.mark.parametrize("op", [GDN, contract.PAGED_ATTENTION.name])
+def test_non_finite_scale_rejected_at_session_creation(op, value):
+    if op == GDN:
+        case = gdn_base()
+    else:
+        case = random_paged_attention_case(np.random.default_rng(0), [2], [0], num_heads=4, kv_num_heads=2)
+    attributes = {**case.attributes, "scale": value}
+    with pytest.raises(ValueError) as want:
+        contract.resolve_attributes(contract.OPS[op], attributes)
+    model = single_op_model(op, case.feeds, attributes, validate=False)
+    with pytest.raises(Exception) as got:
+        make_session(model)
+    assert str(want.value) in str(got.value)

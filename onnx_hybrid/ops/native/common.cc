@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "ort_api.h"
@@ -31,6 +32,11 @@ std::string FormatMessage(const char* op, const char* templ, const std::vector<M
     out += *p++;
   }
   return out;
+}
+
+void RequireFinite(const char* attribute, float value) {
+  if (!std::isfinite(value))
+    throw std::runtime_error(std::string("attribute ") + attribute + " must be finite, got " + std::to_string(value));
 }
 
 float HalfToFloat(uint16_t bits) { return Ort::Float16_t::FromBits(bits).ToFloat(); }

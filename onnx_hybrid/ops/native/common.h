@@ -43,6 +43,10 @@ class ContractError : public std::runtime_error {
 
 inline const char* Presence(const void* p) { return p ? "present" : "absent"; }
 
+// Float attributes must be finite (contract._check_attribute); the message lacks the op name, which the
+// caller's ToStatus puts in front.
+void RequireFinite(const char* attribute, float value);
+
 // The input shapes of one call by input index; present[i] false means input i is absent.
 template <int N>
 struct InputShapes {

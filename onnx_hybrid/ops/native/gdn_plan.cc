@@ -1,6 +1,5 @@
 #include "gdn_plan.h"
 
-#include <cmath>
 #include <cstring>
 
 namespace onnx_hybrid {
@@ -34,8 +33,7 @@ GdnAttributes MakeGdnAttributes(const std::string& update_rule, float scale, con
                                 int64_t capacity) {
   GdnAttributes a;
   if (!Allowed(update_rule, g::kAllowedUpdateRule)) throw ContractError(kOp, msg::kGdnUpdateRule, {update_rule});
-  if (!std::isfinite(scale))
-    throw std::runtime_error("attribute scale must be finite, got " + std::to_string(scale));  // op name added by the caller
+  RequireFinite(g::kAttrScale, scale);
   if (!Allowed(gate_activation, g::kAllowedGateActivation))
     throw ContractError(kOp, msg::kGdnGateActivation, {gate_activation});
   if (!Allowed(beta_activation, g::kAllowedBetaActivation))

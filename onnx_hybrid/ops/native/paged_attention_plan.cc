@@ -15,6 +15,7 @@ PagedAttentionAttributes MakePagedAttentionAttributes(int64_t num_heads, int64_t
   if (kv_num_heads < pa::kMinKvNumHeads || kv_num_heads > pa::kMaxKvNumHeads)
     throw ContractError(kOp, msg::kPaKvNumHeads, {kv_num_heads});
   if (num_heads % kv_num_heads) throw ContractError(kOp, msg::kPaHeads, {num_heads, kv_num_heads});
+  RequireFinite(pa::kAttrScale, scale);
   return PagedAttentionAttributes{num_heads, kv_num_heads, scale};
 }
 
