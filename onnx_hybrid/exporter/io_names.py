@@ -18,6 +18,9 @@ PRESENT_KEY = "present.%d.key"
 PRESENT_VALUE = "present.%d.value"
 PRESENT_CONV = "present.%d.conv"
 PRESENT_RECURRENT = "present.%d.recurrent"
+# The step loop: each present output is fed back as this past input on the next step.
+STATE_PAIRS = ((PRESENT_KEY, PAST_KEY), (PRESENT_VALUE, PAST_VALUE), (PRESENT_CONV, PAST_CONV),
+               (PRESENT_RECURRENT, PAST_RECURRENT))
 STATE_UPDATE_CONV_VALUE = "state_update.%d.conv_value"
 STATE_UPDATE_RECURRENT_CAPSULE = "state_update.%d.recurrent_capsule"
 
@@ -36,3 +39,29 @@ TOKENS = "num_tokens"
 BATCH_PLUS_ONE = "batch_size_plus_1"
 NUM_BLOCKS = "num_blocks"
 MAX_BLOCKS = "max_num_blocks"
+
+
+def _layer_index(name: str, template: str) -> int | None:
+    prefix, suffix = template.split("%d")
+    middle = name[len(prefix):len(name) - len(suffix)]
+    if name.startswith(prefix) and name.endswith(suffix) and middle.isdigit():
+        return int(middle)
+    return None
+
+
+def past_of(present: str) -> str | None:
+    """The input a ``present`` state output feeds on the next step (None for other names)."""
+    for out_template, in_template in STATE_PAIRS:
+        layer = _layer_index(present, out_template)
+        if layer is not None:
+            return in_template % layer
+    return None
+
+
+def present_of(past: str) -> str | None:
+    """The output that carries a ``past`` state input to the next step (None for other names)."""
+    for out_template, in_template in STATE_PAIRS:
+        layer = _layer_index(past, in_template)
+        if layer is not None:
+            return out_template % layer
+    return None

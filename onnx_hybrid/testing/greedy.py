@@ -37,26 +37,12 @@ class GreedyResult:
     extra_outputs: list[dict] = field(default_factory=list)  # per step: outputs not fed back (state updates)
 
 
-_STATE_TEMPLATES = [(io.PRESENT_KEY, io.PAST_KEY), (io.PRESENT_VALUE, io.PAST_VALUE),
-                    (io.PRESENT_CONV, io.PAST_CONV), (io.PRESENT_RECURRENT, io.PAST_RECURRENT)]
-
-
-def _past_name(present: str) -> str | None:
-    """The input a ``present.*`` output feeds on the next step (None for other outputs)."""
-    for out_template, in_template in _STATE_TEMPLATES:
-        prefix, suffix = out_template.split("%d")
-        middle = present[len(prefix):len(present) - len(suffix)]
-        if present.startswith(prefix) and present.endswith(suffix) and middle.isdigit():
-            return in_template % int(middle)
-    return None
-
-
 class GreedyDriver:
     def __init__(self, session: ort.InferenceSession):
         self.session = session
         self.inputs = {i.name: i for i in session.get_inputs()}
         self.output_names = [o.name for o in session.get_outputs()]
-        self.feedback = {name: _past_name(name) for name in self.output_names if _past_name(name)}
+        self.feedback = {name: io.past_of(name) for name in self.output_names if io.past_of(name)}
 
     def _empty_states(self, batch: int) -> dict[str, np.ndarray]:
         states = {}

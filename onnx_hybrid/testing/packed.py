@@ -9,9 +9,7 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-
-def past_to_present(name: str) -> str:
-    return name.replace("past_key_values.", "present.").replace("past.", "present.")
+from ..exporter import io_names as io
 
 
 def packed_feeds(graph: onnx.GraphProto, steps: Sequence[Sequence[int]], past: Sequence[int], state: dict | None, *,
@@ -20,14 +18,14 @@ def packed_feeds(graph: onnx.GraphProto, steps: Sequence[Sequence[int]], past: S
     (default: every token of the step). Only the inputs ``graph`` declares are returned."""
     lengths = [len(s) for s in steps]
     feeds = {
-        "input_ids": np.array([t for s in steps for t in s], dtype=np.int64),
-        "position_ids": np.concatenate([np.arange(p, p + n) for p, n in zip(past, lengths)]).astype(np.int64),
-        "cumulative_sequence_lengths": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
-        "past_sequence_lengths": np.array(past, dtype=np.int32),
-        "block_table": np.asarray(block_table, dtype=np.int32),
-        "attention_metadata": np.array([max(lengths), max(p + n for p, n in zip(past, lengths)), 0], np.int32),
-        "state_update_capture_count": np.array(lengths if capture is None else capture, dtype=np.int32),
-        "state_update_active": np.array([1], dtype=np.int32),
+        io.INPUT_IDS: np.array([t for s in steps for t in s], dtype=np.int64),
+        io.POSITION_IDS: np.concatenate([np.arange(p, p + n) for p, n in zip(past, lengths)]).astype(np.int64),
+        io.CUMULATIVE_SEQUENCE_LENGTHS: np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+        io.PAST_SEQUENCE_LENGTHS: np.array(past, dtype=np.int32),
+        io.BLOCK_TABLE: np.asarray(block_table, dtype=np.int32),
+        io.ATTENTION_METADATA: np.array([max(lengths), max(p + n for p, n in zip(past, lengths)), 0], np.int32),
+        io.STATE_UPDATE_CAPTURE_COUNT: np.array(lengths if capture is None else capture, dtype=np.int32),
+        io.STATE_UPDATE_ACTIVE: np.array([1], dtype=np.int32),
     }
     out = {}
     for value in graph.input:
@@ -36,6 +34,7 @@ def packed_feeds(graph: onnx.GraphProto, steps: Sequence[Sequence[int]], past: S
             continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
-        dims[0] = num_blocks if value.name.startswith("past_key_values.") else len(steps)  # pool or one row per request
-        out[value.name] = state[past_to_present(value.name)] if state else np.zeros(dims, dtype)
+        pool = value.type.tensor_type.shape.dim[0].dim_param == io.NUM_BLOCKS
+        dims[0] = num_blocks if pool else len(steps)  # the KV block pool, or one state row per request
+        out[value.name] = state[io.present_of(value.name)] if state else np.zeros(dims, dtype)
     return out
