@@ -8,7 +8,7 @@ bias): 0.8B attention geometry (Hq 8, Hkv 2, D 256), fp32, 16-token blocks hande
 Each case first checks that both produce the same outputs, then reports the median of --runs timed runs
 after warm-up, and the ratio peer / ours.
 
-Usage: python scripts/bench_cpu.py [--runs 30] [--markdown]
+Usage: python scripts/bench_cpu.py [--runs 30] [--threads 2]   (prints Markdown tables)
 """
 
 from __future__ import annotations
