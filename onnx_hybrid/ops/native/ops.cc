@@ -53,6 +53,21 @@ std::string& LastError() {
   return *message;
 }
 
+// Runs the body of a control function: an exception (std::bad_alloc, say) becomes -1 and the last error
+// instead of crossing the C ABI, which would terminate the host process.
+template <class Body>
+int Guarded(const char* function, Body body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    try {
+      LastError() = std::string(function) + ": " + e.what();
+    } catch (...) {
+    }
+    return -1;
+  }
+}
+
 bool EnvFlag(const char* name) {
   const char* v = std::getenv(name);
   return v && *v && std::strcmp(v, "0") != 0;
@@ -351,28 +366,36 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_abi_version(void) { return kAbiVersion; }
 
 // Returns 0 on success; otherwise -1 and onnx_hybrid_last_error() says why.
 ONNX_HYBRID_EXPORT int onnx_hybrid_set_option(const char* key, const char* value) {
-  const std::string k = key ? key : "", v = value ? value : "";
-  if (k == "register_com_microsoft" && (v == "0" || v == "1")) {
-    g_register_com_microsoft.store(v == "1");
-    return 0;
-  }
-  if (k == "cpu_engine" && (v == "auto" || v == "sequential" || v == "chunked")) {
-    SetCpuEngineChoice(v == "auto" ? EngineChoice::kAuto : v == "sequential" ? EngineChoice::kSequential
-                                                                               : EngineChoice::kChunked);
-    return 0;
-  }
-  if (k == "cuda_gdn_engine" && (v == "auto" || v == "chunked" || v == "recurrent")) {
-    SetGdnCudaEngine(v == "auto" ? GdnCudaEngine::kAuto : v == "chunked" ? GdnCudaEngine::kChunked
-                                                                          : GdnCudaEngine::kRecurrent);
-    return 0;
-  }
-  LastError() = "onnx_hybrid_set_option: unknown key or value: '" + k + "' = '" + v +
-                 "'; known: register_com_microsoft = 0|1, cpu_engine = auto|sequential|chunked, "
-                 "cuda_gdn_engine = auto|chunked|recurrent";
-  return -1;
+  return Guarded("onnx_hybrid_set_option", [&] {
+    const std::string k = key ? key : "", v = value ? value : "";
+    if (k == "register_com_microsoft" && (v == "0" || v == "1")) {
+      g_register_com_microsoft.store(v == "1");
+      return 0;
+    }
+    if (k == "cpu_engine" && (v == "auto" || v == "sequential" || v == "chunked")) {
+      SetCpuEngineChoice(v == "auto" ? EngineChoice::kAuto : v == "sequential" ? EngineChoice::kSequential
+                                                                                 : EngineChoice::kChunked);
+      return 0;
+    }
+    if (k == "cuda_gdn_engine" && (v == "auto" || v == "chunked" || v == "recurrent")) {
+      SetGdnCudaEngine(v == "auto" ? GdnCudaEngine::kAuto : v == "chunked" ? GdnCudaEngine::kChunked
+                                                                            : GdnCudaEngine::kRecurrent);
+      return 0;
+    }
+    LastError() = "onnx_hybrid_set_option: unknown key or value: '" + k + "' = '" + v +
+                   "'; known: register_com_microsoft = 0|1, cpu_engine = auto|sequential|chunked, "
+                   "cuda_gdn_engine = auto|chunked|recurrent";
+    return -1;
+  });
 }
 
-ONNX_HYBRID_EXPORT const char* onnx_hybrid_last_error(void) { return LastError().c_str(); }
+ONNX_HYBRID_EXPORT const char* onnx_hybrid_last_error(void) {
+  try {
+    return LastError().c_str();
+  } catch (...) {  // no message could be allocated for this thread
+    return "";
+  }
+}
 
 // Which variant of the CPU building blocks this process runs ("avx512", "avx2" or "generic").
 ONNX_HYBRID_EXPORT const char* onnx_hybrid_cpu_isa(void) { return Kernels().name; }
@@ -381,10 +404,12 @@ ONNX_HYBRID_EXPORT const char* onnx_hybrid_cpu_isa(void) { return Kernels().name
 // Returns 0, or -1 (empty image, or a different image already set for that capability) with the reason
 // in onnx_hybrid_last_error().
 ONNX_HYBRID_EXPORT int onnx_hybrid_set_cuda_image(int cc_major, int cc_minor, const void* data, size_t size) {
-  std::string error;
-  if (cuda::SetImage(cc_major, cc_minor, data, size, &error)) return 0;
-  LastError() = error;
-  return -1;
+  return Guarded("onnx_hybrid_set_cuda_image", [&] {
+    std::string error;
+    if (cuda::SetImage(cc_major, cc_minor, data, size, &error)) return 0;
+    LastError() = error;
+    return -1;
+  });
 }
 
 namespace {
@@ -442,17 +467,21 @@ std::string Describe(const std::string& kernel, cuda::Dim3 grid, cuda::Dim3 bloc
 }  // namespace
 
 // The compute capabilities that have an image, as "sm_80, sm_90". Returns the text's length.
-ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_images(char* out, size_t size) { return WriteText(cuda::ImageList(), out, size); }
+ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_images(char* out, size_t size) {
+  return Guarded("onnx_hybrid_cuda_images", [&] { return WriteText(cuda::ImageList(), out, size); });
+}
 
 // The launcher's view of a kernel parameter struct ("GdnParams", "ConvParams") as "size=N field=offset ...",
 // for the check against the ctypes mirror in cuda_ops/plan.py. Returns the text's length (-1: unknown name).
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_struct_layout(const char* name, char* out, size_t size) {
-  const std::string layout = StructLayout(name ? name : "");
-  if (layout.empty()) {
-    LastError() = std::string("onnx_hybrid_cuda_struct_layout: unknown struct '") + (name ? name : "") + "'";
-    return -1;
-  }
-  return WriteText(layout, out, size);
+  return Guarded("onnx_hybrid_cuda_struct_layout", [&] {
+    const std::string layout = StructLayout(name ? name : "");
+    if (layout.empty()) {
+      LastError() = std::string("onnx_hybrid_cuda_struct_layout: unknown struct '") + (name ? name : "") + "'";
+      return -1;
+    }
+    return WriteText(layout, out, size);
+  });
 }
 
 // The launch plan the CUDA variant would enqueue, without a device: one line per kernel, "name gx gy gz bx
@@ -461,7 +490,7 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_struct_layout(const char* name, char* ou
 // engine: 0 auto, 1 chunked, 2 recurrent. Returns the text's length, or -1 with onnx_hybrid_last_error().
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int64_t* dims, int n_dims, int arch,
                                              int smem_optin, int engine, char* out, size_t size) {
-  try {
+  return Guarded("onnx_hybrid_cuda_plan", [&] {
     const std::string name = op ? op : "";
     if (type < 0 || type > 2 || engine < 0 || engine > 2 || !dims) throw std::invalid_argument("bad type/engine/dims");
     const ElemType elem = static_cast<ElemType>(type);
@@ -486,8 +515,5 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int
       throw std::invalid_argument("unknown op '" + name + "' or wrong number of dims");
     }
     return WriteText(text, out, size);
-  } catch (const std::exception& e) {
-    LastError() = std::string("onnx_hybrid_cuda_plan: ") + e.what();
-    return -1;
-  }
+  });
 }
