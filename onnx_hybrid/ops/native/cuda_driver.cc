@@ -20,7 +20,6 @@ using CUdevice = int;
 using CUmodule = struct CUmod_st*;
 
 // Values from cuda.h (stable across CUDA releases).
-constexpr int kAttrMultiprocessorCount = 16;
 constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
 constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
@@ -150,10 +149,9 @@ ContextModule* ModuleFor(const Driver& d, CUcontext context) {
   if (found != modules->end()) return found->second;
   CUdevice device = 0;
   Check(d.cuCtxGetDevice(&device), "cuCtxGetDevice");
-  int major = 0, minor = 0, sms = 0, smem = 0;
+  int major = 0, minor = 0, smem = 0;
   Check(d.cuDeviceGetAttribute(&major, kAttrComputeCapabilityMajor, device), "cuDeviceGetAttribute");
   Check(d.cuDeviceGetAttribute(&minor, kAttrComputeCapabilityMinor, device), "cuDeviceGetAttribute");
-  Check(d.cuDeviceGetAttribute(&sms, kAttrMultiprocessorCount, device), "cuDeviceGetAttribute");
   Check(d.cuDeviceGetAttribute(&smem, kAttrMaxSharedMemoryPerBlockOptin, device), "cuDeviceGetAttribute");
   auto entry = std::make_unique<ContextModule>();
   Check(d.cuModuleLoadData(&entry->module, ImageFor(major, minor).data()), "cuModuleLoadData");
