@@ -7,5 +7,5 @@
 #undef ORT_API_MANUAL_INIT
 
 #if ORT_API_VERSION != 21
-#error "onnx_hybrid is built against ONNX Runtime API 21 headers (libonnxruntime-dev 1.21.0); see scripts/fetch_ort_headers.sh"
+#error "onnx_hybrid is built against ONNX Runtime API 21 headers (libonnxruntime-dev 1.21.0); see fetch_ort_headers.sh"
 #endif
