@@ -28,11 +28,10 @@ void RecurrentRow(const RecurrentRowArgs& r) {
   for (int64_t t = 0; t < r.n; ++t) {
     const float* k = r.keys + t * dk;
     const float* q = r.queries + t * dk;
-    const float* alpha = r.per_key_alpha ? r.alpha + t * dk : nullptr;
-    const float a = r.alpha[t];
+    const float* per_key = r.per_key_alpha ? r.alpha + t * dk : nullptr;  // else r.alpha[t] for every key
     float retrieved = 0.0f;
     for (int64_t j = 0; j < dk; ++j) {
-      s[j] = s[j] * (alpha ? alpha[j] : a);
+      s[j] = s[j] * (per_key ? per_key[j] : r.alpha[t]);
       retrieved += s[j] * k[j];
     }
     const float v = r.value[t * r.value_stride];
