@@ -111,32 +111,31 @@ def _random(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.n
 
 
 def write_checkpoint(out_dir, g: Geometry, *, shard_bytes: int = 2 << 30, seed: int = 0) -> Path:
+    """Write the checkpoint shard by shard; config.json comes last, so its presence marks a complete folder."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    shards: list[dict[str, np.ndarray]] = [{}]
-    size = 0
-    names = list(tensor_shapes(g).items())
-    weight_map = {}
-    files = []
+    shapes = tensor_shapes(g)
+    weight_map: dict[str, str] = {}
+    shard: dict[str, np.ndarray] = {}
+    size = 0  # bytes in shard
 
     def flush():
-        index = len(files) + 1
-        files.append(f"model-{index:05d}.safetensors")
-        save_file(shards[-1], out_dir / files[-1], metadata={"format": "pt"})
-        for name in shards[-1]:
-            weight_map[name] = files[-1]
-        shards[-1] = {}
+        file = f"model-{len(set(weight_map.values())) + 1:05d}.safetensors"
+        save_file(shard, out_dir / file, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+        shard.clear()
 
-    for name, shape in names:
+    for name, shape in shapes.items():
         tensor = _random(rng, name, shape)
-        if size and size + tensor.nbytes > shard_bytes:
+        if shard and size + tensor.nbytes > shard_bytes:
             flush()
             size = 0
-        shards[-1][name] = tensor
+        shard[name] = tensor
         size += tensor.nbytes
     flush()
     (out_dir / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": sum(int(np.prod(s)) * 2 for _, s in names)}, "weight_map": weight_map}, indent=1))
+        {"metadata": {"total_size": sum(int(np.prod(s)) * BF16.itemsize for s in shapes.values())},
+         "weight_map": weight_map}, indent=1))
     (out_dir / "config.json").write_text(json.dumps(config(g), indent=1))
     return out_dir
