@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from onnx_hybrid.ops import contract
+
 
 def ensure_exports(work: Path, our_domains: list[str]) -> dict[str, Path]:
     from onnx_hybrid.exporter import export
@@ -74,7 +76,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--domains", nargs="+", default=["onnx_hybrid", "com.microsoft"])
+    parser.add_argument("--domains", nargs="+", default=[contract.DOMAIN, contract.MS_DOMAIN])
     args = parser.parse_args()
     models = ensure_exports(args.work, args.domains)
     results = {}

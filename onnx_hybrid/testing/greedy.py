@@ -15,6 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..exporter import io_names as io
+from ..ops import contract
 
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
           "tensor(int32)": np.int32}
@@ -24,7 +25,7 @@ def make_session(model_dir, op_domain: str, threads: int = 2) -> ort.InferenceSe
     """A CPU session with our kernel library registered when the model uses our domain."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    if op_domain != "com.microsoft":
+    if op_domain == contract.DOMAIN:
         from ..ops import library
         library.register(options)
     return ort.InferenceSession(str(Path(model_dir) / "model.onnx"), options, providers=["CPUExecutionProvider"])

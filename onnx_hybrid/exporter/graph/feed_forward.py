@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from ...ops import contract
 from ..weights import Segment
 from .context import FLOAT, GraphContext
 
@@ -69,7 +70,7 @@ def sparse_moe(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
     routed = ctx.tape.op("MoE", [x, logits, gate_up_w, None, down_w],
                          {"k": moe.top_k, "activation_type": "swiglu", "swiglu_fusion": 1,
                           "activation_alpha": 1.0, "activation_beta": 0.0,
-                          "normalize_routing_weights": int(moe.renormalize)}, domain="com.microsoft")
+                          "normalize_routing_weights": int(moe.renormalize)}, domain=contract.MS_DOMAIN)
     shared = _swiglu(ctx, x, f"{prefix}shared_expert.", moe.shared_expert_size)
     shared_gate = ctx.weights.tensor(f"{prefix}shared_expert_gate.weight", f"{prefix}shared_expert_gate.weight",
                                      [1, hidden], ctx.np_act)
