@@ -103,6 +103,27 @@ def test_failed_export_leaves_no_partial_output_and_keeps_existing(tiny, tmp_pat
     assert not (tmp_path / "new").exists()
 
 
+def test_a_failed_swap_puts_the_old_output_back(tmp_path, monkeypatch):
+    from onnx_hybrid.exporter.output_dir import staged_output
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("old")
+    real_rename = Path.rename
+
+    def rename(self, target):
+        if self.name.endswith(".partial"):
+            raise OSError("rename of the staged folder failed")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(OSError, match="staged folder"):
+        with staged_output(out, overwrite=True) as stage:
+            (stage / "new.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
 def test_overwrite_replaces_output(tiny, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -27,8 +27,15 @@ def staged_output(out_dir: Path, overwrite: bool):
         if out_dir.exists():
             backup = staging.with_suffix(".old")
             out_dir.rename(backup)
-            staging.rename(out_dir)
-            shutil.rmtree(backup)
+            try:
+                staging.rename(out_dir)
+            except BaseException:
+                backup.rename(out_dir)  # put the old output back rather than leave neither
+                raise
+            if backup.is_dir():
+                shutil.rmtree(backup)
+            else:
+                backup.unlink()
         else:
             staging.rename(out_dir)
     finally:
