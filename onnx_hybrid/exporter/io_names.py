@@ -49,19 +49,20 @@ def _layer_index(name: str, template: str) -> int | None:
     return None
 
 
+def _counterpart(name: str, side: int) -> str | None:
+    """The other member of ``name``'s STATE_PAIRS entry (``side``: 0 present, 1 past); None for other names."""
+    for pair in STATE_PAIRS:
+        layer = _layer_index(name, pair[side])
+        if layer is not None:
+            return pair[1 - side] % layer
+    return None
+
+
 def past_of(present: str) -> str | None:
     """The input a ``present`` state output feeds on the next step (None for other names)."""
-    for out_template, in_template in STATE_PAIRS:
-        layer = _layer_index(present, out_template)
-        if layer is not None:
-            return in_template % layer
-    return None
+    return _counterpart(present, 0)
 
 
 def present_of(past: str) -> str | None:
     """The output that carries a ``past`` state input to the next step (None for other names)."""
-    for out_template, in_template in STATE_PAIRS:
-        layer = _layer_index(past, in_template)
-        if layer is not None:
-            return out_template % layer
-    return None
+    return _counterpart(past, 1)
