@@ -7,8 +7,8 @@ import json
 import pytest
 from configs_helpers import BINDINGS_FIXTURES, RELEASED_FIXTURES, fixture_export, load_fixture, mutated
 
+from onnx_hybrid.cli import main as onnx_hybrid_main
 from onnx_hybrid.configs import ConversionError, convert_config, validate, validate_config
-from onnx_hybrid.configs.commands import SUBCOMMANDS
 from onnx_hybrid.configs.findings import Report
 from onnx_hybrid.configs.graph_io import GraphIO
 from onnx_hybrid.configs.parse import detect_form, parse_state_groups
@@ -93,20 +93,12 @@ def test_decoder_capacity_that_differs_from_the_groups_is_not_expressible():
         convert_config(config, "bindings")
 
 
-def run_command(name, argv):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    help_text, add_arguments, run = SUBCOMMANDS[name]
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
 def test_convert_command_in_place_and_to_a_file(tmp_path, capsys):
     out = fixture_export(tmp_path / "export", "builder_paged_bindings")
-    assert run_command("convert-config", [str(out), "--to", "released", "-o", str(tmp_path / "released.json")]) == 0
+    released = str(tmp_path / "released.json")
+    assert onnx_hybrid_main(["convert-config", str(out), "--to", "released", "-o", released]) == 0
     assert json.loads((tmp_path / "released.json").read_text()) == load_fixture("builder_paged_released")
-    assert run_command("convert-config", [str(out), "--to", "released"]) == 0
+    assert onnx_hybrid_main(["convert-config", str(out), "--to", "released"]) == 0
     assert validate(out).ok and json.loads((out / "genai_config.json").read_text()) == load_fixture(
         "builder_paged_released")
     og.Config(str(out))
@@ -115,15 +107,15 @@ def test_convert_command_in_place_and_to_a_file(tmp_path, capsys):
 def test_convert_command_reports_what_cannot_be_converted(tmp_path, capsys):
     out = fixture_export(tmp_path / "export", "synthetic_hybrid_bindings")
     before = (out / "genai_config.json").read_text()
-    assert run_command("convert-config", [str(out), "--to", "released"]) == 2
+    assert onnx_hybrid_main(["convert-config", str(out), "--to", "released"]) == 2
     assert "checkpoint" in capsys.readouterr().err
     assert (out / "genai_config.json").read_text() == before
 
 
 def test_convert_command_reports_an_unreadable_config(tmp_path, capsys):
-    assert run_command("convert-config", [str(tmp_path), "--to", "released"]) == 2
+    assert onnx_hybrid_main(["convert-config", str(tmp_path), "--to", "released"]) == 2
     assert "cannot read" in capsys.readouterr().err
     (tmp_path / "genai_config.json").write_text("{")
-    assert run_command("convert-config", [str(tmp_path), "--to", "released"]) == 2
+    assert onnx_hybrid_main(["convert-config", str(tmp_path), "--to", "released"]) == 2
     assert "cannot read" in capsys.readouterr().err
     assert (tmp_path / "genai_config.json").read_text() == "{"

@@ -3,15 +3,14 @@ dynamic-batching rules, our own export rules; and the report / command-line surf
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import onnx
 import pytest
 from configs_helpers import GRAPHS, F32, I64, builder_paged_io, fixture_export, load_fixture, mutated, write_export
 
+from onnx_hybrid.cli import main as onnx_hybrid_main
 from onnx_hybrid.configs import validate, validate_config
-from onnx_hybrid.configs.commands import SUBCOMMANDS
 from onnx_hybrid.configs.findings import ENGINE, SESSION
 
 
@@ -159,19 +158,12 @@ def test_findings_name_path_tensor_expected_and_actual(tmp_path):
 # --- command line ---------------------------------------------------------------------------
 
 
-def run_validate(argv):
-    parser = argparse.ArgumentParser()
-    _, add_arguments, run = SUBCOMMANDS["validate"]
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
 def test_validate_command_exit_status_and_json(tmp_path, capsys):
     good = fixture_export(tmp_path / "good", "builder_paged_released")
-    assert run_validate([str(good)]) == 0
+    assert onnx_hybrid_main(["validate", str(good)]) == 0
     assert capsys.readouterr().out.rstrip().endswith("OK")
     bad = fixture_export(tmp_path / "bad", "builder_paged_bindings")
-    assert run_validate([str(bad), "--form", "released", "--json"]) == 1
+    assert onnx_hybrid_main(["validate", str(bad), "--form", "released", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False and report["form"] == "released"
     assert report["findings"][0]["stage"] == "parse" and report["findings"][0]["path"].endswith(".bindings")
