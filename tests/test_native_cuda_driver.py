@@ -3,7 +3,8 @@ host without a GPU: a small C++ program drives cuda::Launcher the way a CUDA Com
 driver prints every call it receives. Checked: the lazy dlopen and its error, context push/pop balanced
 on every path, one module load per context, the image chosen by compute capability (same major, minor not
 above the device's), function lookups and the >48 KB shared-memory attribute cached, the launch
-configuration and by-value parameters passed through, driver errors carrying the driver's text."""
+configuration and by-value parameters passed through, driver errors carrying the driver's text, grids
+beyond CUDA's limits refused with their sizes."""
 
 import os
 import shutil
@@ -51,12 +52,12 @@ HARNESS = r"""
 #include "cuda_driver.h"
 using namespace onnx_hybrid::cuda;
 
-static void Attempt(unsigned long stream, const char* kernel, int smem, unsigned gx = 2) {
+static void Attempt(unsigned long stream, const char* kernel, int smem, unsigned gx = 2, unsigned gz = 4) {
   try {
     Launcher launcher(reinterpret_cast<void*>(stream));
     std::printf("device %d %d\n", launcher.device().arch, launcher.device().smem_optin);
     const int params[2] = {42, 7};
-    launcher.Launch(kernel, {gx, 3, 4}, {128, 1, 1}, smem, params);
+    launcher.Launch(kernel, {gx, 3, gz}, {128, 1, 1}, smem, params);
   } catch (const std::exception& e) {
     std::printf("error %s\n", e.what());
   }
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
   Attempt(0x10, "k", 100000);  // > 48 KB: the attribute is set once
   Attempt(0x10, "k", 100000);
   Attempt(0x10, "k", 0, 0);    // an empty grid launches nothing
+  Attempt(0x10, "k", 0, 2, 65536);  // a grid beyond CUDA's limits is refused with the sizes
   Attempt(0x20, "k", 0);       // another context loads the image again
   Attempt(0x10, "absent", 0);  // a driver error, with its text
   return 0;
@@ -120,6 +122,9 @@ def test_launch_sequence(programs):
         "push 0x10", "device 90 232448", "attr k 8 100000", "launch k 2 3 4 128 1 1 100000 0x10 42 7", "pop",
         "push 0x10", "device 90 232448", "launch k 2 3 4 128 1 1 100000 0x10 42 7", "pop",
         "push 0x10", "device 90 232448", "pop",
+        "push 0x10", "device 90 232448", "pop",
+        "error onnx_hybrid: k needs a grid of 2 x 3 x 65536 blocks, beyond CUDA's limit of 2147483647 x 65535 x 65535; "
+        "split the call into smaller batches",
         "push 0x20", "load sm90", "device 90 232448", "lookup k", "launch k 2 3 4 128 1 1 0 0x20 42 7", "pop",
         "push 0x10", "device 90 232448", "pop",
         "error onnx_hybrid: cuModuleGetFunction(absent) failed: CUDA_ERROR_NOT_FOUND (stub) (CUresult 500)",

@@ -25,6 +25,7 @@ constexpr int kAttrComputeCapabilityMinor = 76;
 constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
 constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8;
 constexpr int kDefaultSharedMemoryLimit = 48 * 1024;
+constexpr unsigned kMaxGridX = 2147483647, kMaxGridYZ = 65535;  // every architecture since sm_30
 
 constexpr char kNotLoaded[] =
     "onnx_hybrid: CUDA kernels are not loaded; call onnx_hybrid.ops.library.prepare_cuda() before running a CUDA "
@@ -232,6 +233,12 @@ Launcher::~Launcher() {
 
 void Launcher::Launch(const char* kernel, Dim3 grid, Dim3 block, int smem, const void* params) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // nothing to do (e.g. no tokens)
+  if (grid.x > kMaxGridX || grid.y > kMaxGridYZ || grid.z > kMaxGridYZ)  // the driver would only say "invalid"
+    throw std::runtime_error(std::string("onnx_hybrid: ") + kernel + " needs a grid of " + std::to_string(grid.x) +
+                             " x " + std::to_string(grid.y) + " x " + std::to_string(grid.z) +
+                             " blocks, beyond CUDA's limit of " + std::to_string(kMaxGridX) + " x " +
+                             std::to_string(kMaxGridYZ) + " x " + std::to_string(kMaxGridYZ) +
+                             "; split the call into smaller batches");
   const Driver& d = TheDriver();
   CUfunction f = FunctionFor(d, *module_, kernel, smem);
   void* args[] = {const_cast<void*>(params)};
