@@ -119,3 +119,9 @@ def test_convert_command_reports_an_unreadable_config(tmp_path, capsys):
     assert onnx_hybrid_main(["convert-config", str(tmp_path), "--to", "released"]) == 2
     assert "cannot read" in capsys.readouterr().err
     assert (tmp_path / "genai_config.json").read_text() == "{"
+    (tmp_path / "genai_config.json").write_text('{"model": []}')  # nothing to convert: written unchanged
+    assert onnx_hybrid_main(["convert-config", str(tmp_path), "--to", "released"]) == 0
+    (tmp_path / "genai_config.json").write_text('{"model": {"decoder": {"filename": "model.onnx"}}}')
+    (tmp_path / "model.onnx").write_bytes(b"not a model")
+    assert onnx_hybrid_main(["convert-config", str(tmp_path), "--to", "released"]) == 2
+    assert "cannot read the decoder graph" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .convert import ConversionError, convert_config
 from .graph_io import GraphIO
-from .parse import load_config
+from .parse import decoder_section, load_config
 from .state_groups import FORMS
 from .validator import CONFIG_FILE, validate
 
@@ -53,8 +53,11 @@ def _run_convert(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:  # missing file, not JSON
         return _conversion_failed(f"cannot read {path}: {error}")
     try:
-        converted = convert_config(config, args.to, graph=_graph_if_any(Path(args.out_dir), config),
-                                   drop_checkpoints=args.drop_checkpoints)
+        graph = _graph_if_any(Path(args.out_dir), config)
+    except Exception as error:  # a truncated or foreign file, as in validate
+        return _conversion_failed(f"cannot read the decoder graph: {error}")
+    try:
+        converted = convert_config(config, args.to, graph=graph, drop_checkpoints=args.drop_checkpoints)
     except ConversionError as error:
         return _conversion_failed(error)
     target = Path(args.output) if args.output else path
@@ -84,7 +87,7 @@ def _write_atomically(target: Path, text: str) -> None:
 
 def _graph_if_any(out_dir: Path, config: dict) -> GraphIO | None:
     """The decoder's declared I/O when the folder has it (it tells conv from recurrent fixed groups)."""
-    filename = config.get("model", {}).get("decoder", {}).get("filename")
+    filename = decoder_section(config).get("filename")
     if isinstance(filename, str) and (out_dir / filename).is_file():
         return GraphIO.load(out_dir / filename)
     return None

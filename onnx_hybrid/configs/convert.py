@@ -14,7 +14,7 @@ import dataclasses
 
 from .findings import Report
 from .graph_io import GraphIO
-from .parse import GROUPS_PATH, detect_form, parse_state_groups
+from .parse import GROUPS_PATH, decoder_section, detect_form, parse_state_groups
 from .state_groups import (
     FIXED, FIXED_CONV, FIXED_RECURRENT, FORMS, RELEASED, NotExpressible, StateGroup, StateManifest, expand,
     write_state_groups,
@@ -30,7 +30,7 @@ def convert_config(config: dict, to: str, *, graph: GraphIO | None = None, drop_
     if to not in FORMS:
         raise ConversionError(f"target form must be one of {', '.join(FORMS)}, got {to!r}")
     out = copy.deepcopy(config)
-    decoder = out.get("model", {}).get("decoder", {})
+    decoder = decoder_section(out)
     source = detect_form(decoder)
     if source is None or source == to:
         return out
