@@ -118,6 +118,7 @@ def test_set_cuda_image_rejects_empty_images_and_bad_capabilities():
     lib = library.control()
     assert lib.onnx_hybrid_set_cuda_image(1, 10, b"x", 1) == -1
     assert lib.onnx_hybrid_set_cuda_image(0, 0, b"x", 1) == -1
+    assert lib.onnx_hybrid_set_cuda_image(2**31 - 1, 0, b"x", 1) == -1  # 10 * major would overflow an int
 
 
 def test_prepare_cuda_compiles_offline_for_a_given_arch():

@@ -182,8 +182,8 @@ CUfunction FunctionFor(const Driver& d, ContextModule& m, const char* name, int 
 }  // namespace
 
 bool SetImage(int cc_major, int cc_minor, const void* data, size_t size, std::string* error) {
-  if (cc_major <= 0 || cc_minor < 0 || cc_minor > 9 || !data || size == 0) {
-    *error = "onnx_hybrid_set_cuda_image: needs a compute capability (major > 0, minor 0-9) and a non-empty image";
+  if (cc_major <= 0 || cc_major > 99 || cc_minor < 0 || cc_minor > 9 || !data || size == 0) {
+    *error = "onnx_hybrid_set_cuda_image: needs a compute capability (major 1-99, minor 0-9) and a non-empty image";
     return false;
   }
   const auto* bytes = static_cast<const unsigned char*>(data);
