@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 LAYOUTS = {
-    # name: (transformers class, multimodal wrapper, MoE, extra)
+    # layout name: the transformers class that writes it
     "qwen3_5_text": "Qwen3_5ForCausalLM",
     "qwen3_5_multimodal": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
