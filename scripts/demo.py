@@ -14,6 +14,7 @@ Usage: python scripts/demo.py [--workdir DIR] [--layout LAYOUT] [--new-tokens N]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
@@ -45,8 +46,8 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=16)
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        work = args.workdir or Path(tmp)
+    with contextlib.nullcontext(args.workdir) if args.workdir else tempfile.TemporaryDirectory() as work:
+        work = Path(work)
         hf_dir, onnx_dir = work / "hf", work / "onnx"
         print(f"[1/5] tiny {args.layout} checkpoint -> {hf_dir}")
         make_tiny_checkpoint(hf_dir, args.layout, tied=False, seed=1)
