@@ -47,6 +47,7 @@ def test_bindings_form_export_converts_to_the_released_export(checkpoints, tmp_p
     assert validate(bindings).ok and validate(bindings).form == "bindings"
     assert convert_config(read_config(bindings), "released") == read_config(released)
     assert cli_main(["convert-config", str(bindings), "--to", "released"]) == 0
+    assert read_config(bindings) == read_config(released)  # rewritten in place
     og.Config(str(bindings))
 
 
