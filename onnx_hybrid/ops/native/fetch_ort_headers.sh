@@ -35,7 +35,12 @@ if [ "$got" != "$API" ]; then
     echo "fetch_ort_headers: expected ORT_API_VERSION $API in $PACKAGE $VERSION, got '$got'" >&2
     exit 1
 fi
+# onnxruntime_c_api.h marks a complete cache (above and in build_config.py), so it is copied last: an
+# interrupted copy is fetched again instead of being taken for a cache.
+HEADERS="$W/root/usr/include/onnxruntime"
+mv "$HEADERS/onnxruntime_c_api.h" "$W/onnxruntime_c_api.h"
 mkdir -p "$DEST"
-cp -r "$W/root/usr/include/onnxruntime/." "$DEST/"
+cp -r "$HEADERS/." "$DEST/"
 cp "$W/root/usr/share/doc/$PACKAGE/copyright" "$DEST/COPYRIGHT.debian" 2>/dev/null || true
+cp "$W/onnxruntime_c_api.h" "$DEST/"
 echo "fetch_ort_headers: ORT API $API headers from $PACKAGE $VERSION in $DEST"
