@@ -81,10 +81,6 @@ class ModelConfig:
     def linear_layers(self) -> list[int]:
         return [i for i, t in enumerate(self.layer_types) if t == LINEAR]
 
-    @property
-    def attention_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.layer_types) if t == FULL]
-
 
 def _supported_list() -> str:
     return ", ".join(SUPPORTED_ARCHITECTURES)

@@ -89,10 +89,6 @@ class Weights:
         self.plans[plan.name] = plan
         return plan.value
 
-    @property
-    def largest(self) -> int:
-        return max((p.nbytes for p in self.plans.values()), default=0)
-
 
 def write_external_data(weights: Weights, path: Path, on_tensor: Callable[[TensorPlan], None] = lambda p: None) -> None:
     """Write every recipe to ``path`` and attach an ``ir.ExternalTensor`` to its value."""
