@@ -1,7 +1,7 @@
 """Command-line entry points: ``export-hybrid`` and ``onnx-hybrid <subcommand>``.
 
-User errors (a bad checkpoint, an existing output folder, a bad option) print one line to stderr and
-exit with status 2; anything else is a bug and keeps its traceback.
+User errors (a bad checkpoint, an existing output folder, a bad option, a failing file system) print one
+line to stderr and exit with status 2; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -100,9 +100,9 @@ SUBCOMMANDS: dict[str, tuple[str, Callable, Callable]] = {
 def _user_errors() -> tuple[type[BaseException], ...]:
     from .cuda_ops.compiler import KernelBuildError
     from .exporter.errors import ExportError
-    from .ops.library import LibraryNotBuiltError  # an export in our domain copies the library
 
-    return ExportError, contract.ContractError, FileExistsError, KernelBuildError, LibraryNotBuiltError
+    # OSError: the environment, not a bug (no space left, no such folder, the custom-op library not built).
+    return ExportError, contract.ContractError, KernelBuildError, OSError
 
 
 def _run(prog: str, run: Callable, args: argparse.Namespace) -> int:

@@ -170,6 +170,12 @@ def test_cli_user_error_exits_2_without_traceback(tmp_path):
     assert export_main([str(tmp_path), "-o", str(tmp_path / "o"), "--state-update-capacity", "9"]) == 2
 
 
+def test_cli_output_under_a_file_is_a_user_error(tiny, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert export_main([str(tiny), "-o", str(tmp_path / "file" / "sub" / "out"), "-q"]) == 2  # NotADirectoryError
+    assert capsys.readouterr().err.startswith("export-hybrid: error:")
+
+
 def test_cli_reports_an_unbuilt_library_before_writing(tiny, tmp_path, monkeypatch, capsys):
     from onnx_hybrid.ops import library
 
