@@ -7,7 +7,6 @@ plain (draft-free) decoding; a model whose capsules are zeroed (negative control
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

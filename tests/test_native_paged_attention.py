@@ -7,7 +7,6 @@ CPU kernel, so the model-level peers are transformers (tests/test_configs_paged_
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from onnx_hybrid.ops import contract, reference

@@ -6,7 +6,7 @@ import onnx_ir as ir
 
 from ...ops import contract
 from ..weights import Segment
-from .context import FLOAT, GraphContext
+from .context import GraphContext
 
 
 def _swiglu(ctx: GraphContext, x: ir.Value, prefix: str, width: int) -> ir.Value:
