@@ -19,11 +19,14 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+GNU_TIME = "/usr/bin/time"  # its -v prints the peak RSS; the shell keyword does not
 
 
 def timed(cmd: list[str]) -> tuple[float, float]:
     """(wall seconds, peak RSS GB) of ``cmd``."""
-    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, cwd=REPO)
+    if not Path(GNU_TIME).is_file():
+        sys.exit(f"{GNU_TIME} not found: install GNU time (Debian/Ubuntu: apt-get install time)")
+    proc = subprocess.run([GNU_TIME, "-v", *cmd], capture_output=True, text=True, cwd=REPO)
     if proc.returncode:
         sys.exit(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", proc.stderr).group(1)
