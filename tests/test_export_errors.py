@@ -13,6 +13,7 @@ from safetensors.numpy import load_file, save_file
 
 from onnx_hybrid.cli import export_main
 from onnx_hybrid.exporter import SUPPORTED_ARCHITECTURES, ExportError, export
+from onnx_hybrid.testing.checkpoints import TEXT
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,7 +59,8 @@ def test_misshaped_tensor_names_tensor_and_shapes(tiny, tmp_path):
         return config, tensors
 
     bad = _copy_with(tiny, tmp_path / "bad", shrink)
-    with pytest.raises(ExportError, match=rf"{name}.*\[127, 64\].*expected \[128, 64\]"):
+    rows, hidden = TEXT["linear_num_value_heads"] * TEXT["linear_value_head_dim"], TEXT["hidden_size"]
+    with pytest.raises(ExportError, match=rf"{name}.*\[{rows - 1}, {hidden}\].*expected \[{rows}, {hidden}\]"):
         export(bad, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
 
@@ -207,5 +209,5 @@ def test_tied_embedding_is_stored_once(tiny, tmp_path):
     graph = onnx.load(out / "model.onnx", load_external_data=False).graph
     names = [i.name for i in graph.initializer]
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
-    big = [i for i in graph.initializer if np.prod(i.dims) >= 160 * 64]
-    assert [i.name for i in big if list(i.dims) == [160, 64]] == ["model.embed_tokens.weight"]
+    embedding = [TEXT["vocab_size"], TEXT["hidden_size"]]
+    assert [i.name for i in graph.initializer if list(i.dims) == embedding] == ["model.embed_tokens.weight"]
