@@ -14,6 +14,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from onnx_hybrid.ops.contract import gdn_capsule_width
+
 FIXTURES = Path(__file__).parent / "fixtures" / "genai_configs"
 
 F32, F16, I32, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64
@@ -57,7 +59,7 @@ def _fixed(conv, recurrent, conv_names, rec_names, *, channels, width, hv, dv, d
         for i in conv:
             outputs[value_fmt.format(i)] = (io, ["batch_size", capacity, channels])
         for i in recurrent:
-            outputs[capsule_fmt.format(i)] = (F32, ["batch_size", capacity * (hv + hk * dk + hv * dv)])
+            outputs[capsule_fmt.format(i)] = (F32, ["batch_size", gdn_capsule_width(capacity, hv, hk, dk, dv)])
     return inputs, outputs
 
 
