@@ -24,7 +24,7 @@ import onnxruntime as ort
 
 from onnx_hybrid.ops import single_op, testing
 from onnx_hybrid.ops import reference
-from onnx_hybrid.ops.contract import DOMAIN, MS_DOMAIN
+from onnx_hybrid.ops.contract import DOMAIN, GATED_DELTA_NET, MS_DOMAIN, PAGED_ATTENTION
 
 GEOMETRY = dict(num_heads_q=16, num_heads_v=16, head_size_k=128, head_size_v=128)
 CASES = [  # name, lengths, capacity
@@ -76,7 +76,7 @@ def bench_case(lengths, capacity, runs: int, threads: int):
     case = testing.random_gdn_case(rng, lengths, capacity=capacity, **GEOMETRY)
     results, sessions = {}, {}
     for who, domain, library in (("ours", DOMAIN, True), ("ort", MS_DOMAIN, False)):
-        model = single_op.single_op_model("GatedDeltaNet", case.feeds, case.attributes, domain=domain)
+        model = single_op.single_op_model(GATED_DELTA_NET.name, case.feeds, case.attributes, domain=domain)
         sessions[who] = single_op.make_session(model, with_library=library, intra_op_threads=threads)
         results[who] = single_op.run_session(sessions[who], case.feeds)
     for name in results["ours"]:
@@ -138,7 +138,7 @@ def bench_attention_case(lengths, past, runs: int, threads: int):
     bias = np.where(positions[None, :] <= past[0] + np.arange(steps)[:, None], 0.0, -np.inf).astype(np.float32)
     dense_feeds = dict(q=np.ascontiguousarray(q), k=dense(key_pool), v=dense(value_pool), bias=bias)
 
-    ours = single_op.make_session(single_op.single_op_model("PagedAttention", case.feeds, case.attributes),
+    ours = single_op.make_session(single_op.single_op_model(PAGED_ATTENTION.name, case.feeds, case.attributes),
                                   intra_op_threads=threads)
     peer = single_op.make_session(dense_attention_model(batch, steps, total, hq, hkv, d), with_library=False,
                                   intra_op_threads=threads)

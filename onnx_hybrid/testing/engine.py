@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 import onnxruntime_genai as og
 
+from ..ops import contract
+
 
 def set_eos(package: Path, token: int) -> None:
     """Make ``token`` the only EOS and the pad id, so runs that never produce it reach their length."""
@@ -32,7 +34,7 @@ def tamper_capsules(package: Path, directory: Path) -> Path:
     shapes stay, so the config validates and the Engine loads it, but every replay rebuilds a zero state."""
     shutil.copytree(package, directory)
     model = onnx.load(str(directory / "model.onnx"))
-    for node in [n for n in model.graph.node if n.op_type == "GatedDeltaNet"]:
+    for node in [n for n in model.graph.node if n.op_type == contract.GATED_DELTA_NET.name]:
         capsule = node.output[2]
         node.output[2] = capsule + ".untampered"
         model.graph.node.append(onnx.helper.make_node("Mul", [node.output[2], "tamper.zero"], [capsule]))
