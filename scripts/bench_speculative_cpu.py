@@ -100,43 +100,19 @@ def load_model(package: Path, threads: int):
     return og.Model(config)
 
 
-def run_engine(model, prompts: list[list[int]], new_tokens: int) -> dict:
-    """All prompts as concurrent greedy requests on a fresh Engine (its statistics are cumulative)."""
-    import onnxruntime_genai as og
+def best_runs(models: dict, prompts: list[list[int]], new_tokens: int, repeats: int) -> dict:
+    """Per model, the best of ``repeats`` timed runs (``testing.engine.EngineRun``), the models taking turns,
+    after a warm-up run each (prepacking, first allocations): the box is shared, and interference only ever
+    adds time."""
+    from onnx_hybrid.testing.engine import run_engine
 
-    engine = og.Engine(model)
-    requests = []
-    for prompt in prompts:
-        request = engine.create_request()
-        options = og.TurnOptions(request)
-        options.set_do_sample(False)
-        options.set_max_generated_tokens(new_tokens)
-        request.begin_turn(np.array(prompt, dtype=np.int32), options)
-        requests.append(request)
-    tokens: list[list[int]] = [[] for _ in requests]
-    events = engine.create_event_buffer(1024)
-    t0 = time.perf_counter()
-    while engine.has_pending_requests():
-        engine.run(events)
-        for i in range(len(events)):
-            event = events[i]
-            if event.error_code != og.EngineErrorCode.NONE:
-                raise RuntimeError(f"Engine step failed: error {event.error_code}")
-            if event.flags & og.EngineEventFlags.TOKEN:
-                tokens[next(k for k, r in enumerate(requests) if r == event.request)].append(event.token)
-    return {"tokens": tokens, "seconds": time.perf_counter() - t0, "stats": engine.get_speculative_stats()}
-
-
-def best_runs(models: dict, prompts: list[list[int]], new_tokens: int, repeats: int) -> dict[str, dict]:
-    """Per model, the best of ``repeats`` timed runs, the models taking turns, after a warm-up run each
-    (prepacking, first allocations): the box is shared, and interference only ever adds time."""
     for model in models.values():
         run_engine(model, prompts, 4)
     best = {}
     for _ in range(repeats):
         for label, model in models.items():
             run = run_engine(model, prompts, new_tokens)
-            if label not in best or run["seconds"] < best[label]["seconds"]:
+            if label not in best or run.seconds < best[label].seconds:
                 best[label] = run
     return best
 
@@ -181,10 +157,10 @@ def main() -> None:
     for batch in (prompts[:1], prompts):
         results = best_runs(models, batch, args.new_tokens, args.repeats)
         for label, r in results.items():
-            s = r["stats"]
-            generated = sum(map(len, r["tokens"]))
-            line = (f"{len(batch)} request(s), {label}: {generated} tokens in {r['seconds']:.1f} s = "
-                    f"{generated / r['seconds']:.2f} tok/s")
+            s = r.stats
+            generated = sum(map(len, r.tokens))
+            line = (f"{len(batch)} request(s), {label}: {generated} tokens in {r.seconds:.1f} s = "
+                    f"{generated / r.seconds:.2f} tok/s")
             if s.get("rounds"):
                 line += (f", {s['target_forward_passes']} target steps; rounds {s['rounds']} (full "
                          f"{s['full_accept_rounds']} / partial {s['partial_accept_rounds']} / zero "
@@ -194,8 +170,8 @@ def main() -> None:
                          f"{s['acceptance_length_histogram'][:4]}")
             print(line, flush=True)
         plain, spec = results["without speculation"], results["MTP head drafting"]
-        print(f"{len(batch)} request(s): speed-up {plain['seconds'] / spec['seconds']:.2f}x, tokens identical: "
-              f"{plain['tokens'] == spec['tokens']}", flush=True)
+        print(f"{len(batch)} request(s): speed-up {plain.seconds / spec.seconds:.2f}x, tokens identical: "
+              f"{plain.tokens == spec.tokens}", flush=True)
     capsules, dense = rollback_bytes(checkpoint, args.capacity)
     print(f"rollback data per request per verify step (C = {args.capacity}): capsules {capsules / 2**20:.2f} MiB, "
           f"dense per-token state copies {dense / 2**20:.2f} MiB ({dense / capsules:.1f}x)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,13 +59,15 @@ class EngineRun:
     tokens: list[list[int]]  # generated tokens per prompt
     stats: dict  # Engine.get_speculative_stats()
     draft_width: int  # Engine.max_draft_tokens_per_proposal(): the export's state_update capacity
+    seconds: float  # wall time from the first Engine step to the last
 
 
-def run_engine(package: Path, prompts: list[list[int]], new_tokens: int,
+def run_engine(model: Path | og.Model, prompts: list[list[int]], new_tokens: int,
                drafts_from: list[list[int]] | None = None) -> EngineRun:
-    """Greedy requests for every prompt; with ``drafts_from``, each decoding request gets external drafts
-    from its reference continuation after every step while more than C + 1 of its tokens remain."""
-    engine = og.Engine(og.Model(str(package)))
+    """Greedy requests for every prompt on a fresh Engine (its statistics are cumulative) over ``model``
+    (an export folder or a loaded ``og.Model``); with ``drafts_from``, each decoding request gets external
+    drafts from its reference continuation after every step while more than C + 1 of its tokens remain."""
+    engine = og.Engine(model if isinstance(model, og.Model) else og.Model(str(model)))
     capacity = engine.max_draft_tokens_per_proposal()
     requests = []
     for prompt in prompts:
@@ -77,7 +80,8 @@ def run_engine(package: Path, prompts: list[list[int]], new_tokens: int,
     tokens: list[list[int]] = [[] for _ in requests]
     rounds = [0] * len(requests)
     events = engine.create_event_buffer(256)
-    for _ in range(4 * new_tokens * len(prompts)):
+    start = time.perf_counter()
+    for _ in range(4 * new_tokens * len(prompts)):  # a bound, so a stuck Engine fails instead of hanging
         if not engine.has_pending_requests():
             break
         engine.run(events)
@@ -93,4 +97,6 @@ def run_engine(package: Path, prompts: list[list[int]], new_tokens: int,
                 drafts = proposal(drafts_from[k], done, capacity, rounds[k])
                 request.set_draft_tokens(np.array(drafts, dtype=np.int32))
                 rounds[k] += 1
-    return EngineRun(tokens, engine.get_speculative_stats(), capacity)
+    else:
+        raise RuntimeError(f"the Engine still had pending requests after {4 * new_tokens * len(prompts)} steps")
+    return EngineRun(tokens, engine.get_speculative_stats(), capacity, time.perf_counter() - start)
