@@ -31,12 +31,12 @@ class GraphOptions:
     logits_dtype: ir.DataType | None = None  # None: the activation type
 
 
-def _tensor(name: str, dtype: ir.DataType, dims) -> ir.Value:
+def graph_input(name: str, dtype: ir.DataType, dims) -> ir.Value:
     """A named graph input or output."""
     return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(dims))
 
 
-def _as_output(value: ir.Value, name: str, dtype: ir.DataType, dims) -> ir.Value:
+def graph_output(value: ir.Value, name: str, dtype: ir.DataType, dims) -> ir.Value:
     """A computed value renamed and typed as a graph output (other nodes may still read it)."""
     value.name, value.type, value.shape = name, ir.TensorType(dtype), ir.Shape(dims)
     return value
@@ -47,12 +47,12 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
     cfg, act, paged = ctx.config, ctx.act, options.paged
     b, s = io.BATCH, io.SEQUENCE
     if paged:
-        packed = _packed_inputs()
+        packed = packed_inputs()
         input_ids, inputs = packed.input_ids, packed.values()
     else:
-        input_ids = _tensor(io.INPUT_IDS, INT64, [b, s])
-        attention_mask = _tensor(io.ATTENTION_MASK, INT64, [b, io.TOTAL_SEQUENCE])
-        position_ids = _tensor(io.POSITION_IDS, INT64, [b, s])
+        input_ids = graph_input(io.INPUT_IDS, INT64, [b, s])
+        attention_mask = graph_input(io.ATTENTION_MASK, INT64, [b, io.TOTAL_SEQUENCE])
+        position_ids = graph_input(io.POSITION_IDS, INT64, [b, s])
         inputs = [input_ids, attention_mask, position_ids]
     state_inputs, state_outputs, update_outputs = [], [], []
     layer_io = {}
@@ -61,14 +61,14 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
         if kind == LINEAR:
             conv_shape = [b, cfg.conv_channels, k1]
             rec_shape = [b, cfg.gdn_value_heads, cfg.gdn_value_dim, cfg.gdn_key_dim]  # V-major
-            pc, pr = _tensor(io.PAST_CONV % i, act, conv_shape), _tensor(io.PAST_RECURRENT % i, FLOAT, rec_shape)
-            nc, nr = _tensor(io.PRESENT_CONV % i, act, conv_shape), _tensor(io.PRESENT_RECURRENT % i, FLOAT, rec_shape)
+            pc, pr = graph_input(io.PAST_CONV % i, act, conv_shape), graph_input(io.PAST_RECURRENT % i, FLOAT, rec_shape)
+            nc, nr = graph_input(io.PRESENT_CONV % i, act, conv_shape), graph_input(io.PRESENT_RECURRENT % i, FLOAT, rec_shape)
             cu = cap = None
             if ctx.capacity:
-                cu = _tensor(io.STATE_UPDATE_CONV_VALUE % i, act, [b, ctx.capacity, cfg.conv_channels])
+                cu = graph_input(io.STATE_UPDATE_CONV_VALUE % i, act, [b, ctx.capacity, cfg.conv_channels])
                 width = contract.gdn_capsule_width(ctx.capacity, cfg.gdn_value_heads, cfg.gdn_key_heads,
                                                    cfg.gdn_key_dim, cfg.gdn_value_dim)
-                cap = _tensor(io.STATE_UPDATE_RECURRENT_CAPSULE % i, FLOAT, [b, width])
+                cap = graph_input(io.STATE_UPDATE_RECURRENT_CAPSULE % i, FLOAT, [b, width])
                 update_outputs += [cu, cap]
             layer_io[i] = (pc, pr, nc, nr, cu, cap)
             state_inputs += [pc, pr]
@@ -76,30 +76,30 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
         elif paged:  # past and present are the same pool, updated in place
             pool = [io.NUM_BLOCKS, paged.block_size, cfg.num_kv_heads, cfg.head_dim]
             kv_type = paged.cache_dtype(act)
-            pk, pv = _tensor(io.PAST_KEY % i, kv_type, pool), _tensor(io.PAST_VALUE % i, kv_type, pool)
-            nk, nv = _tensor(io.PRESENT_KEY % i, kv_type, pool), _tensor(io.PRESENT_VALUE % i, kv_type, pool)
+            pk, pv = graph_input(io.PAST_KEY % i, kv_type, pool), graph_input(io.PAST_VALUE % i, kv_type, pool)
+            nk, nv = graph_input(io.PRESENT_KEY % i, kv_type, pool), graph_input(io.PRESENT_VALUE % i, kv_type, pool)
             layer_io[i] = (pk, pv, nk, nv)
             state_inputs += [pk, pv]
             state_outputs += [nk, nv]
         else:
             kv = [cfg.num_kv_heads, cfg.head_dim]
-            pk = _tensor(io.PAST_KEY % i, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]])
-            pv = _tensor(io.PAST_VALUE % i, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]])
-            nk = _tensor(io.PRESENT_KEY % i, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]])
-            nv = _tensor(io.PRESENT_VALUE % i, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]])
+            pk = graph_input(io.PAST_KEY % i, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]])
+            pv = graph_input(io.PAST_VALUE % i, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]])
+            nk = graph_input(io.PRESENT_KEY % i, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]])
+            nv = graph_input(io.PRESENT_VALUE % i, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]])
             layer_io[i] = (pk, pv, nk, nv)
             state_inputs += [pk, pv]
             state_outputs += [nk, nv]
     capture_count = active = None
     if ctx.capacity:
-        capture_count = _tensor(io.STATE_UPDATE_CAPTURE_COUNT, INT32, [b])
-        active = _tensor(io.STATE_UPDATE_ACTIVE, INT32, [1])
+        capture_count = graph_input(io.STATE_UPDATE_CAPTURE_COUNT, INT32, [b])
+        active = graph_input(io.STATE_UPDATE_ACTIVE, INT32, [1])
     inputs += state_inputs + ([capture_count, active] if ctx.capacity else [])
 
     if paged:
-        ctx.shared = _packed_preamble(ctx, packed, capture_count, active)
+        ctx.shared = packed_preamble(ctx, packed, capture_count, active)
     else:
-        ctx.shared = _preamble(ctx, input_ids, attention_mask, position_ids, capture_count, active)
+        ctx.shared = preamble(ctx, input_ids, attention_mask, position_ids, capture_count, active)
     full_attention = partial(paged_attention, layout=paged) if paged else attention
     embed = ctx.weights.tensor("model.embed_tokens.weight", "model.embed_tokens.weight",
                                [cfg.vocab_size, cfg.hidden_size], ctx.np_act)
@@ -138,7 +138,8 @@ def _opset_imports(ctx: GraphContext) -> dict[str, int]:
     return {"": OPSET, **{domain: contract.OPSET_VERSION for domain in sorted(custom | {ctx.op_domain})}}
 
 
-def _preamble(ctx: GraphContext, input_ids, attention_mask, position_ids, capture_count, active) -> SharedInputs:
+def preamble(ctx: GraphContext, input_ids, attention_mask, position_ids, capture_count, active) -> SharedInputs:
+    """The values every layer of a non-paged graph shares: batch and step sizes, the mask rows, RoPE tables."""
     cfg = ctx.config
     batch, seq = ctx.ops("Split", ctx.op("Shape", input_ids), ctx.const([1, 1]), num_outputs=2, axis=0)
     # The rows of this step: the last S columns of the mask (HF masks the GDN input with them).
@@ -182,21 +183,21 @@ def _rotary_tables(ctx: GraphContext, position_ids: ir.Value) -> tuple[ir.Value,
     return cos, sin
 
 
-def _packed_inputs() -> PackedInputs:
+def packed_inputs() -> PackedInputs:
     """The paged export's inputs, named as onnxruntime-genai 0.18 names them (genai_config.md §2.5, §7.2).
     Positions are text positions [num_tokens], one of the two geometries the Engine accepts (§4.4)."""
     b = io.BATCH
     return PackedInputs(
-        input_ids=_tensor(io.INPUT_IDS, INT64, [io.TOKENS]),
-        position_ids=_tensor(io.POSITION_IDS, INT64, [io.TOKENS]),
-        cumulative_sequence_lengths=_tensor(io.CUMULATIVE_SEQUENCE_LENGTHS, INT32, [io.BATCH_PLUS_ONE]),
-        past_sequence_lengths=_tensor(io.PAST_SEQUENCE_LENGTHS, INT32, [b]),
-        block_table=_tensor(io.BLOCK_TABLE, INT32, [b, io.MAX_BLOCKS]),
-        attention_metadata=_tensor(io.ATTENTION_METADATA, INT32, [3]),
+        input_ids=graph_input(io.INPUT_IDS, INT64, [io.TOKENS]),
+        position_ids=graph_input(io.POSITION_IDS, INT64, [io.TOKENS]),
+        cumulative_sequence_lengths=graph_input(io.CUMULATIVE_SEQUENCE_LENGTHS, INT32, [io.BATCH_PLUS_ONE]),
+        past_sequence_lengths=graph_input(io.PAST_SEQUENCE_LENGTHS, INT32, [b]),
+        block_table=graph_input(io.BLOCK_TABLE, INT32, [b, io.MAX_BLOCKS]),
+        attention_metadata=graph_input(io.ATTENTION_METADATA, INT32, [3]),
     )
 
 
-def _packed_preamble(ctx: GraphContext, packed: PackedInputs, capture_count, active) -> SharedInputs:
+def packed_preamble(ctx: GraphContext, packed: PackedInputs, capture_count, active) -> SharedInputs:
     """No padding and no [B, S] grid: requests are ragged rows of the token axis."""
     batch = ctx.op("Shape", packed.past_sequence_lengths)
     cos, sin = _rotary_tables(ctx, packed.position_ids) if FULL in ctx.config.layer_types else (None, None)
@@ -224,16 +225,16 @@ def _head(ctx: GraphContext, hidden: ir.Value, embed: ir.Value, options: GraphOp
     if logits_type != ctx.act:
         logits = ctx.op("Cast", logits, to=logits_type)
     if options.paged:  # one row per packed token: name the [num_tokens, ...] values themselves
-        outputs = [_as_output(logits, io.LOGITS, logits_type, [io.TOKENS, cfg.vocab_size])]
+        outputs = [graph_output(logits, io.LOGITS, logits_type, [io.TOKENS, cfg.vocab_size])]
         if options.hidden_states:
-            outputs.append(_as_output(hidden, io.HIDDEN_STATES, ctx.act, [io.TOKENS, cfg.hidden_size]))
+            outputs.append(graph_output(hidden, io.HIDDEN_STATES, ctx.act, [io.TOKENS, cfg.hidden_size]))
         return outputs
     shape = ctx.op("Concat", sh.batch, out_seq, ctx.const([cfg.vocab_size]), axis=0)
     seq_name = "logits_sequence_length" if options.last_token_logits else io.SEQUENCE
     outputs = [ctx.op("Reshape", logits, shape,
-                      output=_tensor(io.LOGITS, logits_type, [io.BATCH, seq_name, cfg.vocab_size]))]
+                      output=graph_input(io.LOGITS, logits_type, [io.BATCH, seq_name, cfg.vocab_size]))]
     if options.hidden_states:
         shape = ctx.op("Concat", sh.batch, out_seq, ctx.const([cfg.hidden_size]), axis=0)
         outputs.append(ctx.op("Reshape", hidden, shape,
-                              output=_tensor(io.HIDDEN_STATES, ctx.act, [io.BATCH, seq_name, cfg.hidden_size])))
+                              output=graph_input(io.HIDDEN_STATES, ctx.act, [io.BATCH, seq_name, cfg.hidden_size])))
     return outputs

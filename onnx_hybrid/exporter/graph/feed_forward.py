@@ -62,7 +62,6 @@ def sparse_moe(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
     """
     moe, hidden = ctx.config.moe, ctx.config.hidden_size
     prefix = f"{ctx.layer(layer)}mlp."
-    f = moe.expert_size
     router = ctx.weights.tensor(f"{prefix}gate.weight", f"{prefix}gate.weight", [moe.num_experts, hidden],
                                 ctx.np_act)
     logits = ctx.linear(x, router)

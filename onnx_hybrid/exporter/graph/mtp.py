@@ -23,8 +23,8 @@ from .. import io_names as io
 from ..model_config import FULL, ModelConfig
 from .attention import attention
 from .context import GraphContext
-from .decoder import (INT64, _as_output, _packed_inputs, _packed_preamble, _preamble, _tensor,
-                      decoder_layer)
+from .decoder import (INT64, decoder_layer, graph_input, graph_output, packed_inputs, packed_preamble,
+                      preamble)
 from .paged_attention import PagedLayout, paged_attention
 
 MTP_PREFIX = "mtp."
@@ -45,25 +45,25 @@ def build_mtp_head(ctx: GraphContext, paged: PagedLayout | None) -> tuple[list[i
     h = cfg.hidden_size
     kv = [cfg.num_kv_heads, cfg.head_dim]
     if paged:
-        packed = _packed_inputs()
+        packed = packed_inputs()
         input_ids, inputs = packed.input_ids, packed.values()
-        hidden_in = _tensor(io.HIDDEN_STATES, act, [io.TOKENS, h])
+        hidden_in = graph_input(io.HIDDEN_STATES, act, [io.TOKENS, h])
         pool, kv_type = [io.NUM_BLOCKS, paged.block_size, *kv], paged.cache_dtype(act)
-        past = [_tensor(t % 0, kv_type, pool) for t in (io.PAST_KEY, io.PAST_VALUE)]
-        present = [_tensor(t % 0, kv_type, pool) for t in (io.PRESENT_KEY, io.PRESENT_VALUE)]
-        ctx.shared = _packed_preamble(ctx, packed, None, None)
+        past = [graph_input(t % 0, kv_type, pool) for t in (io.PAST_KEY, io.PAST_VALUE)]
+        present = [graph_input(t % 0, kv_type, pool) for t in (io.PRESENT_KEY, io.PRESENT_VALUE)]
+        ctx.shared = packed_preamble(ctx, packed, None, None)
         mixer = partial(paged_attention, layout=paged)
         rows = [io.TOKENS]
     else:
         b, s = io.BATCH, io.SEQUENCE
-        input_ids = _tensor(io.INPUT_IDS, INT64, [b, s])
-        attention_mask = _tensor(io.ATTENTION_MASK, INT64, [b, io.TOTAL_SEQUENCE])
-        position_ids = _tensor(io.POSITION_IDS, INT64, [b, s])
-        hidden_in = _tensor(io.HIDDEN_STATES, act, [b, s, h])
+        input_ids = graph_input(io.INPUT_IDS, INT64, [b, s])
+        attention_mask = graph_input(io.ATTENTION_MASK, INT64, [b, io.TOTAL_SEQUENCE])
+        position_ids = graph_input(io.POSITION_IDS, INT64, [b, s])
+        hidden_in = graph_input(io.HIDDEN_STATES, act, [b, s, h])
         inputs = [input_ids, attention_mask, position_ids]
-        past = [_tensor(t % 0, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]]) for t in (io.PAST_KEY, io.PAST_VALUE)]
-        present = [_tensor(t % 0, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]]) for t in (io.PRESENT_KEY, io.PRESENT_VALUE)]
-        ctx.shared = _preamble(ctx, input_ids, attention_mask, position_ids, None, None)
+        past = [graph_input(t % 0, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]]) for t in (io.PAST_KEY, io.PAST_VALUE)]
+        present = [graph_input(t % 0, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]]) for t in (io.PRESENT_KEY, io.PRESENT_VALUE)]
+        ctx.shared = preamble(ctx, input_ids, attention_mask, position_ids, None, None)
         mixer = attention
         rows = [b, s]
     inputs = [*inputs[:1], hidden_in, *inputs[1:], *past]
@@ -82,12 +82,12 @@ def build_mtp_head(ctx: GraphContext, paged: PagedLayout | None) -> tuple[list[i
     logits = ctx.linear(h_out, lm_head)
 
     if paged:
-        outputs = [_as_output(logits, io.LOGITS, act, [*rows, cfg.vocab_size]),
-                   _as_output(h_out, io.HIDDEN_STATES_OUT, act, [*rows, h])]
+        outputs = [graph_output(logits, io.LOGITS, act, [*rows, cfg.vocab_size]),
+                   graph_output(h_out, io.HIDDEN_STATES_OUT, act, [*rows, h])]
     else:
         def unflatten(value: ir.Value, name: str, width: int) -> ir.Value:
             shape = ctx.op("Concat", ctx.shared.batch, ctx.shared.seq, ctx.const([width]), axis=0)
-            return ctx.op("Reshape", value, shape, output=_tensor(name, act, [*rows, width]))
+            return ctx.op("Reshape", value, shape, output=graph_input(name, act, [*rows, width]))
 
         outputs = [unflatten(logits, io.LOGITS, cfg.vocab_size), unflatten(h_out, io.HIDDEN_STATES_OUT, h)]
     return inputs, outputs[:1] + present + outputs[1:]
