@@ -42,8 +42,8 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--paged-attention", choices=list(OP_DOMAINS), default=None,
                         help="PagedAttention kernel of the paged export: onnx_hybrid (our CPU kernel, any dtype) or "
                              "com.microsoft (ONNX Runtime's CUDA kernel, fp16/bf16 pool); default: --op-domain")
-    parser.add_argument("--block-size", type=int, default=256, metavar="N",
-                        help="tokens per KV block of the paged export (power of two >= 16)")
+    parser.add_argument("--block-size", type=int, default=None, metavar="N",
+                        help="tokens per KV block of the paged export (power of two >= 16; default 256)")
     parser.add_argument("--num-blocks", type=int, default=None, metavar="N",
                         help="KV blocks in the paged pool, written to engine.dynamic_batching (needed on CPU)")
     parser.add_argument("--no-mtp", dest="mtp", action="store_false",
@@ -59,14 +59,21 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
-def _run_export(args: argparse.Namespace) -> None:
-    from .exporter import export
+PAGED_ONLY = ("paged_attention", "block_size", "num_blocks")
 
+
+def _run_export(args: argparse.Namespace) -> None:
+    from .exporter import ExportError, export
+
+    given = [f"--{name.replace('_', '-')}" for name in PAGED_ONLY if getattr(args, name) is not None]
+    if given and not args.paged:
+        raise ExportError(f"{', '.join(given)}: options of the paged export, which needs --paged")
+    paged_options = {name: getattr(args, name) for name in PAGED_ONLY if getattr(args, name) is not None}
     out = export(args.model_dir, args.output, dtype=args.dtype, state_update_capacity=args.state_update_capacity,
                  op_domain=args.op_domain, overwrite=args.overwrite, all_logits=args.all_logits,
                  progress=not args.quiet, manifest_format=args.manifest_format, paged=args.paged,
-                 block_size=args.block_size, num_blocks=args.num_blocks, paged_attention=args.paged_attention,
-                 mtp=args.mtp, max_draft_tokens=args.max_draft_tokens, logits_dtype=args.logits_dtype)
+                 mtp=args.mtp, max_draft_tokens=args.max_draft_tokens, logits_dtype=args.logits_dtype,
+                 **paged_options)
     print(f"exported {args.model_dir} -> {out}")
 
 

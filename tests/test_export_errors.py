@@ -172,6 +172,11 @@ def test_cli_user_error_exits_2_without_traceback(tmp_path):
     assert export_main([str(tmp_path), "-o", str(tmp_path / "o"), "--state-update-capacity", "9"]) == 2
 
 
+def test_cli_refuses_paged_options_without_paged(tmp_path, capsys):
+    assert export_main([str(tmp_path), "-o", str(tmp_path / "o"), "--num-blocks", "64", "--block-size", "16"]) == 2
+    assert "--block-size, --num-blocks: options of the paged export, which needs --paged" in capsys.readouterr().err
+
+
 def test_cli_output_under_a_file_is_a_user_error(tiny, tmp_path, capsys):
     (tmp_path / "file").write_text("")
     assert export_main([str(tiny), "-o", str(tmp_path / "file" / "sub" / "out"), "-q"]) == 2  # NotADirectoryError
