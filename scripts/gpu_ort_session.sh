@@ -16,6 +16,10 @@
 #
 #   run(command="STEPS=bench bash scripts/gpu_ort_session.sh run", timeout_s=400)
 #
+# The parts are git-ignored, so a new checkout has none: make them on the CPU host first with
+#   bash scripts/gpu_ort_session.sh split
+# (downloads the wheel from PyPI for cp312 / manylinux_2_28 and splits it into .ortgpu0 ... .ortgpu4).
+#
 # "part N" copies the part to /tmp/ortgpu-parts. Part 4 then joins the parts, checks the sha256,
 # installs the wheel with `pip install --no-deps --target /tmp/ortgpu`, and runs the check and test
 # steps (one call is limited to 10 minutes, so the benchmark gets its own call). `run` repeats steps on
@@ -105,12 +109,25 @@ PY
   return 0
 }
 
+split_wheel() {
+  local tmp
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 -d "$tmp" onnxruntime-gpu==1.31.1 || exit 1
+  (cd "$tmp" && sha256sum "$WHEEL_NAME" > SHA256 && split -b 60000000 -d -a 1 "$WHEEL_NAME" part) || exit 1
+  for n in 0 1 2 3 4; do mkdir -p ".ortgpu$n" && mv "$tmp/part$n" ".ortgpu$n/"; done
+  mv "$tmp/SHA256" .ortgpu0/
+  rm -rf "$tmp"
+  ls -l .ortgpu*/
+}
+
 case "$1" in
+  split) split_wheel ;;
   part)
     [[ "$2" =~ ^[0-4]$ ]] || { echo "usage: $0 part 0|1|2|3|4"; exit 2; }
     copy_part "$2"
     if [ "$2" = 4 ]; then install_wheel; STEPS=${STEPS:-check,test} run_steps; fi ;;
   run) run_steps ;;
-  *) echo "usage: $0 part N | run   (the procedure is at the top of this file)"; exit 2 ;;
+  *) echo "usage: $0 split | part N | run   (the procedure is at the top of this file)"; exit 2 ;;
 esac
 exit 0
