@@ -21,14 +21,20 @@ _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(in
           "tensor(int32)": np.int32}
 
 
-def make_session(model_dir, op_domain: str, threads: int = 2) -> ort.InferenceSession:
-    """A CPU session with our kernel library registered when the model uses our domain."""
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def make_session(model_dir, op_domain: str, threads: int = 2, provider: str = "cpu") -> ort.InferenceSession:
+    """A session on ``provider`` (``cpu`` or ``cuda``) with our kernel library registered when the model uses
+    our domain."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
+    if provider == "cuda" and hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from the nvidia-* wheels, if there
+        ort.preload_dlls()
     if op_domain == contract.DOMAIN:
         from ..ops import library
         library.register(options)
-    return ort.InferenceSession(str(Path(model_dir) / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(Path(model_dir) / "model.onnx"), options, providers=[PROVIDERS[provider]])
 
 
 @dataclass

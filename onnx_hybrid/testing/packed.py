@@ -1,9 +1,11 @@
 """Feeds for one step of the paged export, as onnxruntime-genai's Engine builds them: requests packed on one
 token axis, positions continuing each request's cached length, the block table and the capture inputs,
-and the previous step's ``present.*`` fed back as ``past*`` (zeros before the first step)."""
+and the previous step's ``present.*`` fed back as ``past*`` (zeros before the first step); and
+:func:`paged_greedy`, a greedy driver over those feeds (one packed prefill, then one token per request per step)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -38,3 +40,61 @@ def packed_feeds(graph: onnx.GraphProto, steps: Sequence[Sequence[int]], past: S
         dims[0] = num_blocks if pool else len(steps)  # the KV block pool, or one state row per request
         out[value.name] = state[io.present_of(value.name)] if state else np.zeros(dims, dtype)
     return out
+
+
+def pool_block_size(graph: onnx.GraphProto) -> int:
+    """The static block size of the export's KV pools ``[num_blocks, block_size, Hkv, D]``."""
+    for value in graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if dims and dims[0].dim_param == io.NUM_BLOCKS:
+            return dims[1].dim_value
+    raise ValueError("the graph has no paged KV input (first dimension num_blocks): not a paged export")
+
+
+def interleaved_block_table(lengths: Sequence[int], block_size: int) -> tuple[np.ndarray, int]:
+    """A block table for requests of ``lengths`` tokens each, and the pool size it needs. Blocks are dealt
+    round-robin over the requests from the top of the pool down, so no request owns consecutive or
+    identity-mapped blocks and a kernel that misreads the table writes or reads another request's KV."""
+    need = [-(-n // block_size) for n in lengths]
+    table = np.zeros((len(lengths), max(need)), np.int32)  # unused entries are never read
+    next_block = sum(need) - 1
+    for j in range(max(need)):
+        for b, count in enumerate(need):
+            if j < count:
+                table[b, j], next_block = next_block, next_block - 1
+    return table, sum(need)
+
+
+@dataclass
+class PagedGreedyResult:
+    tokens: list[list[int]]  # generated tokens per request (prompt excluded)
+    prefill_logits: np.ndarray  # [num_tokens, V]: every packed token of the prefill step
+    last_prefill_logits: np.ndarray  # [B, V]: each request's last prompt token (what picks its first token)
+    block_table: np.ndarray
+
+
+def paged_greedy(session, graph: onnx.GraphProto, prompts: Sequence[Sequence[int]],
+                 max_new_tokens: int) -> PagedGreedyResult:
+    """Greedy decoding of ``prompts`` together through a paged export's ``session`` (``graph``: its graph,
+    for the declared inputs): one packed prefill step, then one token per request per step, every
+    ``present.*`` (the pools included, copied) fed back as the next step's ``past*``."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    table, num_blocks = interleaved_block_table([len(p) + max_new_tokens for p in prompts], pool_block_size(graph))
+    names = [o.name for o in session.get_outputs()]
+    steps, past, state = [list(p) for p in prompts], [0] * len(prompts), None
+    tokens = [[] for _ in prompts]
+    result = None
+    for _ in range(max_new_tokens):
+        feeds = packed_feeds(graph, steps, past, state, block_table=table, num_blocks=num_blocks)
+        state = dict(zip(names, session.run(names, feeds)))
+        last_rows = feeds[io.CUMULATIVE_SEQUENCE_LENGTHS][1:] - 1
+        logits = state[io.LOGITS]
+        if result is None:
+            result = PagedGreedyResult(tokens, logits, logits[last_rows], table)
+        next_ids = logits[last_rows].argmax(-1)
+        for row, token in enumerate(next_ids):
+            tokens[row].append(int(token))
+        past = [p + len(s) for p, s in zip(past, steps)]
+        steps = [[int(t)] for t in next_ids]
+    return result
