@@ -15,6 +15,7 @@
 #       carry=[".ortgpu4", "onnx_hybrid/ops/_native", "build/ort-headers", "build/generated"])
 #
 #   run(command="STEPS=bench bash scripts/gpu_ort_session.sh run", timeout_s=400)
+#   run(command="STEPS=paged bash scripts/gpu_ort_session.sh run", timeout_s=400)
 #
 # The parts are git-ignored, so a new checkout has none: make them on the CPU host first with
 #   bash scripts/gpu_ort_session.sh split
@@ -23,8 +24,9 @@
 # "part N" copies the part to /tmp/ortgpu-parts. Part 4 then joins the parts, checks the sha256,
 # installs the wheel with `pip install --no-deps --target /tmp/ortgpu`, and runs the check and test
 # steps (one call is limited to 10 minutes, so the benchmark gets its own call). `run` repeats steps on
-# the same warm machine: STEPS=check,test,bench picks them (default: all), BENCH_ARGS goes to
-# bench_cuda_ep.py, PYTEST_ARGS to pytest (e.g. PYTEST_ARGS="-k graph -x").
+# the same warm machine: STEPS=check,test,bench picks them (default: all three), BENCH_ARGS goes to
+# bench_cuda_ep.py, PYTEST_ARGS to pytest (e.g. PYTEST_ARGS="-k graph -x"). STEPS=paged (never a default)
+# runs scripts/paged_greedy.py --compare on ORT's own CUDA kernels (paged_step below).
 #
 # The library is compiled here from this tree with g++ and the carried ORT headers (the device machine has
 # no network to fetch them); without g++, the copy built on the CPU host (carried as onnx_hybrid/ops/_native,
@@ -106,7 +108,26 @@ PY
       tests/test_cuda_ep.py tests/test_native_cuda_cpu.py 2>&1 | tee "$OUT/pytest_cuda_ep.log" | tail -60
   [[ $STEPS == *bench* ]] && eval "timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench_cuda_ep.py ${BENCH_ARGS}" \
       2>&1 | tee "$OUT/bench_cuda_ep.log"
+  [[ $STEPS == *paged* ]] && paged_step 2>&1 | tee "$OUT/paged_greedy.log"
   return 0
+}
+
+# A tiny checkpoint exported paged with ORT's com.microsoft ops (PagedAttention, GatedDeltaNet, the conv; no
+# library in the graph), non-paged fp16 the same way, and fp32 with our ops (the CPU reference): the paged
+# driver's greedy tokens must equal the non-paged export's on this GPU, its logits fp32's within fp16 tolerance.
+# ORT's verbose log (node placements: which nodes, if any, fell back to CPU) goes to paged_ort_verbose.log.
+paged_step() {
+  local dir=/tmp/paged-greedy export="python3 -m onnx_hybrid.cli export -q --overwrite"
+  python3 scripts/make_tiny_checkpoint.py "$dir/checkpoint" --seed 1 >/dev/null || return 1
+  $export "$dir/checkpoint" -o "$dir/paged_fp16" --paged --block-size 16 --op-domain com.microsoft --dtype fp16 || return 1
+  $export "$dir/checkpoint" -o "$dir/fp16" --op-domain com.microsoft --dtype fp16 || return 1
+  $export "$dir/checkpoint" -o "$dir/fp32" || return 1
+  timeout 300 python3 scripts/paged_greedy.py "$dir/paged_fp16" --provider cuda --new-tokens 10 --compare "$dir/fp16" \
+      --reference "$dir/fp32" --ort-verbose 2> "$OUT/paged_ort_verbose.log"
+  local status=$?
+  grep VerifyEachNodeIsAssignedToAnEp "$OUT/paged_ort_verbose.log" | cut -d']' -f2- | head -80
+  grep -v "^20..-..-.. " "$OUT/paged_ort_verbose.log" | tail -20  # Python errors, not ORT's log lines
+  return $status
 }
 
 split_wheel() {

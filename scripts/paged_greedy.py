@@ -85,7 +85,13 @@ def main(argv=None) -> int:
                         help="max |Δlogits| against the fp32 reference, relative to its largest |logit| (default "
                              "2e-2: fp16 exports of the tiny checkpoints measure 1.1e-3 (seed 1) and 1.6e-2 (seed 0) "
                              "on CPU, paged or not; a convention error is O(1))")
+    parser.add_argument("--ort-verbose", action="store_true",
+                        help="ORT's verbose log (stderr), whose 'placed on' lines tell which provider runs each node")
     args = parser.parse_args(argv)
+    if args.ort_verbose:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(0)
     if bool(args.compare) != bool(args.reference):
         parser.error("--compare and --reference go together")
     prompts = args.prompt or DEFAULT_PROMPTS
