@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Greedy decoding through a paged export (`export-hybrid --paged`), requests packed as onnxruntime-genai's
-Engine packs them: KV pools [num_blocks, block_size, Hkv, D] addressed through a non-identity block table,
+Engine packs them: KV pools [num_blocks, block_size, Hkv, D] addressed through a non-identity block table and
+bound in place on the session's device (input and output one buffer, as ORT's CUDA PagedAttention requires),
 fixed conv/recurrent states per request, one packed prefill step for all prompts, then one token per request
 per step (onnx_hybrid.testing.packed.paged_greedy).
 
