@@ -54,10 +54,19 @@ def ort_include_dir() -> pathlib.Path:
     return include
 
 
+def _write_if_changed(path: pathlib.Path, text: str) -> None:
+    """Keep the timestamp of an unchanged generated header, so the C++ sources are not rebuilt for nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
 def include_dirs() -> list[str]:
     """Fetch the ORT headers if needed, generate the contract and CUDA plan headers, return the include path."""
     include = ort_include_dir()
     for script, header in (("gen_contract_header.py", "contract_generated.h"),
                            ("gen_cuda_plan_header.py", "cuda_plan_generated.h")):
-        subprocess.run([sys.executable, str(NATIVE / script), str(GENERATED / header)], check=True)
+        text = subprocess.run([sys.executable, str(NATIVE / script)], check=True, stdout=subprocess.PIPE,
+                              text=True).stdout
+        _write_if_changed(GENERATED / header, text)
     return [str(include), str(GENERATED), str(NATIVE), str(CUDA_KERNELS)]

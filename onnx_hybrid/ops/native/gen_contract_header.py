@@ -1,10 +1,10 @@
-"""Write the C++ header that carries the operator contract (ports, attributes, messages) into the kernels.
+"""Print the C++ header that carries the operator contract (ports, attributes, messages) into the kernels.
 
 The kernels must not restate what ``onnx_hybrid/ops/contract.py`` says, so the build runs this script and
 the C++ code includes the result. contract.py is imported by file path: it needs nothing but the standard
 library, so this runs before the package (or its dependencies) is installed.
 
-Usage: python gen_contract_header.py OUTPUT_HEADER
+Usage: python gen_contract_header.py > HEADER   (the build writes it only when it changed)
 """
 
 from __future__ import annotations
@@ -111,17 +111,10 @@ def render(c) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    target = pathlib.Path(argv[1])
-    text = render(load_contract())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.exists() or target.read_text() != text:  # keep the timestamp when nothing changed
-        target.write_text(text)
+def main() -> int:
+    sys.stdout.write(render(load_contract()))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

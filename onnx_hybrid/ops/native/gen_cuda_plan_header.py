@@ -1,4 +1,4 @@
-"""Write the C++ header with the launch constants of onnx_hybrid/cuda_ops/plan.py.
+"""Print the C++ header with the launch constants of onnx_hybrid/cuda_ops/plan.py.
 
 plan.py is the one place that states block sizes, shared memory and which kernel variants exist; the
 library's C++ launcher must not restate them, so the build reads the module-level constants out of plan.py
@@ -6,7 +6,7 @@ library's C++ launcher must not restate them, so the build reads the module-leve
 launcher includes the result. The parameter structs themselves are shared as a header
 (cuda_ops/kernels/params.cuh); tests/test_native_cuda_cpu.py checks the launcher's plans against plan.py's.
 
-Usage: python gen_cuda_plan_header.py OUTPUT_HEADER
+Usage: python gen_cuda_plan_header.py > HEADER   (the build writes it only when it changed)
 """
 
 from __future__ import annotations
@@ -75,17 +75,10 @@ def render(c: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    target = pathlib.Path(argv[1])
-    text = render(plan_constants(PLAN_PATH.read_text()))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.exists() or target.read_text() != text:  # keep the timestamp when nothing changed
-        target.write_text(text)
+def main() -> int:
+    sys.stdout.write(render(plan_constants(PLAN_PATH.read_text())))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())
