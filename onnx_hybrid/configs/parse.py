@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..ops.contract import MAX_STATE_UPDATE_CAPACITY
 from .findings import CONFIG, PARSE, WARNING, Finding, Report
 from .state_groups import (
     BINDINGS, FIXED, FIXED_CONV, FIXED_RECURRENT, KIND_BINDINGS, KIND_OF_UPDATE, PAGED_KV, RELEASED,
@@ -263,8 +264,10 @@ class _Reader:
 
     def capacity(self, value: Any, path: str) -> int | None:
         n = self.integer(value, path)
-        if n is not None and not 1 <= n <= 8:
-            self.parse(path, "Decoder state update capacity must be in [1, 8]", expected="[1, 8]", actual=n)
+        if n is not None and not 1 <= n <= MAX_STATE_UPDATE_CAPACITY:
+            # onnxruntime-genai 0.18's own message, which states the bound literally.
+            self.parse(path, "Decoder state update capacity must be in [1, 8]",
+                       expected=f"[1, {MAX_STATE_UPDATE_CAPACITY}]", actual=n)
             return None
         return n
 
