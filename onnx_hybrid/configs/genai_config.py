@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .state_groups import FULL_ATTENTION, LINEAR_ATTENTION, RELEASED, DecoderStates, manifest_for, write_state_groups
+from .state_groups import (FULL_ATTENTION, LINEAR_ATTENTION, RELEASED, DecoderStates, StateNames, manifest_for,
+                           write_state_groups)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,10 @@ class DecoderExport:
     def decoder_states(self) -> DecoderStates:
         layer_types = tuple(LINEAR_ATTENTION if i in self.linear_layer_ids else FULL_ATTENTION
                             for i in range(self.num_hidden_layers))
-        return DecoderStates(layer_types, self.gdn_key_heads, self.state_update_capacity, paged=self.paged is not None)
+        # The state groups bind the very names the graph declares (self.io), not a second copy of them.
+        names = StateNames.from_decoder({"inputs": self.io.inputs, "outputs": self.io.outputs})
+        return DecoderStates(layer_types, self.gdn_key_heads, self.state_update_capacity, paged=self.paged is not None,
+                             names=names)
 
 
 def genai_config(desc: DecoderExport) -> dict:
