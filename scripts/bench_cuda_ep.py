@@ -81,7 +81,10 @@ def bound(sess, feeds, outputs):
         arrays[name] = cupy.asarray(value)
         io.bind_input(name, "cuda", 0, value.dtype, list(value.shape), arrays[name].data.ptr)
     for name, arr in outputs.items():
-        io.bind_output(name, "cuda", 0, arr.dtype, list(arr.shape), arr.data.ptr)
+        if arr.size:
+            io.bind_output(name, "cuda", 0, arr.dtype, list(arr.shape), arr.data.ptr)
+        else:  # state_update at capacity 0 has no elements, hence no pointer to bind: ORT allocates it
+            io.bind_output(name, "cuda", 0)
     return io, arrays
 
 
