@@ -6,8 +6,11 @@ wall time of ``run_with_iobinding`` (which ends with a stream synchronisation):
 * ``run``: a plain session;
 * ``graph``: the same session with ``enable_cuda_graph`` (ORT replays the captured node: GPU time plus
   the fixed cost of one graph launch, without the node's host-side Compute);
-* ``host = run - graph``: the per-node host cost of the ORT path (input/output lookup, validation, plan,
-  launches). The issue's budget: ours may exceed ORT's own by at most 2 us (the last column).
+* ``node``: the node's own host time as ORT's profiler records it (the ``*_kernel_time`` event around the
+  kernel's Compute: input/output lookup, validation, plan, launches; the launches are asynchronous), median
+  over the timed runs of a third, profiled session. The issue's budget: ours may exceed ORT's own node by at
+  most 2 us (the last column). ``run - graph`` is also printed; it mixes the node's host time with the rest
+  of the run path and the GPU's timing spread, so it is context, not the verdict.
 ``kernel`` is our kernels alone (onnx_hybrid.cuda_ops replayed from a CuPy CUDA graph, like
 scripts/bench_gpu.py). 27B geometry (Hk = 16, Hv = 48, D = 128), fp16, qwen gate, L2 norm.
 """
@@ -16,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import os
 import statistics
+import tempfile
 import time
 
 import cupy
@@ -64,9 +70,12 @@ def conv_feeds(lengths, capacity, rng):
     return f, dict(activation="silu", state_update_capacity=capacity)
 
 
-def session(op, feeds, attrs, domain, graph):
+def session(op, feeds, attrs, domain, graph, profile_prefix=None):
     model = single_op.single_op_model(op, feeds, attrs, domain=domain).SerializeToString()
     so = ort.SessionOptions()
+    if profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
     if domain == contract.DOMAIN:
         library.register(so)
     options = {"enable_cuda_graph": "1"} if graph else {}
@@ -100,6 +109,23 @@ def ort_time(op, feeds, attrs, outputs, domain, graph, reps):
         times.append(time.perf_counter() - t0)
     del keep
     return statistics.median(times)
+
+
+def node_host_time(op, feeds, attrs, outputs, domain, reps, warmup=5):
+    """Median duration of the node's ``*_kernel_time`` events in ORT's profile (seconds), warm-up excluded."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sess = session(op, feeds, attrs, domain, False, profile_prefix=os.path.join(tmp, "profile"))
+        io, keep = bound(sess, feeds, outputs)
+        for _ in range(warmup + reps):
+            sess.run_with_iobinding(io)
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+    del keep
+    durations = [e["dur"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+                 and e.get("args", {}).get("op_name") == op]
+    if len(durations) != warmup + reps:
+        raise RuntimeError(f"expected {warmup + reps} {op} kernel_time events in the profile, found {len(durations)}")
+    return statistics.median(durations[warmup:]) / 1e6
 
 
 def kernel_time(op, feeds, attrs, outputs, reps):
@@ -139,9 +165,11 @@ def outputs_for(op, feeds, attrs):
 CASES = [  # (name, op, lengths, capacity)
     ("gdn decode B=1", contract.GATED_DELTA_NET.name, [1], 0),
     ("gdn decode B=32", contract.GATED_DELTA_NET.name, [1] * 32, 0),
+    ("gdn decode B=128", contract.GATED_DELTA_NET.name, [1] * 128, 0),
     ("gdn verify 4 B=32 cap4", contract.GATED_DELTA_NET.name, [4] * 32, 4),
     ("gdn prefill 1x4096", contract.GATED_DELTA_NET.name, [4096], 0),
     ("gdn prefill 8x2048", contract.GATED_DELTA_NET.name, [2048] * 8, 0),
+    ("conv decode B=1", contract.VARLEN_CAUSAL_CONV.name, [1], 0),
     ("conv decode B=32", contract.VARLEN_CAUSAL_CONV.name, [1] * 32, 0),
     ("conv verify 4 B=32 cap4", contract.VARLEN_CAUSAL_CONV.name, [4] * 32, 4),
     ("conv prefill 1x4096", contract.VARLEN_CAUSAL_CONV.name, [4096], 0),
@@ -159,8 +187,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"# {datetime.date.today()} {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}  "
           f"onnxruntime {ort.__version__}; times in us (median of {args.reps})")
-    print(f"{'case':24s} {'kernel':>7s} | {'ours run':>8s} {'graph':>7s} {'host':>6s} | {'ORT run':>8s} "
-          f"{'graph':>7s} {'host':>6s} | {'run ratio':>9s} {'host diff':>9s}")
+    print(f"{'case':24s} {'kernel':>7s} | {'ours run':>8s} {'graph':>7s} {'r-g':>6s} {'node':>6s} | "
+          f"{'ORT run':>8s} {'graph':>7s} {'r-g':>6s} {'node':>6s} | {'run ratio':>9s} {'node diff':>9s}")
     for name, op, lengths, capacity in CASES:
         if args.cases and not any(c in name for c in args.cases.split(",")):
             continue
@@ -170,21 +198,22 @@ def main() -> None:
         k = kernel_time(op, feeds, attrs, outs, args.reps)
         row = {}
         for domain in (contract.DOMAIN, contract.MS_DOMAIN):
-            for graph in (False, True):
+            for mode in ("run", "graph", "node"):
                 try:
-                    row[domain, graph] = ort_time(op, feeds, attrs, outs, domain, graph, args.reps)
+                    row[domain, mode] = (node_host_time(op, feeds, attrs, outs, domain, args.reps) if mode == "node"
+                                         else ort_time(op, feeds, attrs, outs, domain, mode == "graph", args.reps))
                 except Exception as exc:  # report and go on (e.g. a node that cannot be captured)
-                    print(f"# {name} {domain} graph={graph}: {type(exc).__name__}: {str(exc)[:200]}")
-                    row[domain, graph] = float("nan")
-        ours_host = row[contract.DOMAIN, False] - row[contract.DOMAIN, True]
-        ort_host = row[contract.MS_DOMAIN, False] - row[contract.MS_DOMAIN, True]
-        diff = ours_host - ort_host
-        verdict = "ok" if diff * 1e6 <= BUDGET_US else "OVER"
-        print(f"{name:24s} {k * 1e6:7.1f} | {row[contract.DOMAIN, False] * 1e6:8.1f} "
-              f"{row[contract.DOMAIN, True] * 1e6:7.1f} {ours_host * 1e6:6.1f} | "
-              f"{row[contract.MS_DOMAIN, False] * 1e6:8.1f} {row[contract.MS_DOMAIN, True] * 1e6:7.1f} "
-              f"{ort_host * 1e6:6.1f} | {row[contract.MS_DOMAIN, False] / row[contract.DOMAIN, False]:9.2f} "
-              f"{diff * 1e6:+8.1f} {verdict}", flush=True)
+                    print(f"# {name} {domain} {mode}: {type(exc).__name__}: {str(exc)[:300]}")
+                    row[domain, mode] = float("nan")
+        cells = []
+        for domain in (contract.DOMAIN, contract.MS_DOMAIN):
+            run, graph, node = (row[domain, m] * 1e6 for m in ("run", "graph", "node"))
+            cells.append(f"{run:8.1f} {graph:7.1f} {run - graph:6.1f} {node:6.1f}")
+        diff = (row[contract.DOMAIN, "node"] - row[contract.MS_DOMAIN, "node"]) * 1e6
+        verdict = "ok" if diff <= BUDGET_US else "OVER"
+        ratio = row[contract.MS_DOMAIN, "run"] / row[contract.DOMAIN, "run"]
+        print(f"{name:24s} {k * 1e6:7.1f} | {cells[0]} | {cells[1]} | {ratio:9.2f} {diff:+8.1f} {verdict}",
+              flush=True)
         del outs
         cupy.get_default_memory_pool().free_all_blocks()
 

@@ -79,6 +79,9 @@ CHUNK_D, CHUNK_VT, CHUNK_THREADS = 128, 64, 256
 CHUNK_SMEM_BYTES = 166144
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
 CONV_THREADS, CONV_TOKENS = 128, 16
+# At or below this many tokens (decode, verify) each output thread computes one token: a short call then
+# spreads over total_tokens blocks instead of a few serial runs of CONV_TOKENS dependent loads.
+CONV_SHORT_TOKENS = 256
 REPLAY_THREADS = 256
 
 TYPE_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -162,13 +165,18 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
     return launches
 
 
+def conv_tokens_per_block(total_tokens: int) -> int:
+    """Tokens per block of the conv output kernel (the kernel derives it from the grid's height)."""
+    return 1 if total_tokens <= CONV_SHORT_TOKENS else CONV_TOKENS
+
+
 def conv_plan(geo: ConvGeometry, dtype: str, params: ConvParams) -> list[Launch]:
     """Output pass (reads the incoming state), then the state and capsule pass (may overwrite it)."""
     sfx = TYPE_SUFFIX[dtype]
     cx = _ceil(geo.channels, CONV_THREADS)
     return [
-        Launch(f"conv_output_{sfx}", (cx, _ceil(geo.total_tokens, CONV_TOKENS), 1), (CONV_THREADS, 1, 1), 0,
-               params),
+        Launch(f"conv_output_{sfx}", (cx, _ceil(geo.total_tokens, conv_tokens_per_block(geo.total_tokens)), 1),
+               (CONV_THREADS, 1, 1), 0, params),
         Launch(f"conv_state_{sfx}", (cx, geo.batch, 1), (CONV_THREADS, 1, 1), 0, params),
     ]
 

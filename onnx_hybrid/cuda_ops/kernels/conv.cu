@@ -4,9 +4,9 @@
 namespace ohk {
 
 constexpr int kConvThreads = 128;  // channels per block
-constexpr int kConvTokens = 16;    // tokens per block of the output kernel
 
-// Output pass: thread = (channel, run of kConvTokens consecutive tokens of the packed axis). Each token's
+// Output pass: thread = (channel, run of consecutive tokens of the packed axis; the run's length follows
+// from the grid's height, which the plan picks: plan.py conv_tokens_per_block). Each token's
 // request is found by binary search over the clamped offsets; tokens outside every request (malformed
 // offsets only) are left unwritten. Reads the incoming state, writes none of it, so it runs before the
 // state pass even when initial_state and final_state alias.
@@ -14,8 +14,9 @@ template <typename T>
 __device__ __forceinline__ void conv_output(const ConvParams& p) {
   const int c = blockIdx.x * kConvThreads + threadIdx.x;
   if (c >= p.channels) return;
-  const int t_begin = blockIdx.y * kConvTokens;
-  const int t_end = min(t_begin + kConvTokens, p.total_tokens);
+  const int tokens_per_block = (p.total_tokens + gridDim.y - 1) / gridDim.y;
+  const int t_begin = blockIdx.y * tokens_per_block;
+  const int t_end = min(t_begin + tokens_per_block, p.total_tokens);
   const T* x = static_cast<const T*>(p.x);
   const T* w = static_cast<const T*>(p.weight) + (size_t)c * p.kernel_size;
   const T* st = static_cast<const T*>(p.state_in);

@@ -91,8 +91,10 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
 std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType type, const ConvParams& params) {
   const unsigned cx = U(CeilDiv(geo.channels, cp::kConvThreads));
   const cuda::Dim3 block{U(cp::kConvThreads), 1, 1};
+  // plan.py's conv_tokens_per_block: one token per thread for short calls.
+  const int64_t tokens_per_block = geo.total_tokens <= cp::kConvShortTokens ? 1 : cp::kConvTokens;
   return {
-      {std::string("conv_output_") + Suffix(type), {cx, U(CeilDiv(geo.total_tokens, cp::kConvTokens)), 1}, block, 0,
+      {std::string("conv_output_") + Suffix(type), {cx, U(CeilDiv(geo.total_tokens, tokens_per_block)), 1}, block, 0,
        params},
       {std::string("conv_state_") + Suffix(type), {cx, U(geo.batch), 1}, block, 0, params},
   };
