@@ -335,6 +335,10 @@ CONV_CONFIGS = [
     ("deep-k386", dict(channels=33, kernel_size=386, lengths=(400, 2)), 1e-5),
     ("capture", dict(capacity=8, capture=(-1, 0, 3, 9)), 1e-5),
     ("zero-length", dict(lengths=(4, 0, 5)), 1e-5),
+    # Over plan.CONV_ROW_TOKENS per row on average: the two-pass plan (the configs above mostly take the
+    # fused one-launch kernel).
+    ("long-rows", dict(lengths=(40, 17, 1, 30)), 1e-5),
+    ("long-rows-capture", dict(lengths=(40, 17, 1, 30), capacity=4, capture=(4, 2, 1, 0)), 1e-5),
 ]
 
 
@@ -348,9 +352,10 @@ def test_conv_matches_reference(name, kwargs, tol):
     assert np.array_equal(cap.astype(np.float64), ref_cap)  # bit copies and zeros: exact
 
 
-def test_conv_aliased_state_and_exact_replay():
+@pytest.mark.parametrize("lengths", [(10, 5, 1, 8), (30, 12, 1, 20)], ids=["one-launch", "two-pass"])
+def test_conv_aliased_state_and_exact_replay(lengths):
     rng = np.random.default_rng(17)
-    case = random_conv_case(rng, lengths=(10, 5, 1, 8), capacity=8, capture=(8, 5, 1, 8), kernel_size=4)
+    case = random_conv_case(rng, lengths=lengths, capacity=8, capture=(8, 5, 1, 8), kernel_size=4)
     ref_out, ref_state, _ = reference.varlen_causal_conv(case.feeds, **case.attributes)
     out, state, cap = run_conv(case, alias=True)
     assert np.array_equal(state.astype(np.float64), ref_state)

@@ -77,8 +77,9 @@ def test_gdn_plan_matches_cuda_ops_plan():
     assert plans > 800 and errors > 100  # both sides of the comparison were exercised
 
 
-@pytest.mark.parametrize("dims", [(1, 1, 1), (4, 4, 8192), (3, 100, 129), (8, 256, 64), (8, 257, 64), (64, 1000, 4096),
-                                  (2, 0, 10)])
+# (batch, tokens, channels): both sides of CONV_ROW_TOKENS (8 per row) and of CONV_SHORT_TOKENS (256).
+@pytest.mark.parametrize("dims", [(1, 1, 1), (4, 4, 8192), (3, 100, 129), (8, 256, 64), (8, 257, 64),
+                                  (32, 256, 64), (32, 257, 64), (64, 1000, 4096), (2, 0, 10)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_conv_plan_matches_cuda_ops_plan(dims, dtype):
     batch, total, channels = dims

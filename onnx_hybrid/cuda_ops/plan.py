@@ -82,6 +82,9 @@ CONV_THREADS, CONV_TOKENS = 128, 16
 # At or below this many tokens (decode, verify) each output thread computes one token: a short call then
 # spreads over total_tokens blocks instead of a few serial runs of CONV_TOKENS dependent loads.
 CONV_SHORT_TOKENS = 256
+# At most this many tokens per request on average (decode, speculative verify): one fused launch, a thread
+# per (request, channel) doing its row's outputs and then its state (conv_rows).
+CONV_ROW_TOKENS = 8
 REPLAY_THREADS = 256
 
 TYPE_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -171,9 +174,12 @@ def conv_tokens_per_block(total_tokens: int) -> int:
 
 
 def conv_plan(geo: ConvGeometry, dtype: str, params: ConvParams) -> list[Launch]:
-    """Output pass (reads the incoming state), then the state and capsule pass (may overwrite it)."""
+    """Output pass (reads the incoming state), then the state and capsule pass (may overwrite it); for short
+    rows both in one launch."""
     sfx = TYPE_SUFFIX[dtype]
     cx = _ceil(geo.channels, CONV_THREADS)
+    if geo.total_tokens <= CONV_ROW_TOKENS * geo.batch:
+        return [Launch(f"conv_rows_{sfx}", (cx, geo.batch, 1), (CONV_THREADS, 1, 1), 0, params)]
     return [
         Launch(f"conv_output_{sfx}", (cx, _ceil(geo.total_tokens, conv_tokens_per_block(geo.total_tokens)), 1),
                (CONV_THREADS, 1, 1), 0, params),
@@ -196,7 +202,7 @@ def kernel_names() -> list[str]:
     names = []
     for sfx in TYPE_SUFFIX.values():
         names += [f"gdn_recurrent_{sfx}_k{k}_r{r}" for k, rows in REC_ROW_VARIANTS.items() for r in rows]
-        names += [f"conv_output_{sfx}", f"conv_state_{sfx}", f"conv_replay_{sfx}"]
+        names += [f"conv_output_{sfx}", f"conv_state_{sfx}", f"conv_rows_{sfx}", f"conv_replay_{sfx}"]
     names += ["gdn_chunked_f16_d128", "gdn_chunked_bf16_d128", "gdn_replay_f32"]
     return names
 

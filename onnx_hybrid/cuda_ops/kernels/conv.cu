@@ -5,6 +5,29 @@ namespace ohk {
 
 constexpr int kConvThreads = 128;  // channels per block
 
+// One output: token `pos` of request b (row span `span`) on channel c. Taps before the row's first token read
+// the request's incoming state.
+template <typename T>
+__device__ __forceinline__ T conv_value(const ConvParams& p, int b, RowSpan span, int pos, int c, float bias) {
+  const T* x = static_cast<const T*>(p.x);
+  const T* w = static_cast<const T*>(p.weight) + (size_t)c * p.kernel_size;
+  const T* st = static_cast<const T*>(p.state_in);
+  float z = bias;
+  for (int j = 0; j < p.kernel_size; ++j) {
+    const int src = pos - (p.kernel_size - 1 - j) * p.dilation;
+    const float xv = src >= 0 ? to_f32(x[(size_t)(span.start + src) * p.channels + c])
+                              : to_f32(st[((size_t)b * p.channels + c) * p.state_len + p.state_len + src]);
+    z = fmaf(to_f32(w[j]), xv, z);
+  }
+  if (p.silu) z = z / (1.f + expf(-z));
+  return from_f32<T>(z);
+}
+
+template <typename T>
+__device__ __forceinline__ float conv_bias(const ConvParams& p, int c) {
+  return p.bias != nullptr ? to_f32(static_cast<const T*>(p.bias)[c]) : 0.f;
+}
+
 // Output pass: thread = (channel, run of consecutive tokens of the packed axis; the run's length follows
 // from the grid's height, which the plan picks: plan.py conv_tokens_per_block). Each token's
 // request is found by binary search over the clamped offsets; tokens outside every request (malformed
@@ -17,11 +40,8 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   const int tokens_per_block = (p.total_tokens + gridDim.y - 1) / gridDim.y;
   const int t_begin = blockIdx.y * tokens_per_block;
   const int t_end = min(t_begin + tokens_per_block, p.total_tokens);
-  const T* x = static_cast<const T*>(p.x);
-  const T* w = static_cast<const T*>(p.weight) + (size_t)c * p.kernel_size;
-  const T* st = static_cast<const T*>(p.state_in);
   T* out = static_cast<T*>(p.out);
-  const float bias = p.bias != nullptr ? to_f32(static_cast<const T*>(p.bias)[c]) : 0.f;
+  const float bias = conv_bias<T>(p, c);
 
   // last request whose clamped start is <= t_begin
   int lo = 0, hi = p.batch - 1;
@@ -40,27 +60,15 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
     }
     const int pos = t - span.start;
     if (pos < 0 || pos >= span.len) continue;
-    float z = bias;
-    for (int j = 0; j < p.kernel_size; ++j) {
-      const int src = pos - (p.kernel_size - 1 - j) * p.dilation;
-      const float xv = src >= 0 ? to_f32(x[(size_t)(span.start + src) * p.channels + c])
-                                : to_f32(st[((size_t)b * p.channels + c) * p.state_len + p.state_len + src]);
-      z = fmaf(to_f32(w[j]), xv, z);
-    }
-    if (p.silu) z = z / (1.f + expf(-z));
-    out[(size_t)t * p.channels + c] = from_f32<T>(z);
+    out[(size_t)t * p.channels + c] = conv_value<T>(p, b, span, pos, c, bias);
   }
 }
 
-// State pass: thread = (request, channel). final[i] = X[n - SL + i] over the virtual sequence
-// (old state, then the request's inputs). Ascending i reads index n + i >= i of the old state before
-// writing index i, so aliasing is safe. Also writes the capsule row: inputs for t < m, zeros after.
+// State of (request b, channel c): final[i] = X[n - SL + i] over the virtual sequence (old state, then the
+// request's inputs). Ascending i reads index n + i >= i of the old state before writing index i, so aliasing
+// is safe. Also writes the capsule row: inputs for t < m, zeros after.
 template <typename T>
-__device__ __forceinline__ void conv_state(const ConvParams& p) {
-  const int c = blockIdx.x * kConvThreads + threadIdx.x;
-  const int b = blockIdx.y;
-  if (c >= p.channels) return;
-  const RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
+__device__ __forceinline__ void conv_state_of(const ConvParams& p, int b, RowSpan span, int c) {
   const T* x = static_cast<const T*>(p.x);
   const T* st = static_cast<const T*>(p.state_in) + ((size_t)b * p.channels + c) * p.state_len;
   T* so = static_cast<T*>(p.state_out) + ((size_t)b * p.channels + c) * p.state_len;
@@ -74,6 +82,32 @@ __device__ __forceinline__ void conv_state(const ConvParams& p) {
     for (int t = 0; t < p.capacity; ++t)
       cap[(size_t)t * p.channels] = t < m ? x[(size_t)(span.start + t) * p.channels + c] : from_f32<T>(0.f);
   }
+}
+
+// State pass: thread = (request, channel).
+template <typename T>
+__device__ __forceinline__ void conv_state(const ConvParams& p) {
+  const int c = blockIdx.x * kConvThreads + threadIdx.x;
+  const int b = blockIdx.y;
+  if (c >= p.channels) return;
+  conv_state_of<T>(p, b, row_span(p.cu_seqlens, 0, b, p.total_tokens), c);
+}
+
+// Both passes in one launch for short rows (decode, verify): thread = (request, channel) computes its row's
+// outputs, which read the old state, and only then writes the new state, so one thread owns every access to
+// its (request, channel) state and initial_state may alias final_state. One launch instead of two is most of
+// the node's host cost at these sizes.
+template <typename T>
+__device__ __forceinline__ void conv_rows(const ConvParams& p) {
+  const int c = blockIdx.x * kConvThreads + threadIdx.x;
+  const int b = blockIdx.y;
+  if (c >= p.channels) return;
+  const RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
+  T* out = static_cast<T*>(p.out);
+  const float bias = conv_bias<T>(p, c);
+  for (int pos = 0; pos < span.len; ++pos)
+    out[(size_t)(span.start + pos) * p.channels + c] = conv_value<T>(p, b, span, pos, c, bias);
+  conv_state_of<T>(p, b, span, c);
 }
 
 // Conv replay: after n accepted steps the state is the last SL samples of (old state, capsule[0:n)).
@@ -125,6 +159,9 @@ extern "C" __global__ void __launch_bounds__(kReplayThreads) gdn_replay_f32(cons
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(ohk::kConvThreads) conv_state_##TNAME(const ConvParams p) {  \
     ohk::conv_state<T>(p);                                                                                   \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads) conv_rows_##TNAME(const ConvParams p) {   \
+    ohk::conv_rows<T>(p);                                                                                    \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(ohk::kConvThreads) conv_replay_##TNAME(const ConvReplayParams p) { \
     ohk::conv_replay<T>(p);                                                                                  \

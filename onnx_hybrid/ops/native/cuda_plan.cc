@@ -91,6 +91,8 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
 std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType type, const ConvParams& params) {
   const unsigned cx = U(CeilDiv(geo.channels, cp::kConvThreads));
   const cuda::Dim3 block{U(cp::kConvThreads), 1, 1};
+  if (geo.total_tokens <= int64_t(cp::kConvRowTokens) * geo.batch)  // short rows: both passes in one launch
+    return {{std::string("conv_rows_") + Suffix(type), {cx, U(geo.batch), 1}, block, 0, params}};
   // plan.py's conv_tokens_per_block: one token per thread for short calls.
   const int64_t tokens_per_block = geo.total_tokens <= cp::kConvShortTokens ? 1 : cp::kConvTokens;
   return {
