@@ -22,6 +22,11 @@ static int cc(int which) { const char* v = getenv("STUB_CC"); int n = v ? atoi(v
 int cuInit(unsigned flags) { return 0; }
 int cuGetErrorString(int r, const char** s) { *s = "CUDA_ERROR_NOT_FOUND (stub)"; return 0; }
 int cuStreamGetCtx(void* stream, void** ctx) { *ctx = stream; return 0; }  /* one context per stream here */
+int cuCtxGetCurrent(void** ctx) {  /* STUB_CURRENT: the context current on the calling thread */
+  const char* v = getenv("STUB_CURRENT");
+  *ctx = v ? (void*)strtoul(v, NULL, 16) : NULL;
+  return 0;
+}
 int cuCtxPushCurrent_v2(void* ctx) { printf("push %p\n", ctx); return 0; }
 int cuCtxPopCurrent_v2(void** ctx) { printf("pop\n"); return 0; }
 int cuCtxGetDevice(int* device) { *device = 0; return 0; }
@@ -101,9 +106,11 @@ def programs(tmp_path_factory):
     return folder / "harness", driver_dir
 
 
-def run(programs, *images, cc="90", with_driver=True):
+def run(programs, *images, cc="90", with_driver=True, current=None):
     harness, driver_dir = programs
     env = dict(os.environ, STUB_CC=cc)
+    if current:
+        env["STUB_CURRENT"] = current
     if with_driver:
         env["LD_LIBRARY_PATH"] = str(driver_dir)
     done = subprocess.run([str(harness), *images], capture_output=True, text=True, env=env, timeout=60, check=True)
@@ -129,6 +136,13 @@ def test_launch_sequence(programs):
         "push 0x10", "device 90 232448", "pop",
         "error onnx_hybrid: cuModuleGetFunction(absent) failed: CUDA_ERROR_NOT_FOUND (stub) (CUresult 500)",
     ]
+
+
+def test_no_push_when_the_streams_context_is_current(programs):
+    lines = run(programs, "sm90", current="0x10")
+    assert "push 0x10" not in lines and "push 0x20" in lines
+    assert lines.count("push 0x20") == lines.count("pop")
+    assert "launch k 2 3 4 128 1 1 0 0x10 42 7" in lines
 
 
 def test_a_cubin_serves_later_minors_of_its_major(programs):

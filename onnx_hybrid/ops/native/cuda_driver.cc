@@ -36,6 +36,7 @@ struct Driver {
   CUresult (*cuInit)(unsigned);
   CUresult (*cuGetErrorString)(CUresult, const char**);
   CUresult (*cuStreamGetCtx)(CUstream, CUcontext*);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
   CUresult (*cuCtxPushCurrent)(CUcontext);
   CUresult (*cuCtxPopCurrent)(CUcontext*);
   CUresult (*cuCtxGetDevice)(CUdevice*);
@@ -66,6 +67,7 @@ Driver LoadDriver() {
   Resolve(handle, "cuInit", &d.cuInit, &d.error);
   Resolve(handle, "cuGetErrorString", &d.cuGetErrorString, &d.error);
   Resolve(handle, "cuStreamGetCtx", &d.cuStreamGetCtx, &d.error);
+  Resolve(handle, "cuCtxGetCurrent", &d.cuCtxGetCurrent, &d.error);
   Resolve(handle, "cuCtxPushCurrent_v2", &d.cuCtxPushCurrent, &d.error);
   Resolve(handle, "cuCtxPopCurrent_v2", &d.cuCtxPopCurrent, &d.error);
   Resolve(handle, "cuCtxGetDevice", &d.cuCtxGetDevice, &d.error);
@@ -213,13 +215,17 @@ Launcher::Launcher(void* ort_stream) : stream_(static_cast<CUstream>(ort_stream)
   Check(init, "cuInit");
   CUcontext context = nullptr;
   Check(d.cuStreamGetCtx(stream_, &context), "cuStreamGetCtx");
-  Check(d.cuCtxPushCurrent(context), "cuCtxPushCurrent");
-  pushed_ = true;
+  CUcontext current = nullptr;
+  Check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+  if (current != context) {  // ORT's CUDA EP thread normally has it current already: two driver calls saved
+    Check(d.cuCtxPushCurrent(context), "cuCtxPushCurrent");
+    pushed_ = true;
+  }
   try {
     module_ = ModuleFor(d, context);
   } catch (...) {
     CUcontext popped = nullptr;
-    d.cuCtxPopCurrent(&popped);
+    if (pushed_) d.cuCtxPopCurrent(&popped);
     throw;
   }
   device_ = &module_->device;

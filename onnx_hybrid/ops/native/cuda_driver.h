@@ -31,8 +31,8 @@ struct DeviceInfo {
   int smem_optin;  // opt-in shared memory per block, bytes
 };
 
-// One Compute call's view of the driver: pushes the stream's context on construction and pops it on
-// destruction (every path, errors included). Every failure throws std::runtime_error with the driver's
+// One Compute call's view of the driver: makes the stream's context current for the call (pushed on
+// construction and popped on destruction, every path, errors included, unless it is current already). Every failure throws std::runtime_error with the driver's
 // own text; nothing here synchronises with the host.
 class Launcher {
  public:
