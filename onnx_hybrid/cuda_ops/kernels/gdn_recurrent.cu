@@ -96,8 +96,9 @@ __device__ __forceinline__ void load_rows(const GdnParams& p, size_t head_base, 
 // only what it wrote (its own key columns), laid out so a warp's access is one contiguous span per vector.
 template <int NPL>
 struct RecStash {
-  // Tokens per prologue: 4 (a verify step) where 4 NPL-wide vectors fit the 80 registers of the small-key
-  // instantiations, fewer for wide keys (at most 4 KB of vectors per warp).
+  // Tokens per prologue: 4 (a verify step of 4 tokens runs it once). More made the small-key instantiations
+  // spill (each row group holds the chunk's values in registers); wide keys take fewer, so the vectors stay
+  // within 4 KB per warp.
   static constexpr int kTokens = NPL >= 16 ? 1 : (NPL >= 8 ? 2 : 4);
   static constexpr int kVec = NPL % 4 == 0 ? 4 : NPL;       // floats per shared-memory access
   float vec[kTokens][2][NPL / kVec][32][kVec];              // [token][q, k][part][lane][element]
