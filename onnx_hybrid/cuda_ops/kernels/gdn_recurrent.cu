@@ -3,6 +3,11 @@
 // axis (NPL consecutive key columns per lane), so a row's dot products are warp reductions and the state
 // of the warp's rows stays in registers across the request's tokens.
 //
+// Per token a warp first runs a prologue that does not depend on the state (normalised q and k, decay,
+// beta, q.k), once for all its row groups, into a per-warp stash in shared memory. Each row group then needs
+// one reduction per token: with S' = S * decay, the retrieval S'.k and the pre-update output S'.q reduce
+// together, and the output follows as S'.q + u (k.q), because the update adds k u.
+//
 // State rounding is the CUDA rule of spec/ops.md §2.10: S' = __fmul_rn(S, decay), S = __fmaf_rn(key, delta, S').
 // The capsule stores exactly the decay, key and delta used here, so a replay is bit-exact.
 #include "common.cuh"
@@ -13,9 +18,15 @@ constexpr int kRecWarps = 4;  // warps per block; value rows per warp (ROWS) is 
 // Resident blocks per SM the register allocation must allow: decode is latency-bound, so warps in flight
 // matter; the bounds are the highest at which ptxas (CUDA 13.0, sm_90) does not spill.
 __host__ __device__ constexpr int rec_min_blocks(int npl, int rows) {
-  return npl >= 8 ? 1 : (npl * rows >= 32 ? 4 : (npl * rows == 16 && npl == 4 ? 5 : 6));
+  if (npl >= 8) return 1;
+  if (rows == 8) return npl == 1 ? 5 : 4;
+  if (rows == 4) return npl == 1 ? 6 : 5;
+  return npl == 4 && rows == 1 ? 5 : 6;
 }
 
+// State rows are touched once per call: streaming (evict-first) loads and stores keep them from pushing the
+// inputs and offsets, which each call's dependent chain waits on, out of L2 (measured: decode and verify
+// 3-20% faster on the H200, BENCHMARKS.md).
 template <int NPL>
 __device__ __forceinline__ void load_state_row(const float* row, int lane, int dk, float (&s)[NPL]) {
   const int r0 = lane * NPL;
@@ -23,7 +34,7 @@ __device__ __forceinline__ void load_state_row(const float* row, int lane, int d
     if (dk == 32 * NPL && (reinterpret_cast<size_t>(row) & 15) == 0) {
 #pragma unroll
       for (int i = 0; i < NPL; i += 4) {
-        const float4 x = *reinterpret_cast<const float4*>(row + r0 + i);
+        const float4 x = __ldcs(reinterpret_cast<const float4*>(row + r0 + i));
         s[i] = x.x; s[i + 1] = x.y; s[i + 2] = x.z; s[i + 3] = x.w;
       }
       return;
@@ -40,7 +51,7 @@ __device__ __forceinline__ void store_state_row(float* row, int lane, int dk, co
     if (dk == 32 * NPL && (reinterpret_cast<size_t>(row) & 15) == 0) {
 #pragma unroll
       for (int i = 0; i < NPL; i += 4)
-        *reinterpret_cast<float4*>(row + r0 + i) = make_float4(s[i], s[i + 1], s[i + 2], s[i + 3]);
+        __stcs(reinterpret_cast<float4*>(row + r0 + i), make_float4(s[i], s[i + 1], s[i + 2], s[i + 3]));
       return;
     }
   }
@@ -68,25 +79,6 @@ __device__ __forceinline__ void load_head(const T* base, int lane, int dk, float
   for (int i = 0; i < NPL; ++i) x[i] = (r0 + i < dk) ? to_f32(base[r0 + i]) : 0.0f;
 }
 
-// One token's inputs, loaded a token ahead so the loads overlap the previous token's reductions.
-template <int NPL, int ROWS>
-struct TokenInputs {
-  float q[NPL], k[NPL], v[ROWS];
-  float decay;  // raw decay input (scalar-decay rules)
-  float beta;   // raw beta input
-};
-
-template <typename T, int NPL, int ROWS>
-__device__ __forceinline__ void load_token(const GdnParams& p, int tok, int h, int c0, int lane, const T* qb,
-                                           const T* kb, const T* vb, TokenInputs<NPL, ROWS>& in) {
-  load_head<T, NPL>(qb + (size_t)tok * p.q_stride, lane, p.dk, in.q);
-  load_head<T, NPL>(kb + (size_t)tok * p.k_stride, lane, p.dk, in.k);
-#pragma unroll
-  for (int j = 0; j < ROWS; ++j) in.v[j] = (c0 + j < p.dv) ? to_f32(vb[(size_t)tok * p.v_stride + j]) : 0.0f;
-  in.decay = (p.has_decay && !p.decay_per_key) ? p.decay[(size_t)tok * p.hv + h] : 0.0f;
-  in.beta = p.has_delta ? p.beta[(size_t)tok * p.hv + h] : 0.0f;
-}
-
 template <int NPL, int ROWS>
 __device__ __forceinline__ void load_rows(const GdnParams& p, size_t head_base, int c0, int lane, float (&S)[ROWS][NPL]) {
 #pragma unroll
@@ -100,10 +92,174 @@ __device__ __forceinline__ void load_rows(const GdnParams& p, size_t head_base, 
   }
 }
 
+// A warp's per-token values that do not depend on the state, for up to kTokens tokens. Each lane reads back
+// only what it wrote (its own key columns), laid out so a warp's access is one contiguous span per vector.
+template <int NPL>
+struct RecStash {
+  // Tokens per prologue: 4 (a verify step of 4 tokens runs it once). More made the small-key instantiations
+  // spill (each row group holds the chunk's values in registers); wide keys take fewer, so the vectors stay
+  // within 4 KB per warp.
+  static constexpr int kTokens = NPL >= 16 ? 1 : (NPL >= 8 ? 2 : 4);
+  static constexpr int kVec = NPL % 4 == 0 ? 4 : NPL;       // floats per shared-memory access
+  float vec[kTokens][2][NPL / kVec][32][kVec];              // [token][q, k][part][lane][element]
+  float scalar[kTokens][4];                                 // decay (scalar rules), beta, q.k
+};
+
+template <int NPL>
+__device__ __forceinline__ void stash_put(float (&dst)[NPL / RecStash<NPL>::kVec][32][RecStash<NPL>::kVec],
+                                          int lane, const float (&x)[NPL]) {
+  constexpr int V = RecStash<NPL>::kVec;
+#pragma unroll
+  for (int c = 0; c < NPL / V; ++c) {
+    if constexpr (V == 4) {
+      *reinterpret_cast<float4*>(dst[c][lane]) = make_float4(x[4 * c], x[4 * c + 1], x[4 * c + 2], x[4 * c + 3]);
+    } else if constexpr (V == 2) {
+      *reinterpret_cast<float2*>(dst[c][lane]) = make_float2(x[2 * c], x[2 * c + 1]);
+    } else {
+      dst[c][lane][0] = x[c];
+    }
+  }
+}
+
+template <int NPL>
+__device__ __forceinline__ void stash_get(const float (&src)[NPL / RecStash<NPL>::kVec][32][RecStash<NPL>::kVec],
+                                          int lane, float (&x)[NPL]) {
+  constexpr int V = RecStash<NPL>::kVec;
+#pragma unroll
+  for (int c = 0; c < NPL / V; ++c) {
+    if constexpr (V == 4) {
+      const float4 y = *reinterpret_cast<const float4*>(src[c][lane]);
+      x[4 * c] = y.x; x[4 * c + 1] = y.y; x[4 * c + 2] = y.z; x[4 * c + 3] = y.w;
+    } else if constexpr (V == 2) {
+      const float2 y = *reinterpret_cast<const float2*>(src[c][lane]);
+      x[2 * c] = y.x; x[2 * c + 1] = y.y;
+    } else {
+      x[c] = src[c][lane][0];
+    }
+  }
+}
+
+// One token's raw inputs for the prologue, loaded a token ahead.
+template <int NPL>
+struct TokenInputs {
+  float q[NPL], k[NPL];
+  float decay;  // raw decay input (scalar-decay rules)
+  float beta;   // raw beta input
+};
+
+template <typename T, int NPL>
+__device__ __forceinline__ void load_token(const GdnParams& p, int tok, int h, int lane, const T* qb, const T* kb,
+                                           TokenInputs<NPL>& in) {
+  load_head<T, NPL>(qb + (size_t)tok * p.q_stride, lane, p.dk, in.q);
+  load_head<T, NPL>(kb + (size_t)tok * p.k_stride, lane, p.dk, in.k);
+  in.decay = (p.has_decay && !p.decay_per_key) ? p.decay[(size_t)tok * p.hv + h] : 0.0f;
+  in.beta = p.has_delta ? p.beta[(size_t)tok * p.hv + h] : 0.0f;
+}
+
+// Sum over the warp of N values per lane (N a power of two <= 32) in N - 1 + 5 - log2(N) shuffles: each
+// halving step (lane offset OFF) sends the half a lane does not keep. Lane l ends with value
+// l >> (5 - log2 N), summed in the same pairing order as a full butterfly, so the result does not depend on N.
+template <int N, int OFF = 16>
+__device__ __forceinline__ float transposed_warp_sum(float* x, int lane) {
+  if constexpr (N > 1) {
+    const bool upper = (lane & OFF) != 0;
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+      const float send = upper ? x[j] : x[j + N / 2];
+      const float keep = upper ? x[j + N / 2] : x[j];
+      x[j] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+    }
+    return transposed_warp_sum<N / 2, OFF / 2>(x, lane);
+  } else {
+    float s = x[0];
+#pragma unroll
+    for (int off = OFF; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    return s;
+  }
+}
+
+__host__ __device__ constexpr int log2_int(int n) { return n <= 1 ? 0 : 1 + log2_int(n / 2); }
+
+// Per-head gate constants (qwen: g = -exp(a_log) * softplus(x + dt_bias)).
+struct HeadGate {
+  float neg_a, dt_bias;
+};
+
+// The prologue of tokens [t0, t0 + n) of a row (1 <= n <= kTokens) into the warp's stash; `cur` holds token
+// t0's inputs on entry. With `capture_decay` / `capture_key` (the warp holding value row 0, on its first row
+// group) it also writes the captured decay and key slots.
+template <typename T, int NPL>
+__device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<NPL>& st, TokenInputs<NPL> cur,
+                                               int start, int t0, int n, int h, int hk, HeadGate gate, int lane,
+                                               const T* qb, const T* kb, int m, float* cap, bool capture_decay,
+                                               bool capture_key) {
+  TokenInputs<NPL> nxt;
+  for (int t = 0; t < n; ++t) {
+    if (t + 1 < n) load_token<T, NPL>(p, start + t0 + t + 1, h, lane, qb, kb, nxt);
+    float sq = 0.0f, sk = 0.0f, sqk = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      sq = fmaf(cur.q[i], cur.q[i], sq);
+      sk = fmaf(cur.k[i], cur.k[i], sk);
+      sqk = fmaf(cur.q[i], cur.k[i], sqk);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      sq += __shfl_xor_sync(0xffffffffu, sq, off);
+      sk += __shfl_xor_sync(0xffffffffu, sk, off);
+      sqk += __shfl_xor_sync(0xffffffffu, sqk, off);
+    }
+    const float inv_k = p.l2norm ? rsqrtf(sk + 1e-12f) : 1.0f;
+    const float q_scale = p.scale * (p.l2norm ? rsqrtf(sq + 1e-12f) : 1.0f);
+    float k[NPL], q[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      k[i] = p.l2norm ? cur.k[i] * inv_k : cur.k[i];
+      q[i] = cur.q[i] * q_scale;
+    }
+    float alpha = 1.0f;
+    if (p.has_decay && !p.decay_per_key) {
+      float g = cur.decay;
+      if (p.gate_qwen) {
+        const float z = g + gate.dt_bias;
+        g = gate.neg_a * (z > 20.0f ? z : log1pf(expf(z)));
+      }
+      alpha = expf(g);
+    }
+    stash_put<NPL>(st.vec[t][0], lane, q);
+    stash_put<NPL>(st.vec[t][1], lane, k);
+    if (lane == 0) {
+      st.scalar[t][0] = alpha;
+      st.scalar[t][1] = p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-cur.beta)) : cur.beta) : 1.0f;
+      st.scalar[t][2] = sqk * inv_k * q_scale;
+    }
+    if (t0 + t < m) {
+      if (capture_decay && lane == 0) cap[(size_t)(t0 + t) * p.hv + h] = alpha;
+      if (capture_key) {
+        float* key = cap + gdn_capsule_key(p) + ((size_t)(t0 + t) * p.hk + hk) * p.dk;
+#pragma unroll
+        for (int i = 0; i < NPL; ++i)
+          if (lane * NPL + i < p.dk) key[lane * NPL + i] = k[i];
+      }
+    }
+    if (t + 1 < n) cur = nxt;
+  }
+  __syncwarp();  // the scalars lane 0 wrote are read by every lane
+}
+
 // A warp serves p.row_groups consecutive groups of ROWS value rows of one (request, head), loading the next
 // group's state while it computes the current one, so its memory traffic does not wait on its arithmetic.
+// Everything it computes for a value row is independent of ROWS and row_groups (the reduction pairs lanes in
+// one fixed order), so a row's result does not depend on the launch shape or the batch.
 template <typename T, int NPL, int ROWS>
 __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
+  using Stash = RecStash<NPL>;
+  constexpr int kTokens = Stash::kTokens;
+  // After the reduction of 2 ROWS values lane l holds value l >> kShift: retrieval S'.k of row (l >> kShift)
+  // in lanes 0-15, output S'.q of row (l >> kShift) - ROWS in lanes 16-31.
+  constexpr int kShift = 5 - log2_int(2 * ROWS);
+  __shared__ Stash stash_all[kRecWarps];
+
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int b = blockIdx.z;
@@ -111,139 +267,137 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const int c_warp = (blockIdx.x * kRecWarps + warp) * ROWS * p.row_groups;
   if (c_warp >= p.dv) return;  // the kernel has no block-wide barrier
   const int dk = p.dk;
+  Stash& stash = stash_all[warp];
+  const int slot = lane >> kShift;                            // which reduced value this lane holds
+  const bool first_copy = (lane & ((1 << kShift) - 1)) == 0;  // the lane that writes it
+  const int my_row = slot % ROWS;
 
-  // The first state loads go out before the offsets are read: their addresses do not depend on them.
+  // Every load whose address does not depend on the offsets goes out before them: the first two groups'
+  // state, the gate constants, and the inputs of token b * T / B, where row b starts when every row has the
+  // same length (decode); they are loaded again only when the offsets say otherwise.
   const size_t head_base = ((size_t)b * p.hv + h) * p.dv;
-  float S[ROWS][NPL];
+  float S[ROWS][NPL], Sn[ROWS][NPL];
   load_rows<NPL, ROWS>(p, head_base, c_warp, lane, S);
-  const RowSpan span = row_span(p.cu_seqlens, p.uniform_len, b, p.total_tokens);
-  if (p.tail_only && !gdn_row_is_sequential(p, b, span.len)) return;
-
-  const int group = p.hv / p.hk;
-  const int hk = h / group;
-  const int m = gdn_captured_prefix(p, b, span.len);
-  float* cap = p.capsule != nullptr ? p.capsule + (size_t)b * gdn_capsule_row(p) : nullptr;
-  const size_t key_off = gdn_capsule_key(p);
-  const size_t delta_off = gdn_capsule_delta(p);
-  // Per-head gate constants (qwen: g = -exp(a_log) * softplus(x + dt_bias)).
-  const float neg_a = p.gate_qwen ? -expf(p.a_log[h]) : 0.0f;
-  const float dt_bias = p.gate_qwen ? p.dt_bias[h] : 0.0f;
+  if (p.row_groups > 1 && c_warp + ROWS < p.dv) load_rows<NPL, ROWS>(p, head_base, c_warp + ROWS, lane, Sn);
+  const HeadGate gate = {p.gate_qwen ? -expf(p.a_log[h]) : 0.0f, p.gate_qwen ? p.dt_bias[h] : 0.0f};
+  const int hk = h / (p.hv / p.hk);
   const T* qb = static_cast<const T*>(p.q) + (size_t)hk * dk;
   const T* kb = static_cast<const T*>(p.k) + (size_t)hk * dk;
+  const T* vh = static_cast<const T*>(p.v) + (size_t)h * p.dv + my_row;  // + token * v_stride + row group
+  const bool row0_ok = c_warp + my_row < p.dv;
+  const int guess = p.total_tokens > 0 ? (int)((long long)b * p.total_tokens / p.batch) : -1;
+  TokenInputs<NPL> first;
+  float v_first = 0.0f;
+  if (guess >= 0) {
+    load_token<T, NPL>(p, guess, h, lane, qb, kb, first);
+    if (row0_ok) v_first = to_f32(vh[(size_t)guess * p.v_stride + c_warp]);
+  }
+
+  const RowSpan span = row_span(p.cu_seqlens, p.uniform_len, b, p.total_tokens);
+  if (p.tail_only && !gdn_row_is_sequential(p, b, span.len)) return;
+  const int m = gdn_captured_prefix(p, b, span.len);
+  float* cap = p.capsule != nullptr ? p.capsule + (size_t)b * gdn_capsule_row(p) : nullptr;
+  // The decay slot of a head is written by the warp holding row 0; the key slot of a key head by the warp
+  // holding row 0 of value head hk * group (spec/ops.md §2.9).
+  const bool capture_decay = c_warp == 0;
+  const bool capture_key = capture_decay && (h % (p.hv / p.hk) == 0);
+
+  // Rows of at most kTokens tokens (decode, verify) run the prologue once, for every row group.
+  const bool one_chunk = span.len <= kTokens;
+  float v[kTokens];
+  if (one_chunk && span.len > 0) {
+    if (span.start != guess) {
+      load_token<T, NPL>(p, span.start, h, lane, qb, kb, first);
+      if (row0_ok) v_first = to_f32(vh[(size_t)span.start * p.v_stride + c_warp]);
+    }
+    v[0] = v_first;
+#pragma unroll
+    for (int t = 1; t < kTokens; ++t)
+      v[t] = (t < span.len && row0_ok) ? to_f32(vh[(size_t)(span.start + t) * p.v_stride + c_warp]) : 0.0f;
+    token_prologue<T, NPL>(p, stash, first, span.start, 0, span.len, h, hk, gate, lane, qb, kb, m, cap,
+                           capture_decay, capture_key);
+  }
 
   for (int rg = 0; rg < p.row_groups; ++rg) {
     const int c0 = c_warp + rg * ROWS;
     if (c0 >= p.dv) break;
-    float Sn[ROWS][NPL];
     const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
-    if (more) load_rows<NPL, ROWS>(p, head_base, c0 + ROWS, lane, Sn);
+    if (more && rg > 0) load_rows<NPL, ROWS>(p, head_base, c0 + ROWS, lane, Sn);
+    const bool row_ok = c0 + my_row < p.dv;
+    T* ob = static_cast<T*>(p.out) + (size_t)h * p.dv + c0 + my_row;
+    float* delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
 
-    // The decay slot of a head and the key slot of a key head are written by the group holding row 0; the
-    // key slot by value head hk * group (spec/ops.md §2.9).
-    const bool first_rows = c0 == 0;
-    const bool owns_key = first_rows && (h % group == 0);
-    const T* vb = static_cast<const T*>(p.v) + (size_t)h * p.dv + c0;
-    T* ob = static_cast<T*>(p.out) + (size_t)h * p.dv + c0;
-
-    TokenInputs<NPL, ROWS> cur, nxt;
-    if (span.len > 0) load_token<T, NPL, ROWS>(p, span.start, h, c0, lane, qb, kb, vb, cur);
-    for (int t = 0; t < span.len; ++t) {
-      const int tok = span.start + t;
-      if (t + 1 < span.len) load_token<T, NPL, ROWS>(p, tok + 1, h, c0, lane, qb, kb, vb, nxt);
-
-      float alpha[NPL];
-      float alpha_head = 1.0f;
-      if (p.has_decay && !p.decay_per_key) {
-        float g = cur.decay;
-        if (p.gate_qwen) {
-          const float z = g + dt_bias;
-          g = neg_a * (z > 20.0f ? z : log1pf(expf(z)));
-        }
-        alpha_head = expf(g);
+    for (int t0 = 0; t0 < span.len; t0 += kTokens) {
+      const int n = min(kTokens, span.len - t0);
+      if (!one_chunk) {
+        __syncwarp();  // the previous chunk's stash reads are done
+        TokenInputs<NPL> cur;
+        load_token<T, NPL>(p, span.start + t0, h, lane, qb, kb, cur);
+        token_prologue<T, NPL>(p, stash, cur, span.start, t0, n, h, hk, gate, lane, qb, kb, m, cap,
+                               capture_decay && rg == 0, capture_key && rg == 0);
       }
+      if (!one_chunk || rg > 0) {
 #pragma unroll
-      for (int i = 0; i < NPL; ++i) {
-        const int r = lane * NPL + i;
-        alpha[i] = (p.decay_per_key && r < dk) ? expf(gdn_log_gate(p, tok, h, r)) : alpha_head;
+        for (int t = 0; t < kTokens; ++t)
+          v[t] = (t < n && row_ok) ? to_f32(vh[(size_t)(span.start + t0 + t) * p.v_stride + c0]) : 0.0f;
       }
-      const float beta = p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-cur.beta)) : cur.beta) : 1.0f;
 
-      // Retrieval dot products on the raw key; the q and k norms reduce alongside them and scale afterwards.
-      float red[ROWS + 2];
-      float sq = 0.0f, sk = 0.0f;
 #pragma unroll
-      for (int i = 0; i < NPL; ++i) {
-        sq = fmaf(cur.q[i], cur.q[i], sq);
-        sk = fmaf(cur.k[i], cur.k[i], sk);
-      }
-      red[ROWS] = sq;
-      red[ROWS + 1] = sk;
-#pragma unroll
-      for (int j = 0; j < ROWS; ++j) {
-        float d = 0.0f;
+      for (int t = 0; t < kTokens; ++t) {
+        if (t >= n) break;
+        const int tok = span.start + t0 + t;
+        float q[NPL], k[NPL], alpha[NPL];
+        stash_get<NPL>(stash.vec[t][0], lane, q);
+        stash_get<NPL>(stash.vec[t][1], lane, k);
+        const float alpha_head = stash.scalar[t][0];
+        const float beta = stash.scalar[t][1];
+        const float qk = stash.scalar[t][2];
 #pragma unroll
         for (int i = 0; i < NPL; ++i) {
-          S[j][i] = __fmul_rn(S[j][i], alpha[i]);
-          d = fmaf(S[j][i], cur.k[i], d);
+          const int r = lane * NPL + i;
+          alpha[i] = (p.decay_per_key && r < dk) ? expf(gdn_log_gate(p, tok, h, r)) : alpha_head;
         }
-        red[j] = d;
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-#pragma unroll
-        for (int j = 0; j < ROWS + 2; ++j) red[j] += __shfl_xor_sync(0xffffffffu, red[j], off);
-      }
-      const float inv_q = p.l2norm ? rsqrtf(red[ROWS] + 1e-12f) : 1.0f;
-      const float inv_k = p.l2norm ? rsqrtf(red[ROWS + 1] + 1e-12f) : 1.0f;
-      float k[NPL];
-#pragma unroll
-      for (int i = 0; i < NPL; ++i) k[i] = p.l2norm ? cur.k[i] * inv_k : cur.k[i];
 
-      float u[ROWS], o[ROWS];
+        float red[2 * ROWS];
 #pragma unroll
-      for (int j = 0; j < ROWS; ++j) {
-        u[j] = p.has_delta ? beta * (cur.v[j] - red[j] * inv_k) : cur.v[j];
-        float acc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < NPL; ++i) {
-          S[j][i] = __fmaf_rn(k[i], u[j], S[j][i]);
-          acc = fmaf(S[j][i], cur.q[i], acc);
-        }
-        o[j] = acc;
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-#pragma unroll
-        for (int j = 0; j < ROWS; ++j) o[j] += __shfl_xor_sync(0xffffffffu, o[j], off);
-      }
-
-      float mine_o = 0.0f, mine_u = 0.0f;  // lane j < ROWS writes row c0 + j
-#pragma unroll
-      for (int j = 0; j < ROWS; ++j)
-        if (lane == j) { mine_o = o[j]; mine_u = u[j]; }
-      const bool row_lane = lane < ROWS && c0 + lane < p.dv;
-      if (row_lane) ob[(size_t)tok * p.hv * p.dv + lane] = from_f32<T>(p.scale * inv_q * mine_o);
-      if (t < m) {
-        if (first_rows && lane == 0) cap[(size_t)t * p.hv + h] = alpha_head;
-        if (owns_key) {
+        for (int j = 0; j < ROWS; ++j) {
+          float dot_k = 0.0f, dot_q = 0.0f;
 #pragma unroll
           for (int i = 0; i < NPL; ++i) {
-            const int r = lane * NPL + i;
-            if (r < dk) cap[key_off + ((size_t)t * p.hk + hk) * dk + r] = k[i];
+            S[j][i] = __fmul_rn(S[j][i], alpha[i]);
+            dot_k = fmaf(S[j][i], k[i], dot_k);
+            dot_q = fmaf(S[j][i], q[i], dot_q);
+          }
+          red[j] = dot_k;
+          red[ROWS + j] = dot_q;
+        }
+        const float x = transposed_warp_sum<2 * ROWS>(red, lane);
+        // Lanes 0-15: the delta of their row; lanes 16-31 take their row's delta from lane l - 16.
+        const float u_mine = p.has_delta ? beta * (v[t] - x) : v[t];
+        const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, 16);
+        if (first_copy && row_ok) {
+          if (lane >= 16) {
+            ob[(size_t)tok * p.hv * p.dv] = from_f32<T>(fmaf(u_pair, qk, x));
+          } else if (t0 + t < m) {
+            delta_cap[(size_t)(t0 + t) * p.hv * p.dv] = u_mine;
           }
         }
-        if (row_lane) cap[delta_off + ((size_t)t * p.hv + h) * p.dv + c0 + lane] = mine_u;
+#pragma unroll
+        for (int j = 0; j < ROWS; ++j) {
+          const float u = __shfl_sync(0xffffffffu, u_mine, j << kShift);
+#pragma unroll
+          for (int i = 0; i < NPL; ++i) S[j][i] = __fmaf_rn(k[i], u, S[j][i]);
+        }
       }
-      if (t + 1 < span.len) cur = nxt;
     }
 
     // Slots beyond the captured prefix are zero (project rule, spec/ops.md §2.9).
     if (cap != nullptr) {
       for (int t = m; t < p.capacity; ++t) {
-        if (first_rows && lane == 0) cap[(size_t)t * p.hv + h] = 0.0f;
-        if (owns_key)
-          for (int r = lane; r < dk; r += 32) cap[key_off + ((size_t)t * p.hk + hk) * dk + r] = 0.0f;
-        if (lane < ROWS && c0 + lane < p.dv) cap[delta_off + ((size_t)t * p.hv + h) * p.dv + c0 + lane] = 0.0f;
+        if (rg == 0 && capture_decay && lane == 0) cap[(size_t)t * p.hv + h] = 0.0f;
+        if (rg == 0 && capture_key)
+          for (int r = lane; r < dk; r += 32) cap[gdn_capsule_key(p) + ((size_t)t * p.hk + hk) * dk + r] = 0.0f;
+        if (lane < 16 && first_copy && row_ok) delta_cap[(size_t)t * p.hv * p.dv] = 0.0f;
       }
     }
 
@@ -262,7 +416,6 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
 }
 
 }  // namespace ohk
-
 // Instantiations: gdn_recurrent_<type>_k<max key size>_r<value rows per warp>; plan.py picks one.
 #define OHK_GDN_RECURRENT(TNAME, T, NPL, KMAX, ROWS)                                                \
   extern "C" __global__ void __launch_bounds__(ohk::kRecWarps * 32, ohk::rec_min_blocks(NPL, ROWS))  \
