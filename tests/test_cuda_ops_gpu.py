@@ -158,6 +158,7 @@ def test_zero_length_row_keeps_its_state_bitwise():
 
 def test_chunked_smem_matches_plan():
     assert launch.global_int(torch.cuda.current_device(), "gdn_chunked_smem_bytes") == plan.CHUNK_SMEM_BYTES
+    assert launch.global_int(torch.cuda.current_device(), "gdn_chunk_prep_smem_bytes") == plan.CHUNK_PREP_SMEM_BYTES
 
 
 def _prefix_case(case, n):
