@@ -126,6 +126,8 @@ __device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* p, float a,
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
+constexpr int kPrepRows = chunk::BT / chunk::WARPS;  // chunk rows each prep warp loads and normalises
+
 __device__ __forceinline__ int chunks_of(int len) { return (len + chunk::BT - 1) / chunk::BT; }
 
 // Chunk `x` of the call, counting the chunks of the rows the chunked engine serves in row order: its row and
@@ -214,14 +216,32 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
     const size_t tok0 = (size_t)span.start + t0;
 
     // 1. Inputs: normalised q/k and v as fp16 operands, log gates, beta. Rows past the request are zero.
-    for (int t = warp; t < BT; t += WARPS) {
-      float qv[4] = {0.f, 0.f, 0.f, 0.f}, kv[4] = {0.f, 0.f, 0.f, 0.f}, vv[4] = {0.f, 0.f, 0.f, 0.f};
-      float g = 0.f, be = 0.f;
+    //    Each warp issues all loads of its rows before using any, so their latencies overlap.
+    uint2 rq[kPrepRows], rk[kPrepRows], rv[kPrepRows];
+    float rd[kPrepRows], rb[kPrepRows];
+#pragma unroll
+    for (int j = 0; j < kPrepRows; ++j) {
+      const int t = warp * kPrepRows + j;
+      rq[j] = rk[j] = rv[j] = make_uint2(0u, 0u);
+      rd[j] = rb[j] = 0.f;
       if (t < L) {
         const size_t tok = tok0 + t;
-        unpack4<T>(*reinterpret_cast<const uint2*>(qb + tok * p.q_stride + lane * 4), qv);
-        unpack4<T>(*reinterpret_cast<const uint2*>(kb + tok * p.k_stride + lane * 4), kv);
-        unpack4<T>(*reinterpret_cast<const uint2*>(vb + tok * p.v_stride + lane * 4), vv);
+        rq[j] = *reinterpret_cast<const uint2*>(qb + tok * p.q_stride + lane * 4);
+        rk[j] = *reinterpret_cast<const uint2*>(kb + tok * p.k_stride + lane * 4);
+        rv[j] = *reinterpret_cast<const uint2*>(vb + tok * p.v_stride + lane * 4);
+        if (p.has_decay) rd[j] = p.decay[tok * p.hv + h];
+        if (p.has_delta) rb[j] = p.beta[tok * p.hv + h];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPrepRows; ++j) {
+      const int t = warp * kPrepRows + j;
+      float qv[4], kv[4], vv[4];
+      unpack4<T>(rq[j], qv);
+      unpack4<T>(rk[j], kv);
+      unpack4<T>(rv[j], vv);
+      float g = 0.f, be = 0.f;
+      if (t < L) {
         if (p.l2norm) {
           float sq = 0.f, sk = 0.f;
 #pragma unroll
@@ -230,18 +250,12 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
 #pragma unroll
           for (int i = 0; i < 4; ++i) { qv[i] *= iq; kv[i] *= ik; }
         }
-        if (p.has_decay) {
-          g = p.decay[tok * p.hv + h];
-          if (p.gate_qwen) {
-            const float z = g + dt_bias;
-            g = neg_a * (z > 20.0f ? z : log1pf(expf(z)));
-          }
+        g = rd[j];
+        if (p.has_decay && p.gate_qwen) {
+          const float z = g + dt_bias;
+          g = neg_a * (z > 20.0f ? z : log1pf(expf(z)));
         }
-        be = 1.f;
-        if (p.has_delta) {
-          const float r = p.beta[tok * p.hv + h];
-          be = p.beta_sigmoid ? 1.0f / (1.0f + expf(-r)) : r;
-        }
+        be = p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-rb[j])) : rb[j]) : 1.f;
       }
       const uint2 qh = pack4_half(qv), kh = pack4_half(kv);
       *reinterpret_cast<uint2*>(Qh + t * LDH + lane * 4) = qh;
