@@ -115,19 +115,3 @@ def test_plan_grids_follow_the_geometry():
     assert rec.grid == (8, 48, 2) and rec.params.row_groups == 1 and rec.block == (128, 1, 1) and rec.smem == 0
     (rec,) = plan.gdn_plan(_geo([1]), "float32", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
     assert rec.kernel == "gdn_recurrent_f32_k128_r4"
-
-
-def test_plan_scan_width():
-    geo = _geo([8192])
-
-    def scan(**kw):
-        return plan.gdn_plan(geo, "float16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM, **kw)[1]
-
-    wide, narrow = scan(chunk_cols=plan.CHUNK_VT), scan(chunk_cols=plan.CHUNK_NARROW_VT)
-    assert (wide.kernel, wide.grid, wide.smem) == ("gdn_chunked_f16_d128", (2, 48, 1), plan.CHUNK_SMEM_BYTES)
-    assert (narrow.kernel, narrow.grid, narrow.smem) == ("gdn_chunked_narrow_f16_d128", (4, 48, 1),
-                                                         plan.CHUNK_NARROW_SMEM_BYTES)
-    # by default narrow while the wide scan would have at most CHUNK_NARROW_MAX_BLOCKS blocks (96 here)
-    assert scan().kernel == (narrow.kernel if 96 <= plan.CHUNK_NARROW_MAX_BLOCKS else wide.kernel)
-    with pytest.raises(ValueError, match="chunk_cols"):
-        scan(chunk_cols=48)

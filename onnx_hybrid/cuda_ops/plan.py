@@ -75,14 +75,9 @@ def rec_row_groups(geo: GdnGeometry, rows: int) -> int:
     while groups < 4 and warps // (2 * groups * REC_WARPS) >= REC_MIN_BLOCKS:
         groups *= 2
     return groups
-CHUNK_D, CHUNK_THREADS, CHUNK_TOKENS = 128, 256, 64
+CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
+CHUNK_SMEM_BYTES = 151040  # the scan (gdn_chunked_*), the larger of the two
 CHUNK_PREP_SMEM_BYTES = 106496
-# The scan in two widths: 64 value columns per block, double-buffered (gdn_chunked_*; the largest shared
-# memory of the engine), or 32, single-buffered (gdn_chunked_narrow_*; several blocks per SM). Narrow where
-# wide blocks would be too few to fill the GPU: at most CHUNK_NARROW_MAX_BLOCKS of them.
-CHUNK_VT, CHUNK_SMEM_BYTES = 64, 151040
-CHUNK_NARROW_VT, CHUNK_NARROW_SMEM_BYTES = 32, 84736
-CHUNK_NARROW_MAX_BLOCKS = 0
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
 CONV_THREADS, CONV_TOKENS = 128, 16
 REPLAY_THREADS = 256
@@ -157,16 +152,15 @@ def gdn_uses_chunked(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: i
 
 
 def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem_optin: int, engine: str = "auto",
-             rec_rows: int | None = None, rec_groups: int | None = None,
-             chunk_cols: int | None = None) -> list[Launch]:
+             rec_rows: int | None = None, rec_groups: int | None = None) -> list[Launch]:
     """The kernels of one GatedDeltaNet call.
 
     Where ``gdn_uses_chunked``: the chunked engine's prep kernel (state-independent work of every chunk into
     ``params.workspace``) and scan kernel (the state recurrence), then a recurrent tail pass over the same
     grid for the rows they skip (captured rows, rows under 32 tokens; decided on the device from cu_seqlens
     and capture_count). Otherwise the recurrent kernel runs every row sequentially.
-    ``rec_rows`` / ``rec_groups`` override the recurrent kernel's value rows per warp and row groups per warp,
-    ``chunk_cols`` the scan's value columns per block (CHUNK_VT or CHUNK_NARROW_VT): test and tuning knobs.
+    ``rec_rows`` / ``rec_groups`` override the recurrent kernel's value rows per warp and row groups per warp
+    (tuning knobs for benchmarks).
     """
     if engine not in ("auto", "chunked", "recurrent"):
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
@@ -180,13 +174,8 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
         sfx = TYPE_SUFFIX[dtype]
         launches.append(Launch(f"gdn_chunk_prep_{sfx}_d128", (chunk_prep_blocks(geo), geo.num_heads_v, 1),
                                (CHUNK_THREADS, 1, 1), CHUNK_PREP_SMEM_BYTES, _copy(params)))
-        wide_blocks = (geo.head_size_v // CHUNK_VT) * geo.num_heads_v * geo.batch
-        cols = chunk_cols or (CHUNK_NARROW_VT if wide_blocks <= CHUNK_NARROW_MAX_BLOCKS else CHUNK_VT)
-        if cols not in (CHUNK_VT, CHUNK_NARROW_VT):
-            raise ValueError(f"chunk_cols must be {CHUNK_VT} or {CHUNK_NARROW_VT}, got {cols}")
-        kind, smem = ("chunked", CHUNK_SMEM_BYTES) if cols == CHUNK_VT else ("chunked_narrow", CHUNK_NARROW_SMEM_BYTES)
-        launches.append(Launch(f"gdn_{kind}_{sfx}_d128", (geo.head_size_v // cols, geo.num_heads_v, geo.batch),
-                               (CHUNK_THREADS, 1, 1), smem, _copy(params)))
+        launches.append(Launch(f"gdn_chunked_{sfx}_d128", (geo.head_size_v // CHUNK_VT, geo.num_heads_v, geo.batch),
+                               (CHUNK_THREADS, 1, 1), CHUNK_SMEM_BYTES, _copy(params)))
     rec = _copy(params)
     rec.tail_only = int(use_chunked)
     rows = rec_rows or (REC_ROWS_LARGE[kmax] if rec_row_groups(geo, REC_ROWS_LARGE[kmax]) > 1
@@ -228,8 +217,7 @@ def kernel_names() -> list[str]:
     for sfx in TYPE_SUFFIX.values():
         names += [f"gdn_recurrent_{sfx}_k{k}_r{r}" for k, rows in REC_ROW_VARIANTS.items() for r in rows]
         names += [f"conv_output_{sfx}", f"conv_state_{sfx}", f"conv_replay_{sfx}"]
-    names += [f"gdn_{kind}_{sfx}_d128" for kind in ("chunk_prep", "chunked", "chunked_narrow")
-              for sfx in ("f16", "bf16")]
+    names += [f"gdn_{kind}_{sfx}_d128" for kind in ("chunk_prep", "chunked") for sfx in ("f16", "bf16")]
     names += ["gdn_replay_f32"]
     return names
 

@@ -24,6 +24,7 @@ namespace chunk {
 
 constexpr int BT = 64;       // tokens per chunk
 constexpr int D = 128;       // Dk = Dv
+constexpr int VT = 64;       // value columns per scan CTA
 constexpr int WARPS = 8;
 constexpr int THREADS = WARPS * 32;
 constexpr int LDH = D + 8;   // halves per 128-wide row (+16 B against bank conflicts)
@@ -45,34 +46,20 @@ constexpr int P_OFF_VEC = P_OFF_SOL + RHS * LDT * 2;  // gamma, beta, beta e^gam
 constexpr int PREP_SMEM_BYTES = P_OFF_VEC + 3 * BT * 4;
 static_assert(WARPS * 32 * LDD * 2 <= BT * LDH * 2, "solve scratch fits in the Q region");
 
-// Scan kernel, VT value columns per CTA. The operands of W S0 and Q S0 (W, Q, the U~ slice, gamma) have
-// STAGES buffers: with two, the next chunk's arrive during the whole current chunk; with one, during its
-// second half (a smaller footprint, so two CTAs share an SM). K and P, used in the second half, have one
-// buffer, refilled once the chunk is done with them.
-template <int VT_, int STAGES_>
-struct ScanLayout {
-  static constexpr int VT = VT_, STAGES = STAGES_;
-  static constexpr int LDU = VT + 8;                         // halves per U~ slice row
-  static constexpr int STAGE_W = 0;                          // W, fp16 [BT][LDH]
-  static constexpr int STAGE_Q = STAGE_W + BT * LDH * 2;     // Q, fp16 [BT][LDH]
-  static constexpr int STAGE_U = STAGE_Q + BT * LDH * 2;     // U~ columns of this CTA, fp16 [BT][LDU]
-  static constexpr int STAGE_G = STAGE_U + BT * LDU * 2;     // gamma, fp32 [BT]
-  static constexpr int STAGE_BYTES = STAGE_G + BT * 4;
-  static constexpr int OFF_SH = STAGES * STAGE_BYTES;        // state operand copy, fp16 [VT c][LDH r]
-  static constexpr int OFF_K = OFF_SH + VT * LDH * 2;        // K, fp16 [BT][LDH]
-  static constexpr int OFF_P = OFF_K + BT * LDH * 2;         // P, fp16 [BT][LDT]
-  static constexpr int OFF_UT = OFF_P + BT * LDT * 2;        // U^T, fp16 [VT c][LDT s]
-  static constexpr int OFF_UTD = OFF_UT + VT * LDT * 2;      // (diag(e^{g_L-g}) U)^T, fp16 [VT][LDT]
-  static constexpr int SMEM_BYTES = OFF_UTD + VT * LDT * 2;
-  // The BT x VT products: 4 x 2 warps of 16 rows and NT1 8-column tiles.
-  static constexpr int NT1 = VT / 16;
-  // The VT x D state update: CW warps along the value rows (16 each), RW along the key columns, NT3 tiles each.
-  static constexpr int CW = VT / 16, RW = WARPS / CW, NT3 = D / RW / 8;
-  static_assert(VT == 32 || VT == 64, "value columns per CTA");
-  static_assert(STAGES == 1 || STAGES == 2, "operand buffers");
-};
-using ScanWide = ScanLayout<64, 2>;    // 64 columns, double-buffered: one CTA per SM
-using ScanNarrow = ScanLayout<32, 1>;  // 32 columns, single-buffered: two or more CTAs per SM
+// Scan kernel. Operands of W S0 and Q S0 (W, Q, U~ slice, gamma) are double-buffered; those of the second
+// half of a chunk (K, P) are single-buffered and reloaded once the chunk is done with them.
+constexpr int LDU = VT + 8;                            // halves per U~ slice row
+constexpr int S_STAGE_W = 0;                           // W, fp16 [BT][LDH]
+constexpr int S_STAGE_Q = S_STAGE_W + BT * LDH * 2;    // Q, fp16 [BT][LDH]
+constexpr int S_STAGE_U = S_STAGE_Q + BT * LDH * 2;    // U~ columns of this CTA, fp16 [BT][LDU]
+constexpr int S_STAGE_G = S_STAGE_U + BT * LDU * 2;    // gamma, fp32 [BT]
+constexpr int S_STAGE_BYTES = S_STAGE_G + BT * 4;
+constexpr int S_OFF_SH = 2 * S_STAGE_BYTES;            // state operand copy, fp16 [VT c][LDH r]
+constexpr int S_OFF_K = S_OFF_SH + VT * LDH * 2;       // K, fp16 [BT][LDH]
+constexpr int S_OFF_P = S_OFF_K + BT * LDH * 2;        // P, fp16 [BT][LDT]
+constexpr int S_OFF_UT = S_OFF_P + BT * LDT * 2;       // U^T, fp16 [VT c][LDT s]
+constexpr int S_OFF_UTD = S_OFF_UT + VT * LDT * 2;     // (diag(e^{g_L-g}) U)^T, fp16 [VT][LDT]
+constexpr int SMEM_BYTES = S_OFF_UTD + VT * LDT * 2;
 
 }  // namespace chunk
 
@@ -436,7 +423,7 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Scan: the state recurrence over a request's chunks for VT value columns of one head.
+// Scan: the state recurrence over a request's chunks for 64 value columns of one head.
 struct ScanStage {
   __half* w;
   __half* q;
@@ -444,15 +431,14 @@ struct ScanStage {
   float* g;
 };
 
-template <class S>
 __device__ __forceinline__ ScanStage scan_stage(unsigned char* smem, int s) {
-  unsigned char* base = smem + s * S::STAGE_BYTES;
-  return {reinterpret_cast<__half*>(base + S::STAGE_W), reinterpret_cast<__half*>(base + S::STAGE_Q),
-          reinterpret_cast<__half*>(base + S::STAGE_U), reinterpret_cast<float*>(base + S::STAGE_G)};
+  using namespace chunk;
+  unsigned char* base = smem + s * S_STAGE_BYTES;
+  return {reinterpret_cast<__half*>(base + S_STAGE_W), reinterpret_cast<__half*>(base + S_STAGE_Q),
+          reinterpret_cast<__half*>(base + S_STAGE_U), reinterpret_cast<float*>(base + S_STAGE_G)};
 }
 
 // W, Q, this CTA's U~ columns and gamma of the chunk at token tok0 with L rows (the rest zero-filled).
-template <class S>
 __device__ __forceinline__ void scan_load_first(const GdnParams& p, const ChunkWorkspace& ws, const ScanStage& st,
                                                 size_t tok0, int L, int h, int hk, int c0, int tid) {
   using namespace chunk;
@@ -464,10 +450,10 @@ __device__ __forceinline__ void scan_load_first(const GdnParams& p, const ChunkW
     cp_async16(st.w + t * LDH + c, ws.w + (tok * p.hv + h) * D + c, ok);
     cp_async16(st.q + t * LDH + c, ws.q + (tok * p.hk + hk) * D + c, ok);
   }
-  for (int i = tid; i < BT * (S::VT / 8); i += THREADS) {
-    const int t = i / (S::VT / 8), c = (i % (S::VT / 8)) * 8;
+  for (int i = tid; i < BT * (VT / 8); i += THREADS) {
+    const int t = i / (VT / 8), c = (i % (VT / 8)) * 8;
     const bool ok = t < L;
-    cp_async16(st.u + t * S::LDU + c, ub + (ok ? tok0 + t : tok0) * p.hv * D + c, ok);
+    cp_async16(st.u + t * LDU + c, ub + (ok ? tok0 + t : tok0) * p.hv * D + c, ok);
   }
   if (tid < BT) cp_async4(st.g + tid, ws.g + ((tid < L ? tok0 + tid : tok0) * p.hv + h), tid < L);
 }
@@ -488,16 +474,15 @@ __device__ __forceinline__ void scan_load_second(const GdnParams& p, const Chunk
   }
 }
 
-template <typename T, class S>
+template <typename T>
 __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
   using namespace chunk;
-  constexpr int VT = S::VT, NT1 = S::NT1, NT3 = S::NT3;
   extern __shared__ __align__(16) unsigned char smem[];
-  __half* Sh = reinterpret_cast<__half*>(smem + S::OFF_SH);
-  __half* Ks = reinterpret_cast<__half*>(smem + S::OFF_K);
-  __half* Ps = reinterpret_cast<__half*>(smem + S::OFF_P);
-  __half* Ut = reinterpret_cast<__half*>(smem + S::OFF_UT);
-  __half* Utd = reinterpret_cast<__half*>(smem + S::OFF_UTD);
+  __half* Sh = reinterpret_cast<__half*>(smem + S_OFF_SH);
+  __half* Ks = reinterpret_cast<__half*>(smem + S_OFF_K);
+  __half* Ps = reinterpret_cast<__half*>(smem + S_OFF_P);
+  __half* Ut = reinterpret_cast<__half*>(smem + S_OFF_UT);
+  __half* Utd = reinterpret_cast<__half*>(smem + S_OFF_UTD);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -527,23 +512,21 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
   }
 
   const ChunkWorkspace ws = chunk_workspace(p);
-  const int wm = warp >> 1;  // BT x VT products: 16-row block
-  const int wn = warp & 1;   // BT x VT products: VT/2-column half
-  const int wc = warp / S::RW;  // state update: 16 value rows
-  const int wr = warp % S::RW;  // state update: D/RW key columns
+  const int wm = warp >> 1;  // 16-row block of the 64x64 products
+  const int wn = warp & 1;   // 32-column half of the 64x64 products; 64-column half of the state rows
   const int g8 = lane >> 2;
   const int q2 = (lane & 3) * 2;
   const int n = chunks_of(span.len);
 
-  // The fp32 state lives in registers: this warp owns state rows c0 + wc*16 + {g8, g8+8}, key columns
-  // wr*(D/RW) + nt*8 + q2 + {0, 1} (the accumulator layout of the update product).
-  float s[NT3][4];
+  // The fp32 state lives in registers: this warp owns state rows c0 + wm*16 + {g8, g8+8}, key columns
+  // wn*64 + nt*8 + q2 + {0, 1} (the accumulator layout of the update product).
+  float s[8][4];
   const size_t state_base = (((size_t)b * p.hv + h) * D + c0) * D;
 #pragma unroll
-  for (int nt = 0; nt < NT3; ++nt) {
+  for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
     for (int half_row = 0; half_row < 2; ++half_row) {
-      const int c = wc * 16 + g8 + half_row * 8, r = wr * (D / S::RW) + nt * 8 + q2;
+      const int c = wm * 16 + g8 + half_row * 8, r = wn * 64 + nt * 8 + q2;
       float2 x = make_float2(0.f, 0.f);
       if (p.state_in != nullptr) x = *reinterpret_cast<const float2*>(p.state_in + state_base + (size_t)c * D + r);
       s[nt][2 * half_row] = x.x;
@@ -552,7 +535,7 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
     }
   }
 
-  scan_load_first<S>(p, ws, scan_stage<S>(smem, 0), span.start, min(BT, span.len), h, hk, c0, tid);
+  scan_load_first(p, ws, scan_stage(smem, 0), span.start, min(BT, span.len), h, hk, c0, tid);
   cp_async_commit();
   scan_load_second(p, ws, Ks, Ps, span.start, min(BT, span.len), h, hk, tid);
   cp_async_commit();
@@ -561,34 +544,32 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
   for (int ci = 0; ci < n; ++ci) {
     const int t0 = ci * BT;
     const int L = min(BT, span.len - t0);
-    const size_t next = (size_t)span.start + t0 + BT;
-    const int next_len = min(BT, span.len - t0 - BT);
-    if (S::STAGES == 2) {  // the next chunk's first operands, into the other buffer
-      if (ci + 1 < n) scan_load_first<S>(p, ws, scan_stage<S>(smem, (ci + 1) & 1), next, next_len, h, hk, c0, tid);
-      cp_async_commit();
-    }
-    cp_async_wait<1>();  // this chunk's first operands (and with two buffers, its K and P too)
+    if (ci + 1 < n)
+      scan_load_first(p, ws, scan_stage(smem, (ci + 1) & 1), (size_t)span.start + t0 + BT,
+                      min(BT, span.len - t0 - BT), h, hk, c0, tid);
+    cp_async_commit();
+    cp_async_wait<1>();  // everything but the prefetch just issued
     __syncthreads();
-    const ScanStage st = scan_stage<S>(smem, S::STAGES == 2 ? ci & 1 : 0);
+    const ScanStage st = scan_stage(smem, ci & 1);
     const float gL = st.g[L - 1];
 
     // 1. W S0 and Q S0 (one B fragment of S0 for both); U = U~ - W S0 as the operands of the second half.
-    float o[NT1][4];
+    float o[4][4];
     {
-      float wsum[NT1][4];
+      float wsum[4][4] = {};
 #pragma unroll
-      for (int nt = 0; nt < NT1; ++nt)
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[nt][e] = wsum[nt][e] = 0.f;
+        for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
 #pragma unroll
       for (int kstep = 0; kstep < D / 16; ++kstep) {
         unsigned aw[4], aq[4];
         ldmatrix_a(aw, st.w + wm * 16 * LDH + kstep * 16, LDH, lane);
         ldmatrix_a(aq, st.q + wm * 16 * LDH + kstep * 16, LDH, lane);
 #pragma unroll
-        for (int nt = 0; nt < NT1; ++nt) {
+        for (int nt = 0; nt < 4; ++nt) {
           unsigned bs[2];
-          ldmatrix_b(bs, Sh + (wn * (VT / 2) + nt * 8) * LDH + kstep * 16, LDH, lane);
+          ldmatrix_b(bs, Sh + (wn * 32 + nt * 8) * LDH + kstep * 16, LDH, lane);
           mma_16816(wsum[nt], aw, bs);
           mma_16816(o[nt], aq, bs);
         }
@@ -598,12 +579,12 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
         const int t = wm * 16 + g8 + half_row * 8;
         const float eg = expf(st.g[t]), tail = expf(gL - st.g[t]);
 #pragma unroll
-        for (int nt = 0; nt < NT1; ++nt) {
+        for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const int e = half_row * 2 + j;
-            const int col = wn * (VT / 2) + nt * 8 + q2 + j;
-            const float u = __half2float(st.u[t * S::LDU + col]) - wsum[nt][e];
+            const int col = wn * 32 + nt * 8 + q2 + j;
+            const float u = __half2float(st.u[t * LDU + col]) - wsum[nt][e];
             Ut[col * LDT + t] = __float2half_rn(u);
             Utd[col * LDT + t] = __float2half_rn(u * tail);
             o[nt][e] *= eg;
@@ -611,21 +592,16 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
         }
       }
     }
-    if (S::STAGES == 1) cp_async_wait<0>();  // K and P
     __syncthreads();
-    if (S::STAGES == 1) {  // the first buffer is free again: the next chunk's first operands
-      if (ci + 1 < n) scan_load_first<S>(p, ws, scan_stage<S>(smem, 0), next, next_len, h, hk, c0, tid);
-      cp_async_commit();
-    }
 
     // 2. O = scale (diag(e^g) Q S0 + P U); P is lower triangular, so k blocks past the diagonal are skipped.
     for (int kb2 = 0; kb2 <= wm; ++kb2) {
       unsigned a[4];
       ldmatrix_a(a, Ps + wm * 16 * LDT + kb2 * 16, LDT, lane);
 #pragma unroll
-      for (int nt = 0; nt < NT1; ++nt) {
+      for (int nt = 0; nt < 4; ++nt) {
         unsigned bb[2];
-        ldmatrix_b(bb, Ut + (wn * (VT / 2) + nt * 8) * LDT + kb2 * 16, LDT, lane);
+        ldmatrix_b(bb, Ut + (wn * 32 + nt * 8) * LDT + kb2 * 16, LDT, lane);
         mma_16816(o[nt], a, bb);
       }
     }
@@ -633,10 +609,10 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
     for (int half_row = 0; half_row < 2; ++half_row) {
       const int t = wm * 16 + g8 + half_row * 8;
       if (t < L) {
-        T* orow = ob + (size_t)(span.start + t0 + t) * p.hv * D + wn * (VT / 2);
+        T* orow = ob + (size_t)(span.start + t0 + t) * p.hv * D;
 #pragma unroll
-        for (int nt = 0; nt < NT1; ++nt)
-          store2<T>(orow + nt * 8 + q2, p.scale * o[nt][2 * half_row], p.scale * o[nt][2 * half_row + 1]);
+        for (int nt = 0; nt < 4; ++nt)
+          store2<T>(orow + wn * 32 + nt * 8 + q2, p.scale * o[nt][2 * half_row], p.scale * o[nt][2 * half_row + 1]);
       }
     }
 
@@ -645,34 +621,35 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
       const float eL = expf(gL);
       unsigned a[BT / 16][4];
 #pragma unroll
-      for (int kb2 = 0; kb2 < BT / 16; ++kb2) ldmatrix_a(a[kb2], Utd + wc * 16 * LDT + kb2 * 16, LDT, lane);
+      for (int kb2 = 0; kb2 < BT / 16; ++kb2) ldmatrix_a(a[kb2], Utd + wm * 16 * LDT + kb2 * 16, LDT, lane);
 #pragma unroll
-      for (int nt = 0; nt < NT3; ++nt) {
+      for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] *= eL;
 #pragma unroll
         for (int kb2 = 0; kb2 < BT / 16; ++kb2) {
           unsigned bb[2];
-          ldmatrix_b_trans(bb, Ks + kb2 * 16 * LDH + wr * (D / S::RW) + nt * 8, LDH, lane);
+          ldmatrix_b_trans(bb, Ks + kb2 * 16 * LDH + wn * 64 + nt * 8, LDH, lane);
           mma_16816(s[nt], a[kb2], bb);
         }
-        const int c = wc * 16 + g8, r = wr * (D / S::RW) + nt * 8 + q2;
+        const int c = wm * 16 + g8, r = wn * 64 + nt * 8 + q2;
         store_half2(Sh + c * LDH + r, s[nt][0], s[nt][1]);
         store_half2(Sh + (c + 8) * LDH + r, s[nt][2], s[nt][3]);
       }
     }
     __syncthreads();
-    if (ci + 1 < n) scan_load_second(p, ws, Ks, Ps, next, next_len, h, hk, tid);
+    if (ci + 1 < n) scan_load_second(p, ws, Ks, Ps, (size_t)span.start + t0 + BT, min(BT, span.len - t0 - BT), h,
+                                     hk, tid);
     cp_async_commit();
   }
   cp_async_wait<0>();
 
   if (p.state_out != nullptr) {
 #pragma unroll
-    for (int nt = 0; nt < NT3; ++nt) {
+    for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int half_row = 0; half_row < 2; ++half_row) {
-        const int c = wc * 16 + g8 + half_row * 8, r = wr * (D / S::RW) + nt * 8 + q2;
+        const int c = wm * 16 + g8 + half_row * 8, r = wn * 64 + nt * 8 + q2;
         *reinterpret_cast<float2*>(p.state_out + state_base + (size_t)c * D + r) =
             make_float2(s[nt][2 * half_row], s[nt][2 * half_row + 1]);
       }
@@ -683,9 +660,8 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
 }  // namespace ohk
 
 // Dynamic shared memory of the chunked kernels, read by the tests to check the Python plan's copies.
+extern "C" __constant__ int gdn_chunked_smem_bytes = ohk::chunk::SMEM_BYTES;
 extern "C" __constant__ int gdn_chunk_prep_smem_bytes = ohk::chunk::PREP_SMEM_BYTES;
-extern "C" __constant__ int gdn_chunked_smem_bytes = ohk::chunk::ScanWide::SMEM_BYTES;
-extern "C" __constant__ int gdn_chunked_narrow_smem_bytes = ohk::chunk::ScanNarrow::SMEM_BYTES;
 
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2) gdn_chunk_prep_f16_d128(const GdnParams p) {
   ohk::gdn_chunk_prep<__half>(p);
@@ -694,16 +670,8 @@ extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2) gdn_chunk_p
   ohk::gdn_chunk_prep<__nv_bfloat16>(p);
 }
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 1) gdn_chunked_f16_d128(const GdnParams p) {
-  ohk::gdn_chunk_scan<__half, ohk::chunk::ScanWide>(p);
+  ohk::gdn_chunk_scan<__half>(p);
 }
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 1) gdn_chunked_bf16_d128(const GdnParams p) {
-  ohk::gdn_chunk_scan<__nv_bfloat16, ohk::chunk::ScanWide>(p);
-}
-extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2)
-    gdn_chunked_narrow_f16_d128(const GdnParams p) {
-  ohk::gdn_chunk_scan<__half, ohk::chunk::ScanNarrow>(p);
-}
-extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2)
-    gdn_chunked_narrow_bf16_d128(const GdnParams p) {
-  ohk::gdn_chunk_scan<__nv_bfloat16, ohk::chunk::ScanNarrow>(p);
+  ohk::gdn_chunk_scan<__nv_bfloat16>(p);
 }

@@ -84,13 +84,10 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
                         {U(cp::kChunkThreads), 1, 1},
                         cp::kChunkPrepSmemBytes,
                         params});
-    // plan.gdn_plan: the narrow scan where wide blocks would be too few to fill the GPU.
-    const bool narrow = (geo.head_size_v / cp::kChunkVt) * geo.num_heads_v * geo.batch <= cp::kChunkNarrowMaxBlocks;
-    const int cols = narrow ? cp::kChunkNarrowVt : cp::kChunkVt;
-    launches.push_back({(narrow ? "gdn_chunked_narrow_" : "gdn_chunked_") + suffix,
-                        {U(geo.head_size_v / cols), U(geo.num_heads_v), U(geo.batch)},
+    launches.push_back({"gdn_chunked_" + suffix,
+                        {U(geo.head_size_v / cp::kChunkVt), U(geo.num_heads_v), U(geo.batch)},
                         {U(cp::kChunkThreads), 1, 1},
-                        narrow ? cp::kChunkNarrowSmemBytes : cp::kChunkSmemBytes,
+                        cp::kChunkSmemBytes,
                         params});
   }
   GdnParams rec = params;
