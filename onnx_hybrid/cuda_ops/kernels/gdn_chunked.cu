@@ -46,18 +46,18 @@ constexpr int P_OFF_VEC = P_OFF_SOL + RHS * LDT * 2;  // gamma, beta, beta e^gam
 constexpr int PREP_SMEM_BYTES = P_OFF_VEC + 3 * BT * 4;
 static_assert(WARPS * 32 * LDD * 2 <= BT * LDH * 2, "solve scratch fits in the Q region");
 
-// Scan kernel. Operands of W S0 and Q S0 (W, Q, U~ slice, gamma) are double-buffered; those of the second
-// half of a chunk (K, P) are single-buffered and reloaded once the chunk is done with them.
+// Scan kernel. W, K, P and gamma have two buffers: the next chunk's arrive during the whole current chunk.
+// Q and this CTA's U~ columns, read only in the first step of a chunk, have one, refilled right after it.
 constexpr int LDU = VT + 8;                            // halves per U~ slice row
 constexpr int S_STAGE_W = 0;                           // W, fp16 [BT][LDH]
-constexpr int S_STAGE_Q = S_STAGE_W + BT * LDH * 2;    // Q, fp16 [BT][LDH]
-constexpr int S_STAGE_U = S_STAGE_Q + BT * LDH * 2;    // U~ columns of this CTA, fp16 [BT][LDU]
-constexpr int S_STAGE_G = S_STAGE_U + BT * LDU * 2;    // gamma, fp32 [BT]
+constexpr int S_STAGE_K = S_STAGE_W + BT * LDH * 2;    // K, fp16 [BT][LDH]
+constexpr int S_STAGE_P = S_STAGE_K + BT * LDH * 2;    // P, fp16 [BT][LDT]
+constexpr int S_STAGE_G = S_STAGE_P + BT * LDT * 2;    // gamma, fp32 [BT]
 constexpr int S_STAGE_BYTES = S_STAGE_G + BT * 4;
-constexpr int S_OFF_SH = 2 * S_STAGE_BYTES;            // state operand copy, fp16 [VT c][LDH r]
-constexpr int S_OFF_K = S_OFF_SH + VT * LDH * 2;       // K, fp16 [BT][LDH]
-constexpr int S_OFF_P = S_OFF_K + BT * LDH * 2;        // P, fp16 [BT][LDT]
-constexpr int S_OFF_UT = S_OFF_P + BT * LDT * 2;       // U^T, fp16 [VT c][LDT s]
+constexpr int S_OFF_Q = 2 * S_STAGE_BYTES;             // Q, fp16 [BT][LDH]
+constexpr int S_OFF_U = S_OFF_Q + BT * LDH * 2;        // U~ columns of this CTA, fp16 [BT][LDU]
+constexpr int S_OFF_SH = S_OFF_U + BT * LDU * 2;       // state operand copy, fp16 [VT c][LDH r]
+constexpr int S_OFF_UT = S_OFF_SH + VT * LDH * 2;      // U^T, fp16 [VT c][LDT s]
 constexpr int S_OFF_UTD = S_OFF_UT + VT * LDT * 2;     // (diag(e^{g_L-g}) U)^T, fp16 [VT][LDT]
 constexpr int SMEM_BYTES = S_OFF_UTD + VT * LDT * 2;
 
@@ -426,51 +426,51 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
 // Scan: the state recurrence over a request's chunks for 64 value columns of one head.
 struct ScanStage {
   __half* w;
-  __half* q;
-  __half* u;
+  __half* k;
+  __half* p;
   float* g;
 };
 
 __device__ __forceinline__ ScanStage scan_stage(unsigned char* smem, int s) {
   using namespace chunk;
   unsigned char* base = smem + s * S_STAGE_BYTES;
-  return {reinterpret_cast<__half*>(base + S_STAGE_W), reinterpret_cast<__half*>(base + S_STAGE_Q),
-          reinterpret_cast<__half*>(base + S_STAGE_U), reinterpret_cast<float*>(base + S_STAGE_G)};
+  return {reinterpret_cast<__half*>(base + S_STAGE_W), reinterpret_cast<__half*>(base + S_STAGE_K),
+          reinterpret_cast<__half*>(base + S_STAGE_P), reinterpret_cast<float*>(base + S_STAGE_G)};
 }
 
-// W, Q, this CTA's U~ columns and gamma of the chunk at token tok0 with L rows (the rest zero-filled).
-__device__ __forceinline__ void scan_load_first(const GdnParams& p, const ChunkWorkspace& ws, const ScanStage& st,
-                                                size_t tok0, int L, int h, int hk, int c0, int tid) {
+// W, K, P and gamma of the chunk at token tok0 with L rows (the rest zero-filled).
+__device__ __forceinline__ void scan_load_stage(const GdnParams& p, const ChunkWorkspace& ws, const ScanStage& st,
+                                                size_t tok0, int L, int h, int hk, int tid) {
   using namespace chunk;
-  const __half* ub = static_cast<const __half*>(p.out) + (size_t)h * D + c0;
   for (int i = tid; i < BT * (D / 8); i += THREADS) {
     const int t = i / (D / 8), c = (i % (D / 8)) * 8;
     const bool ok = t < L;
     const size_t tok = ok ? tok0 + t : tok0;
     cp_async16(st.w + t * LDH + c, ws.w + (tok * p.hv + h) * D + c, ok);
-    cp_async16(st.q + t * LDH + c, ws.q + (tok * p.hk + hk) * D + c, ok);
-  }
-  for (int i = tid; i < BT * (VT / 8); i += THREADS) {
-    const int t = i / (VT / 8), c = (i % (VT / 8)) * 8;
-    const bool ok = t < L;
-    cp_async16(st.u + t * LDU + c, ub + (ok ? tok0 + t : tok0) * p.hv * D + c, ok);
-  }
-  if (tid < BT) cp_async4(st.g + tid, ws.g + ((tid < L ? tok0 + tid : tok0) * p.hv + h), tid < L);
-}
-
-// K and P of the chunk.
-__device__ __forceinline__ void scan_load_second(const GdnParams& p, const ChunkWorkspace& ws, __half* Ks,
-                                                 __half* Ps, size_t tok0, int L, int h, int hk, int tid) {
-  using namespace chunk;
-  for (int i = tid; i < BT * (D / 8); i += THREADS) {
-    const int t = i / (D / 8), c = (i % (D / 8)) * 8;
-    const bool ok = t < L;
-    cp_async16(Ks + t * LDH + c, ws.k + ((ok ? tok0 + t : tok0) * p.hk + hk) * D + c, ok);
+    cp_async16(st.k + t * LDH + c, ws.k + (tok * p.hk + hk) * D + c, ok);
   }
   for (int i = tid; i < BT * (BT / 8); i += THREADS) {
     const int t = i / (BT / 8), c = (i % (BT / 8)) * 8;
     const bool ok = t < L;
-    cp_async16(Ps + t * LDT + c, ws.p + ((ok ? tok0 + t : tok0) * p.hv + h) * BT + c, ok);
+    cp_async16(st.p + t * LDT + c, ws.p + ((ok ? tok0 + t : tok0) * p.hv + h) * BT + c, ok);
+  }
+  if (tid < BT) cp_async4(st.g + tid, ws.g + ((tid < L ? tok0 + tid : tok0) * p.hv + h), tid < L);
+}
+
+// Q and this CTA's U~ columns of the chunk.
+__device__ __forceinline__ void scan_load_qu(const GdnParams& p, const ChunkWorkspace& ws, __half* Qs, __half* Us,
+                                             size_t tok0, int L, int h, int hk, int c0, int tid) {
+  using namespace chunk;
+  const __half* ub = static_cast<const __half*>(p.out) + (size_t)h * D + c0;
+  for (int i = tid; i < BT * (D / 8); i += THREADS) {
+    const int t = i / (D / 8), c = (i % (D / 8)) * 8;
+    const bool ok = t < L;
+    cp_async16(Qs + t * LDH + c, ws.q + ((ok ? tok0 + t : tok0) * p.hk + hk) * D + c, ok);
+  }
+  for (int i = tid; i < BT * (VT / 8); i += THREADS) {
+    const int t = i / (VT / 8), c = (i % (VT / 8)) * 8;
+    const bool ok = t < L;
+    cp_async16(Us + t * LDU + c, ub + (ok ? tok0 + t : tok0) * p.hv * D + c, ok);
   }
 }
 
@@ -478,9 +478,9 @@ template <typename T>
 __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
   using namespace chunk;
   extern __shared__ __align__(16) unsigned char smem[];
+  __half* Qs = reinterpret_cast<__half*>(smem + S_OFF_Q);
+  __half* Us = reinterpret_cast<__half*>(smem + S_OFF_U);
   __half* Sh = reinterpret_cast<__half*>(smem + S_OFF_SH);
-  __half* Ks = reinterpret_cast<__half*>(smem + S_OFF_K);
-  __half* Ps = reinterpret_cast<__half*>(smem + S_OFF_P);
   __half* Ut = reinterpret_cast<__half*>(smem + S_OFF_UT);
   __half* Utd = reinterpret_cast<__half*>(smem + S_OFF_UTD);
 
@@ -535,18 +535,17 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
     }
   }
 
-  scan_load_first(p, ws, scan_stage(smem, 0), span.start, min(BT, span.len), h, hk, c0, tid);
-  cp_async_commit();
-  scan_load_second(p, ws, Ks, Ps, span.start, min(BT, span.len), h, hk, tid);
+  scan_load_stage(p, ws, scan_stage(smem, 0), span.start, min(BT, span.len), h, hk, tid);
+  scan_load_qu(p, ws, Qs, Us, span.start, min(BT, span.len), h, hk, c0, tid);
   cp_async_commit();
   T* ob = static_cast<T*>(p.out) + (size_t)h * D + c0;
 
   for (int ci = 0; ci < n; ++ci) {
     const int t0 = ci * BT;
     const int L = min(BT, span.len - t0);
-    if (ci + 1 < n)
-      scan_load_first(p, ws, scan_stage(smem, (ci + 1) & 1), (size_t)span.start + t0 + BT,
-                      min(BT, span.len - t0 - BT), h, hk, c0, tid);
+    const size_t next = (size_t)span.start + t0 + BT;
+    const int next_len = min(BT, span.len - t0 - BT);
+    if (ci + 1 < n) scan_load_stage(p, ws, scan_stage(smem, (ci + 1) & 1), next, next_len, h, hk, tid);
     cp_async_commit();
     cp_async_wait<1>();  // everything but the prefetch just issued
     __syncthreads();
@@ -565,7 +564,7 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
       for (int kstep = 0; kstep < D / 16; ++kstep) {
         unsigned aw[4], aq[4];
         ldmatrix_a(aw, st.w + wm * 16 * LDH + kstep * 16, LDH, lane);
-        ldmatrix_a(aq, st.q + wm * 16 * LDH + kstep * 16, LDH, lane);
+        ldmatrix_a(aq, Qs + wm * 16 * LDH + kstep * 16, LDH, lane);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           unsigned bs[2];
@@ -584,7 +583,7 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
           for (int j = 0; j < 2; ++j) {
             const int e = half_row * 2 + j;
             const int col = wn * 32 + nt * 8 + q2 + j;
-            const float u = __half2float(st.u[t * LDU + col]) - wsum[nt][e];
+            const float u = __half2float(Us[t * LDU + col]) - wsum[nt][e];
             Ut[col * LDT + t] = __float2half_rn(u);
             Utd[col * LDT + t] = __float2half_rn(u * tail);
             o[nt][e] *= eg;
@@ -593,11 +592,14 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
       }
     }
     __syncthreads();
+    // Q and U~ are done with: the next chunk's arrive during the rest of this one.
+    if (ci + 1 < n) scan_load_qu(p, ws, Qs, Us, next, next_len, h, hk, c0, tid);
+    cp_async_commit();
 
     // 2. O = scale (diag(e^g) Q S0 + P U); P is lower triangular, so k blocks past the diagonal are skipped.
     for (int kb2 = 0; kb2 <= wm; ++kb2) {
       unsigned a[4];
-      ldmatrix_a(a, Ps + wm * 16 * LDT + kb2 * 16, LDT, lane);
+      ldmatrix_a(a, st.p + wm * 16 * LDT + kb2 * 16, LDT, lane);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         unsigned bb[2];
@@ -629,7 +631,7 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
 #pragma unroll
         for (int kb2 = 0; kb2 < BT / 16; ++kb2) {
           unsigned bb[2];
-          ldmatrix_b_trans(bb, Ks + kb2 * 16 * LDH + wn * 64 + nt * 8, LDH, lane);
+          ldmatrix_b_trans(bb, st.k + kb2 * 16 * LDH + wn * 64 + nt * 8, LDH, lane);
           mma_16816(s[nt], a[kb2], bb);
         }
         const int c = wm * 16 + g8, r = wn * 64 + nt * 8 + q2;
@@ -637,10 +639,7 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
         store_half2(Sh + (c + 8) * LDH + r, s[nt][2], s[nt][3]);
       }
     }
-    __syncthreads();
-    if (ci + 1 < n) scan_load_second(p, ws, Ks, Ps, (size_t)span.start + t0 + BT, min(BT, span.len - t0 - BT), h,
-                                     hk, tid);
-    cp_async_commit();
+    __syncthreads();  // Sh, U^T and this chunk's buffer are reused by the next chunk
   }
   cp_async_wait<0>();
 
