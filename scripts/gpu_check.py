@@ -37,6 +37,15 @@ def main():
         feeds["initial_state"] = gpu(np.resize(conv.feeds["initial_state"], (b,) + conv.feeds["initial_state"].shape[1:]))
         _, st, cap = cuda_ops.varlen_causal_conv(feeds, **conv.attributes)
         cuda_ops.replay_conv(st, cap, [5] + [1] * (b - 1))
+    # the chunked kernels on long rows: a well-formed mixed batch (full, partial and short rows), then
+    # overlapping rows (more chunks than the prep grid's bound)
+    for cu in ([0, 130, 170, 175, 239], [0, 140, 0, 140]):
+        b = len(cu) - 1
+        case = random_gdn_case(rng, lengths=(max(cu),), dtype="float16", **D128)
+        feeds = {k: gpu(v) for k, v in case.feeds.items()}
+        feeds["cu_seqlens"] = gpu(np.asarray(cu, np.int32))
+        feeds["initial_state"] = gpu(np.resize(case.feeds["initial_state"], (b,) + case.feeds["initial_state"].shape[1:]))
+        cuda_ops.gated_delta_net(feeds, engine="chunked", **case.attributes)
     torch.cuda.synchronize()
     print("gpu_check: all kernels ran on malformed offsets without a CUDA error")
 

@@ -123,6 +123,12 @@ GDN_CONFIGS = [
     ("chunk-no-norm-explicit-scale", dict(lengths=(96,), dtype="float16", qk_l2_norm=0, gate_activation="none",
                                           beta_activation="none", scale=0.5, **D128), 3e-2, "chunked"),
     ("chunk-no-state", dict(lengths=(128,), dtype="float16", with_state=False, **D128), 3e-2, "chunked"),
+    ("chunk-1000-gva1-bf16", dict(lengths=(1000,), dtype="bfloat16", num_heads_q=2, num_heads_v=2, head_size_k=128,
+                                  head_size_v=128), 3e-2, "chunked"),
+    ("chunk-8191", dict(lengths=(8191,), dtype="float16", num_heads_q=1, num_heads_v=2, head_size_k=128,
+                        head_size_v=128), 3e-2, "auto"),
+    ("chunk-uniform", dict(lengths=(100, 100), layout="uniform", dtype="float16", **D128), 3e-2, "chunked"),
+    ("chunk-packed", dict(lengths=(70, 90), layout="packed", dtype="bfloat16", **D128), 3e-2, "chunked"),
     ("rec-linear", dict(lengths=(9, 4), update_rule="linear", gate_activation="none"), 1e-4, "auto"),
     ("rec-gated-none", dict(lengths=(9, 4), update_rule="gated", gate_activation="none"), 1e-4, "auto"),
     ("rec-delta-nonorm", dict(lengths=(9, 4), update_rule="delta", gate_activation="none", qk_l2_norm=0,
@@ -158,6 +164,7 @@ def test_zero_length_row_keeps_its_state_bitwise():
 
 def test_chunked_smem_matches_plan():
     assert launch.global_int(torch.cuda.current_device(), "gdn_chunked_smem_bytes") == plan.CHUNK_SMEM_BYTES
+    assert launch.global_int(torch.cuda.current_device(), "gdn_chunk_prep_smem_bytes") == plan.CHUNK_PREP_SMEM_BYTES
 
 
 def _prefix_case(case, n):
@@ -272,6 +279,20 @@ def test_malformed_offsets_are_contained(cu):
     feeds["initial_state"] = np.resize(conv.feeds["initial_state"], (len(cu) - 1,) + conv.feeds["initial_state"].shape[1:])
     _, st, cap = run_conv(type(conv)(feeds=feeds, attributes=conv.attributes, lengths=[]))
     assert np.isfinite(st).all() and np.isfinite(cap).all()
+
+
+def test_overlapping_long_rows_are_contained():
+    """Malformed offsets whose rows overlap give more chunks than the prep grid's bound (total tokens plus a
+    partial chunk per row); the prep kernel strides over the excess, so no chunk reads an unprepared
+    workspace. The overlapping rows' results are unspecified (they share output rows), but finite."""
+    rng = np.random.default_rng(12)
+    case = random_gdn_case(rng, lengths=(140,), dtype="float16", **D128)
+    feeds = dict(case.feeds)
+    feeds["cu_seqlens"] = np.asarray([0, 140, 0, 140], dtype=np.int32)  # rows [0, 140), empty, [0, 140)
+    feeds["initial_state"] = np.concatenate([case.feeds["initial_state"]] * 3)
+    out, state, _ = run_gdn(case, engine="chunked", feeds=feeds)
+    assert np.isfinite(out).all() and np.isfinite(state).all()
+    assert np.array_equal(state[1], feeds["initial_state"][1])
 
 
 def test_rejections_use_the_contract_messages():

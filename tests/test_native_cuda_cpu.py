@@ -35,10 +35,15 @@ def test_unknown_struct_is_an_error():
         library.cuda_struct_layout("Nope")
 
 
-def python_gdn_plan(dims, dtype, arch, smem, engine):
+def gdn_geometry(dims):
+    """The geometry and params the library's planner builds from the same dims (Hq = Hk = Hv)."""
     batch, total, hv, dk, dv, per_key, aligned = dims
     geo = contract.GdnGeometry("ragged", batch, total, hv, hv, hv, dk, dv, bool(per_key), 0, (), (), 0)
-    params = plan.GdnParams(state_in=None if aligned else 8)
+    return geo, plan.GdnParams(state_in=None if aligned else 8)
+
+
+def python_gdn_plan(dims, dtype, arch, smem, engine):
+    geo, params = gdn_geometry(dims)
     return [(ln.kernel, ln.grid, ln.block, ln.smem, ln.params.tail_only, ln.params.row_groups)
             for ln in plan.gdn_plan(geo, dtype, params, arch=arch, smem_optin=smem, engine=engine)]
 
@@ -75,6 +80,22 @@ def test_gdn_plan_matches_cuda_ops_plan():
             (dims, dtype, arch, engine)
         plans += 1
     assert plans > 800 and errors > 100  # both sides of the comparison were exercised
+
+
+def test_gdn_workspace_matches_cuda_ops_plan():
+    sized = 0
+    for dims, dtype, (arch, smem), engine in itertools.product(gdn_geometries(), DTYPES, DEVICES,
+                                                               ["auto", "recurrent", "chunked"]):
+        geo, params = gdn_geometry(dims)
+        try:
+            chunked = plan.gdn_uses_chunked(geo, dtype, params, arch=arch, smem_optin=smem, engine=engine)
+        except plan.PlanError:
+            continue  # the plan comparison checks the error
+        expected = plan.chunk_workspace_bytes(geo) if chunked else 0
+        assert library.cuda_gdn_workspace_bytes(dtype, dims, arch=arch, smem_optin=smem, engine=engine) == \
+            expected, (dims, dtype, arch, engine)
+        sized += expected > 0
+    assert sized > 20  # chunked plans were compared, not only zeros
 
 
 # (batch, tokens, channels): both sides of CONV_ROW_TOKENS (8 per row) and of CONV_SHORT_TOKENS (256).

@@ -6,7 +6,8 @@ exposing ``__cuda_array_interface__`` / ``__dlpack__``), except ``state_update_a
 Nothing here synchronises with the host: offsets and capture counts stay on the device.
 
 ``outputs`` may hold preallocated outputs by name (``final_state`` may be ``initial_state`` itself: the kernels
-are alias-safe); missing ones are allocated with CuPy. Pass preallocated outputs when capturing CUDA graphs.
+are alias-safe); missing ones are allocated with CuPy. Pass preallocated outputs (and, for GatedDeltaNet, a
+``workspace``) when capturing CUDA graphs.
 """
 
 from __future__ import annotations
@@ -70,11 +71,29 @@ def _host_flag(value: Any) -> int | None:
     return int(arr[0])
 
 
+def _scratch(workspace: Any, nbytes: int, device: int, stream: int) -> DeviceTensor:
+    """The chunked engine's workspace: the caller's buffer, or one from CuPy's pool on ``stream`` (the pool
+    reuses a freed block only for later work on the same stream, so it may be freed when this call returns)."""
+    if workspace is not None:
+        t = as_device_tensor(workspace, "workspace")
+        if t.nbytes < nbytes or t.device != device:
+            raise ValueError(f"GatedDeltaNet: workspace must hold {nbytes} bytes on device {device}, got "
+                             f"{t.nbytes} bytes on device {t.device}")
+        return t
+    import cupy
+
+    with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream, device):
+        return as_device_tensor(cupy.empty(-(-nbytes // 4), dtype=cupy.int32), "workspace")
+
+
 def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None, stream: Any = None,
-                    engine: str = "auto", rec_rows: int | None = None, rec_groups: int | None = None,
-                    **attributes):
+                    workspace: Any = None, engine: str = "auto", rec_rows: int | None = None,
+                    rec_groups: int | None = None, **attributes):
     """Run GatedDeltaNet; returns (output, final_state, state_update) as device arrays.
 
+    ``workspace``: a contiguous device array (any element type of the contract) of at least
+    ``plan.chunk_workspace_bytes(geometry)`` bytes for the chunked kernels, or None to take one from CuPy's
+    pool (not possible inside a CUDA graph capture).
     ``engine`` (auto | chunked | recurrent), ``rec_rows`` and ``rec_groups`` are test and tuning knobs of
     ``plan.gdn_plan``."""
     op = contract.GATED_DELTA_NET.name
@@ -127,10 +146,14 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
         capture_active=int(geo.capacity > 0 and (active is None or active != 0)), tail_only=0, row_groups=1,
         scale=scale,
     )
-    launches = plan.gdn_plan(geo, q.dtype, params, arch=launch.device_arch(device),
-                             smem_optin=launch.device_smem_optin(device), engine=engine,
-                             rec_rows=rec_rows, rec_groups=rec_groups)
-    launch.run(launches, device, stream_pointer(stream))
+    device_args = dict(arch=launch.device_arch(device), smem_optin=launch.device_smem_optin(device), engine=engine)
+    stream_ptr = stream_pointer(stream)
+    scratch = None
+    if plan.gdn_uses_chunked(geo, q.dtype, params, **device_args) and geo.total_tokens > 0:
+        scratch = _scratch(workspace, plan.chunk_workspace_bytes(geo), device, stream_ptr)
+        params.workspace = scratch.ptr
+    launches = plan.gdn_plan(geo, q.dtype, params, rec_rows=rec_rows, rec_groups=rec_groups, **device_args)
+    launch.run(launches, device, stream_ptr)
     return out_arr, state_arr, cap_arr
 
 

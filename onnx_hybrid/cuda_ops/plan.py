@@ -21,7 +21,7 @@ class GdnParams(ctypes.Structure):
     _fields_ = [
         ("q", _p), ("k", _p), ("v", _p), ("cu_seqlens", _p), ("decay", _p), ("beta", _p),
         ("state_in", _p), ("a_log", _p), ("dt_bias", _p), ("capture_count", _p),
-        ("out", _p), ("state_out", _p), ("capsule", _p),
+        ("out", _p), ("state_out", _p), ("capsule", _p), ("workspace", _p),
         ("q_stride", ctypes.c_longlong), ("k_stride", ctypes.c_longlong), ("v_stride", ctypes.c_longlong),
         ("batch", _i), ("total_tokens", _i), ("uniform_len", _i), ("hk", _i), ("hv", _i), ("dk", _i),
         ("dv", _i), ("has_decay", _i), ("has_delta", _i), ("gate_qwen", _i), ("beta_sigmoid", _i),
@@ -54,8 +54,8 @@ class ConvReplayParams(ctypes.Structure):
     ]
 
 
-# Kernel constants (kernels/*.cu). gdn_chunked_smem_bytes in the image holds the chunked kernel's value;
-# a GPU test checks it against CHUNK_SMEM_BYTES.
+# Kernel constants (kernels/*.cu). gdn_chunked_smem_bytes and gdn_chunk_prep_smem_bytes in the image hold
+# the chunked kernels' values; a GPU test checks them against CHUNK_SMEM_BYTES and CHUNK_PREP_SMEM_BYTES.
 REC_WARPS = 4
 REC_KEY_SIZES = (32, 64, 128, 256, 512)  # instantiations: key head size up to this
 # Value rows per warp instantiated for each key size (gdn_recurrent.cu), and the default choice. Fewer rows
@@ -75,8 +75,9 @@ def rec_row_groups(geo: GdnGeometry, rows: int) -> int:
     while groups < 4 and warps // (2 * groups * REC_WARPS) >= REC_MIN_BLOCKS:
         groups *= 2
     return groups
-CHUNK_D, CHUNK_VT, CHUNK_THREADS = 128, 64, 256
-CHUNK_SMEM_BYTES = 166144
+CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
+CHUNK_SMEM_BYTES = 151040  # the scan (gdn_chunked_*), the larger of the two
+CHUNK_PREP_SMEM_BYTES = 106496
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
 CONV_THREADS, CONV_TOKENS = 128, 16
 # At or below this many tokens (decode, verify) each output thread computes one token: a short call then
@@ -107,6 +108,19 @@ class PlanError(ValueError):
     """No kernel can serve the shape (the CUDA analogue of ORT's 'no supported plan')."""
 
 
+def chunk_workspace_bytes(geo: GdnGeometry) -> int:
+    """Scratch of the chunked engine (gdn_chunked.cu ChunkWorkspace), per token: W [Hv, D] and P [Hv, 64] in
+    fp16, normalised Q and K [Hk, D] in fp16, the cumulative log decay [Hv] in fp32."""
+    hv, hk = geo.num_heads_v, geo.num_heads_k
+    return geo.total_tokens * (2 * hv * (CHUNK_D + CHUNK_TOKENS) + 2 * 2 * hk * CHUNK_D + 4 * hv)
+
+
+def chunk_prep_blocks(geo: GdnGeometry) -> int:
+    """Blocks of the prep kernel: the call's chunk count for well-formed offsets (each row adds at most one
+    partial chunk); the kernel strides over any excess that malformed offsets make."""
+    return (geo.total_tokens + (CHUNK_TOKENS - 1) * geo.batch) // CHUNK_TOKENS
+
+
 def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int, aligned: bool = True) -> bool:
     """Shapes and devices the tensor-core chunked kernel serves (like ORT: Dk = Dv = 128, scalar decay,
     SM >= 80, and the device's opt-in shared memory per block holds CHUNK_SMEM_BYTES: sm_80 and sm_90 do,
@@ -117,21 +131,40 @@ def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int, 
 
 
 def chunked_aligned(params: GdnParams) -> bool:
-    """The chunked kernel's vector accesses: 8-byte q/k, 4-byte v and output pairs, 16-byte state rows."""
+    """The chunked kernels' vector accesses: 8-byte q/k/v, 16-byte output rows (cp.async of the staged U~)
+    and state rows."""
     def ok(ptr, n):
         return ptr is None or ptr % n == 0
-    return (ok(params.q, 8) and ok(params.k, 8) and ok(params.v, 4) and ok(params.out, 4)
+    return (ok(params.q, 8) and ok(params.k, 8) and ok(params.v, 8) and ok(params.out, 16)
             and ok(params.state_in, 16) and ok(params.state_out, 16))
+
+
+def gdn_uses_chunked(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem_optin: int,
+                     engine: str = "auto") -> bool:
+    """Whether ``gdn_plan`` launches the chunked kernels (which then need ``params.workspace`` to hold
+    ``chunk_workspace_bytes(geo)`` bytes). ``engine``: ``auto`` takes them when the shape allows it and the
+    batch averages at least 32 tokens per row (ORT's rule: T >= 32 B); ``chunked`` whatever the token count
+    (PlanError where the shape does not allow it); ``recurrent`` never."""
+    if engine not in ("auto", "chunked", "recurrent"):
+        raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
+    chunked = chunked_supported(geo, dtype, arch, smem_optin, chunked_aligned(params))
+    if engine == "chunked" and not chunked:
+        raise PlanError(f"GatedDeltaNet: the chunked engine needs float16/bfloat16, head sizes 128/128, "
+                        f"scalar decay and sm_80+; got {dtype}, {geo.head_size_k}/{geo.head_size_v}, "
+                        f"per-key decay {geo.per_key_decay}, sm_{arch} with {smem_optin} B of opt-in shared "
+                        f"memory (needs {CHUNK_SMEM_BYTES}), aligned inputs {chunked_aligned(params)}")
+    return chunked and (engine == "chunked" or
+                        (engine == "auto" and geo.total_tokens >= SEQUENTIAL_MIN_TOKENS * geo.batch))
 
 
 def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem_optin: int, engine: str = "auto",
              rec_rows: int | None = None, rec_groups: int | None = None) -> list[Launch]:
     """The kernels of one GatedDeltaNet call.
 
-    ``engine``: ``auto`` launches the chunked kernel when the shape allows it and the batch averages at least
-    32 tokens per row (ORT's rule: T >= 32 B), then a recurrent tail pass over the same grid for the rows it
-    skips (captured rows, rows under 32 tokens; decided on the device from cu_seqlens and capture_count);
-    ``chunked`` does the same whatever the token count; ``recurrent`` runs every row sequentially.
+    Where ``gdn_uses_chunked``: the chunked engine's prep kernel (state-independent work of every chunk into
+    ``params.workspace``) and scan kernel (the state recurrence), then a recurrent tail pass over the same
+    grid for the rows they skip (captured rows, rows under 32 tokens; decided on the device from cu_seqlens
+    and capture_count). Otherwise the recurrent kernel runs every row sequentially.
     ``rec_rows`` / ``rec_groups`` override the recurrent kernel's value rows per warp and row groups per warp
     (tuning knobs for benchmarks).
     """
@@ -141,18 +174,13 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
     if kmax is None:
         raise PlanError(f"GatedDeltaNet: no supported plan (head_size_qk {geo.head_size_k} > "
                         f"{REC_KEY_SIZES[-1]})")
-    chunked = chunked_supported(geo, dtype, arch, smem_optin, chunked_aligned(params))
-    if engine == "chunked" and not chunked:
-        raise PlanError(f"GatedDeltaNet: the chunked engine needs float16/bfloat16, head sizes 128/128, "
-                        f"scalar decay and sm_80+; got {dtype}, {geo.head_size_k}/{geo.head_size_v}, "
-                        f"per-key decay {geo.per_key_decay}, sm_{arch} with {smem_optin} B of opt-in shared "
-                        f"memory (needs {CHUNK_SMEM_BYTES}), aligned inputs {chunked_aligned(params)}")
-    use_chunked = chunked and (engine == "chunked" or
-                               (engine == "auto" and geo.total_tokens >= SEQUENTIAL_MIN_TOKENS * geo.batch))
+    use_chunked = gdn_uses_chunked(geo, dtype, params, arch=arch, smem_optin=smem_optin, engine=engine)
     launches = []
     if use_chunked:
-        launches.append(Launch(f"gdn_chunked_{TYPE_SUFFIX[dtype]}_d128",
-                               (geo.head_size_v // CHUNK_VT, geo.num_heads_v, geo.batch),
+        sfx = TYPE_SUFFIX[dtype]
+        launches.append(Launch(f"gdn_chunk_prep_{sfx}_d128", (chunk_prep_blocks(geo), geo.num_heads_v, 1),
+                               (CHUNK_THREADS, 1, 1), CHUNK_PREP_SMEM_BYTES, _copy(params)))
+        launches.append(Launch(f"gdn_chunked_{sfx}_d128", (geo.head_size_v // CHUNK_VT, geo.num_heads_v, geo.batch),
                                (CHUNK_THREADS, 1, 1), CHUNK_SMEM_BYTES, _copy(params)))
     rec = _copy(params)
     rec.tail_only = int(use_chunked)
@@ -203,7 +231,8 @@ def kernel_names() -> list[str]:
     for sfx in TYPE_SUFFIX.values():
         names += [f"gdn_recurrent_{sfx}_k{k}_r{r}" for k, rows in REC_ROW_VARIANTS.items() for r in rows]
         names += [f"conv_output_{sfx}", f"conv_state_{sfx}", f"conv_rows_{sfx}", f"conv_replay_{sfx}"]
-    names += ["gdn_chunked_f16_d128", "gdn_chunked_bf16_d128", "gdn_replay_f32"]
+    names += [f"gdn_{kind}_{sfx}_d128" for kind in ("chunk_prep", "chunked") for sfx in ("f16", "bf16")]
+    names += ["gdn_replay_f32"]
     return names
 
 

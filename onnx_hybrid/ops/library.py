@@ -272,3 +272,11 @@ def cuda_plan(op: str, dtype: str, dims, *, arch: int, smem_optin: int, engine: 
         n = [int(v) for v in n]
         launches.append((name, tuple(n[0:3]), tuple(n[3:6]), n[6], n[7], n[8]))
     return launches
+
+
+def cuda_gdn_workspace_bytes(dtype: str, dims, *, arch: int, smem_optin: int, engine: str = "auto") -> int:
+    """The scratch the CUDA GatedDeltaNet takes from ORT's allocator for this shape (0 when the chunked
+    kernels do not run), computed by the library without a device; dims as for ``cuda_plan`` "gdn"."""
+    arr = (ctypes.c_int64 * len(dims))(*dims)
+    return int(_text(control().onnx_hybrid_cuda_plan, b"gdn_workspace", _CUDA_TYPES[dtype], arr, len(dims), arch,
+                     smem_optin, _CUDA_ENGINES[engine]))

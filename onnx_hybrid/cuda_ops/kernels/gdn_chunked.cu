@@ -1,17 +1,21 @@
 // GatedDeltaNet chunked engine (spec/ops.md §2.7) for Dk = Dv = 128, scalar decay, fp16/bf16 activations.
 //
-// One CTA per (request, value head, 64 value columns), 8 warps. The request is cut into chunks of 64 tokens
-// counted from its first token; the CTA walks them in order with the fp32 state slice resident in shared
-// memory (plus an fp16 operand copy). Per chunk, with gamma the inclusive cumulative log decay:
-//   M = strict_lower(beta_t k_t.k_s e^{g_t-g_s}),  P = lower(q_t.k_s e^{g_t-g_s})
-//   R = diag(beta) V - diag(beta e^g) K S0        (retrieval from the decayed state, folded before the solve)
-//   U = (I+M)^{-1} R                                by 16-row block substitution with exact 16x16 inverses
-//   O = scale (P U + diag(e^g) Q S0),   S = e^{g_L} S0 + (diag(e^{g_L-g}) U)^T K
+// A request is cut into chunks of 64 tokens counted from its first token. With gamma the inclusive
+// cumulative log decay within a chunk and S0 the state entering it:
+//   M = strict_lower(beta_t k_t.k_s e^{g_t-g_s}),  T = (I+M)^{-1},  P = lower(q_t.k_s e^{g_t-g_s})
+//   W = T diag(beta e^g) K,  U~ = T diag(beta) V                      (state-independent)
+//   U = U~ - W S0,  O = scale (diag(e^g) Q S0 + P U),  S = e^{g_L} S0 + K^T diag(e^{g_L-g}) U
+// Two kernels:
+// * gdn_chunk_prep, one CTA per (chunk, value head), fully parallel: normalised Q and K, gamma, P, W and
+//   U~ into the workspace (U~ is staged in the output rows, which the scan overwrites with O).
+// * gdn_chunked, one CTA per (request, value head, 64 value columns), walks the chunks in order with the
+//   fp32 state in registers; per chunk only three products depend on the state (W S0 and Q S0, then P U
+//   and K^T U), with the next chunk's operands arriving through cp.async meanwhile.
 // Only decay ratios e^{g_t-g_s} <= 1 are formed, never k e^{-g}. Every product runs on mma.sync.m16n8k16
 // (fp16 operands, fp32 accumulation); bf16 activations are converted to fp16 operands on load.
 //
 // Rows that must run sequentially (captured rows, rows shorter than 32 tokens: spec/ops.md §2.8) are skipped
-// here and served by the recurrent kernel's tail pass over the same grid.
+// by both kernels and served by the recurrent kernel's tail pass.
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -20,70 +24,80 @@ namespace chunk {
 
 constexpr int BT = 64;       // tokens per chunk
 constexpr int D = 128;       // Dk = Dv
-constexpr int VT = 64;       // value columns per CTA
+constexpr int VT = 64;       // value columns per scan CTA
 constexpr int WARPS = 8;
 constexpr int THREADS = WARPS * 32;
 constexpr int LDH = D + 8;   // halves per 128-wide row (+16 B against bank conflicts)
-constexpr int LDF = D + 4;   // floats per 128-wide row
 constexpr int LDT = BT + 8;  // halves per 64-wide row
-constexpr int LDR = VT + 4;  // floats per 64-wide row
 constexpr int LDD = 16 + 8;  // halves per 16-wide row
 constexpr int LDM = 16 + 1;  // floats per 16-wide row
 
-constexpr int OFF_K = 0;                          // K chunk, fp16 [BT][LDH]
-constexpr int OFF_Q = OFF_K + BT * LDH * 2;       // Q chunk, fp16 [BT][LDH]
-constexpr int OFF_SH = OFF_Q + BT * LDH * 2;      // state operand copy, fp16 [VT c][LDH r]
-constexpr int OFF_SF = OFF_SH + VT * LDH * 2;     // state, fp32 [VT c][LDF r]
-constexpr int OFF_R = OFF_SF + VT * LDF * 4;      // R, fp32 [BT][LDR]
-constexpr int OFF_QS = OFF_R + BT * LDR * 4;      // diag(e^g) Q S0, fp32 [BT][LDR]
-constexpr int OFF_M = OFF_QS + BT * LDR * 4;      // -M, fp16 [BT][LDT]
-constexpr int OFF_P = OFF_M + BT * LDT * 2;       // P, fp16 [BT][LDT]
-constexpr int OFF_DINV = OFF_P + BT * LDT * 2;    // inverses of the diagonal blocks, fp16 [BT][LDD]
-constexpr int OFF_UT = OFF_DINV + BT * LDD * 2;   // U^T, fp16 [VT c][LDT s]
-constexpr int OFF_UTD = OFF_UT + VT * LDT * 2;    // (diag(e^{g_L-g}) U)^T, fp16 [VT][LDT]
-// One region, two lives: the diagonal blocks of M (fp32 [BT][LDM], written in step 3, read in step 4) and
-// the per-warp scratch of the block substitution (fp16 [WARPS][8][LDD], step 5); barriers separate them.
-// Sharing it keeps the kernel within sm_80's 163 KB opt-in limit.
-constexpr int OFF_MD = OFF_UTD + VT * LDT * 2;
-constexpr int OFF_X = OFF_MD;
-constexpr int MD_X_BYTES = BT * LDM * 4 > WARPS * 8 * LDD * 2 ? BT * LDM * 4 : WARPS * 8 * LDD * 2;
-constexpr int OFF_VEC = OFF_MD + MD_X_BYTES;      // gamma, beta, e^gamma, beta e^gamma: fp32 [4][BT]
-constexpr int SMEM_BYTES = OFF_VEC + 4 * BT * 4;
+// Prep kernel. The solve's right-hand side has 2D columns ([beta e^g K | beta V]), 32 per warp.
+constexpr int RHS = 2 * D;
+constexpr int P_OFF_K = 0;                            // K chunk, fp16 [BT][LDH]
+constexpr int P_OFF_Q = P_OFF_K + BT * LDH * 2;       // Q chunk, fp16 [BT][LDH]; dead after the Gram step
+constexpr int P_OFF_X = P_OFF_Q;                      //   ... then the per-warp solve scratch, fp16 [WARPS][32][LDD]
+constexpr int P_OFF_V = P_OFF_Q + BT * LDH * 2;       // V chunk, fp16 [BT][LDH]
+constexpr int P_OFF_M = P_OFF_V + BT * LDH * 2;       // -M, fp16 [BT][LDT]
+constexpr int P_OFF_DINV = P_OFF_M + BT * LDT * 2;    // inverses of the diagonal blocks, fp16 [BT][LDD]
+constexpr int P_OFF_MD = P_OFF_DINV + BT * LDD * 2;   // diagonal blocks of M, fp32 [BT][LDM]
+constexpr int P_OFF_SOL = P_OFF_MD + BT * LDM * 4;    // solved blocks, transposed: fp16 [RHS][LDT]
+constexpr int P_OFF_VEC = P_OFF_SOL + RHS * LDT * 2;  // gamma, beta, beta e^gamma (0 without delta): fp32 [3][BT]
+constexpr int PREP_SMEM_BYTES = P_OFF_VEC + 3 * BT * 4;
+static_assert(WARPS * 32 * LDD * 2 <= BT * LDH * 2, "solve scratch fits in the Q region");
+
+// Scan kernel. W, K, P and gamma have two buffers: the next chunk's arrive during the whole current chunk.
+// Q and this CTA's U~ columns, read only in the first step of a chunk, have one, refilled right after it.
+constexpr int LDU = VT + 8;                            // halves per U~ slice row
+constexpr int S_STAGE_W = 0;                           // W, fp16 [BT][LDH]
+constexpr int S_STAGE_K = S_STAGE_W + BT * LDH * 2;    // K, fp16 [BT][LDH]
+constexpr int S_STAGE_P = S_STAGE_K + BT * LDH * 2;    // P, fp16 [BT][LDT]
+constexpr int S_STAGE_G = S_STAGE_P + BT * LDT * 2;    // gamma, fp32 [BT]
+constexpr int S_STAGE_BYTES = S_STAGE_G + BT * 4;
+constexpr int S_OFF_Q = 2 * S_STAGE_BYTES;             // Q, fp16 [BT][LDH]
+constexpr int S_OFF_U = S_OFF_Q + BT * LDH * 2;        // U~ columns of this CTA, fp16 [BT][LDU]
+constexpr int S_OFF_SH = S_OFF_U + BT * LDU * 2;       // state operand copy, fp16 [VT c][LDH r]
+constexpr int S_OFF_UT = S_OFF_SH + VT * LDH * 2;      // U^T, fp16 [VT c][LDT s]
+constexpr int S_OFF_UTD = S_OFF_UT + VT * LDT * 2;     // (diag(e^{g_L-g}) U)^T, fp16 [VT][LDT]
+constexpr int SMEM_BYTES = S_OFF_UTD + VT * LDT * 2;
 
 }  // namespace chunk
 
-constexpr int kRowsPerWarp = chunk::BT / chunk::WARPS;
-
-// One warp's share of a chunk's raw inputs (kRowsPerWarp tokens), kept packed in registers: lane holds 4
-// consecutive q and k elements and 2 consecutive v elements of each token. Rows past the request are zero.
-struct ChunkRaw {
-  uint2 q[kRowsPerWarp], k[kRowsPerWarp];
-  unsigned v[kRowsPerWarp];
-  float decay[kRowsPerWarp], beta[kRowsPerWarp];
+// The workspace of one call (plan.chunk_workspace_bytes): per token, W [Hv][D] and P [Hv][BT] (fp16),
+// normalised Q and K [Hk][D] (fp16), gamma [Hv] (fp32). Rows are addressed by token, so ragged requests need
+// no chunk table.
+struct ChunkWorkspace {
+  __half* w;
+  __half* p;
+  __half* q;
+  __half* k;
+  float* g;
 };
 
-template <typename T>
-__device__ __forceinline__ void load_chunk_raw(const GdnParams& p, const RowSpan& span, int t0, int h, int lane,
-                                               int warp, const T* qb, const T* kb, const T* vb, ChunkRaw& raw) {
-#pragma unroll
-  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-    const int t = t0 + warp * kRowsPerWarp + rr;
-    if (t < span.len) {
-      const size_t tok = (size_t)span.start + t;
-      raw.q[rr] = *reinterpret_cast<const uint2*>(qb + tok * p.q_stride + lane * 4);
-      raw.k[rr] = *reinterpret_cast<const uint2*>(kb + tok * p.k_stride + lane * 4);
-      raw.v[rr] = *reinterpret_cast<const unsigned*>(vb + tok * p.v_stride + lane * 2);
-      raw.decay[rr] = p.has_decay ? p.decay[tok * p.hv + h] : 0.f;
-      raw.beta[rr] = p.has_delta ? p.beta[tok * p.hv + h] : 0.f;
-    } else {
-      raw.q[rr] = make_uint2(0u, 0u);
-      raw.k[rr] = make_uint2(0u, 0u);
-      raw.v[rr] = 0u;
-      raw.decay[rr] = 0.f;
-      raw.beta[rr] = 0.f;
-    }
-  }
+__device__ __forceinline__ ChunkWorkspace chunk_workspace(const GdnParams& p) {
+  using namespace chunk;
+  const size_t t = (size_t)p.total_tokens;
+  ChunkWorkspace ws;
+  ws.w = static_cast<__half*>(p.workspace);
+  ws.p = ws.w + t * p.hv * D;
+  ws.q = ws.p + t * p.hv * BT;
+  ws.k = ws.q + t * p.hk * D;
+  ws.g = reinterpret_cast<float*>(ws.k + t * p.hk * D);
+  return ws;
 }
+
+// 16-byte global -> shared copy, zero-filled when !valid (src is then not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 template <typename T>
 __device__ __forceinline__ void unpack4(uint2 r, float (&x)[4]) {
@@ -92,11 +106,13 @@ __device__ __forceinline__ void unpack4(uint2 r, float (&x)[4]) {
   for (int i = 0; i < 4; ++i) x[i] = to_f32(e[i]);
 }
 
-template <typename T>
-__device__ __forceinline__ void unpack2(unsigned r, float (&x)[2]) {
-  const T* e = reinterpret_cast<const T*>(&r);
-  x[0] = to_f32(e[0]);
-  x[1] = to_f32(e[1]);
+__device__ __forceinline__ uint2 pack4_half(const float (&x)[4]) {
+  __half2 a = __floats2half2_rn(x[0], x[1]), b = __floats2half2_rn(x[2], x[3]);
+  return make_uint2(*reinterpret_cast<unsigned*>(&a), *reinterpret_cast<unsigned*>(&b));
+}
+
+__device__ __forceinline__ void store_half2(__half* p, float a, float b) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
 }
 
 template <typename T>
@@ -110,27 +126,363 @@ __device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* p, float a,
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
+constexpr int kPrepRows = chunk::BT / chunk::WARPS;  // chunk rows each prep warp loads and normalises
+
+__device__ __forceinline__ int chunks_of(int len) { return (len + chunk::BT - 1) / chunk::BT; }
+
+// Chunk `x` of the call, counting the chunks of the rows the chunked engine serves in row order: its row and
+// index within the row (row -1 past the last chunk). Warp 0 scans the rows 32 at a time.
+struct ChunkRef {
+  int row;
+  int index;
+};
+
+__device__ __forceinline__ ChunkRef find_chunk(const GdnParams& p, int x, int lane) {
+  int before = 0;
+  for (int b0 = 0; b0 < p.batch; b0 += 32) {
+    const int b = b0 + lane;
+    int n = 0;
+    if (b < p.batch) {
+      const RowSpan s = row_span(p.cu_seqlens, p.uniform_len, b, p.total_tokens);
+      n = gdn_row_is_sequential(p, b, s.len) ? 0 : chunks_of(s.len);
+    }
+    int incl = n;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int m = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += m;
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, before + incl > x);
+    if (hit) {
+      const int l = __ffs(hit) - 1;
+      const int excl = __shfl_sync(0xffffffffu, before + incl - n, l);
+      return {b0 + l, x - excl};
+    }
+    before += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return {-1, 0};
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Prep: everything of a chunk that does not depend on the state. Grid-strided over the call's chunks (the
+// grid is sized from an upper bound that well-formed offsets respect; a loop keeps malformed ones covered).
 template <typename T>
-__device__ __forceinline__ void gdn_chunked(const GdnParams& p) {
+__device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   using namespace chunk;
   extern __shared__ __align__(16) unsigned char smem[];
-  __half* Kh = reinterpret_cast<__half*>(smem + OFF_K);
-  __half* Qh = reinterpret_cast<__half*>(smem + OFF_Q);
-  __half* Sh = reinterpret_cast<__half*>(smem + OFF_SH);
-  float* Sf = reinterpret_cast<float*>(smem + OFF_SF);
-  float* Rf = reinterpret_cast<float*>(smem + OFF_R);
-  float* QSf = reinterpret_cast<float*>(smem + OFF_QS);
-  __half* Mh = reinterpret_cast<__half*>(smem + OFF_M);
-  __half* Ph = reinterpret_cast<__half*>(smem + OFF_P);
-  __half* Dh = reinterpret_cast<__half*>(smem + OFF_DINV);
-  __half* Ut = reinterpret_cast<__half*>(smem + OFF_UT);
-  __half* Utd = reinterpret_cast<__half*>(smem + OFF_UTD);
-  __half* Xs = reinterpret_cast<__half*>(smem + OFF_X);
-  float* Md = reinterpret_cast<float*>(smem + OFF_MD);
-  float* gam = reinterpret_cast<float*>(smem + OFF_VEC);
+  __half* Kh = reinterpret_cast<__half*>(smem + P_OFF_K);
+  __half* Qh = reinterpret_cast<__half*>(smem + P_OFF_Q);
+  __half* Vh = reinterpret_cast<__half*>(smem + P_OFF_V);
+  __half* Mh = reinterpret_cast<__half*>(smem + P_OFF_M);
+  __half* Dh = reinterpret_cast<__half*>(smem + P_OFF_DINV);
+  float* Md = reinterpret_cast<float*>(smem + P_OFF_MD);
+  __half* Sol = reinterpret_cast<__half*>(smem + P_OFF_SOL);
+  __half* Xs = reinterpret_cast<__half*>(smem + P_OFF_X);
+  float* gam = reinterpret_cast<float*>(smem + P_OFF_VEC);
   float* bet = gam + BT;
-  float* egam = bet + BT;
-  float* rco = egam + BT;
+  float* rco = bet + BT;
+  __shared__ ChunkRef found;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int h = blockIdx.y;
+  const int group = p.hv / p.hk;
+  const int hk = h / group;
+  const bool write_qk = h % group == 0;  // one value head of the group stores the shared normalised Q and K
+  const float neg_a = p.gate_qwen ? -expf(p.a_log[h]) : 0.0f;
+  const float dt_bias = p.gate_qwen ? p.dt_bias[h] : 0.0f;
+  const ChunkWorkspace ws = chunk_workspace(p);
+  const T* qb = static_cast<const T*>(p.q) + (size_t)hk * D;
+  const T* kb = static_cast<const T*>(p.k) + (size_t)hk * D;
+  const T* vb = static_cast<const T*>(p.v) + (size_t)h * D;
+  __half* ub = static_cast<__half*>(p.out) + (size_t)h * D;  // U~ staged in the output rows
+  const int wm = warp >> 1;
+  const int wn = warp & 1;
+  const int g8 = lane >> 2;
+  const int q2 = (lane & 3) * 2;
+
+  for (int x = blockIdx.x;; x += gridDim.x) {
+    if (warp == 0) {
+      const ChunkRef c = find_chunk(p, x, lane);
+      if (lane == 0) found = c;
+    }
+    __syncthreads();
+    const ChunkRef ref = found;
+    if (ref.row < 0) return;
+    const RowSpan span = row_span(p.cu_seqlens, p.uniform_len, ref.row, p.total_tokens);
+    const int t0 = ref.index * BT;
+    const int L = min(BT, span.len - t0);
+    const size_t tok0 = (size_t)span.start + t0;
+
+    // 1. Inputs: normalised q/k and v as fp16 operands, log gates, beta. Rows past the request are zero.
+    //    Each warp issues all loads of its rows before using any, so their latencies overlap.
+    uint2 rq[kPrepRows], rk[kPrepRows], rv[kPrepRows];
+    float rd[kPrepRows], rb[kPrepRows];
+#pragma unroll
+    for (int j = 0; j < kPrepRows; ++j) {
+      const int t = warp * kPrepRows + j;
+      rq[j] = rk[j] = rv[j] = make_uint2(0u, 0u);
+      rd[j] = rb[j] = 0.f;
+      if (t < L) {
+        const size_t tok = tok0 + t;
+        rq[j] = *reinterpret_cast<const uint2*>(qb + tok * p.q_stride + lane * 4);
+        rk[j] = *reinterpret_cast<const uint2*>(kb + tok * p.k_stride + lane * 4);
+        rv[j] = *reinterpret_cast<const uint2*>(vb + tok * p.v_stride + lane * 4);
+        if (p.has_decay) rd[j] = p.decay[tok * p.hv + h];
+        if (p.has_delta) rb[j] = p.beta[tok * p.hv + h];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPrepRows; ++j) {
+      const int t = warp * kPrepRows + j;
+      float qv[4], kv[4], vv[4];
+      unpack4<T>(rq[j], qv);
+      unpack4<T>(rk[j], kv);
+      unpack4<T>(rv[j], vv);
+      float g = 0.f, be = 0.f;
+      if (t < L) {
+        if (p.l2norm) {
+          float sq = 0.f, sk = 0.f;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) { sq = fmaf(qv[i], qv[i], sq); sk = fmaf(kv[i], kv[i], sk); }
+          const float iq = rsqrtf(warp_sum(sq) + 1e-12f), ik = rsqrtf(warp_sum(sk) + 1e-12f);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) { qv[i] *= iq; kv[i] *= ik; }
+        }
+        g = rd[j];
+        if (p.has_decay && p.gate_qwen) {
+          const float z = g + dt_bias;
+          g = neg_a * (z > 20.0f ? z : log1pf(expf(z)));
+        }
+        be = p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-rb[j])) : rb[j]) : 1.f;
+      }
+      const uint2 qh = pack4_half(qv), kh = pack4_half(kv);
+      *reinterpret_cast<uint2*>(Qh + t * LDH + lane * 4) = qh;
+      *reinterpret_cast<uint2*>(Kh + t * LDH + lane * 4) = kh;
+      *reinterpret_cast<uint2*>(Vh + t * LDH + lane * 4) = pack4_half(vv);
+      if (write_qk && t < L) {
+        const size_t row = (tok0 + t) * p.hk + hk;
+        *reinterpret_cast<uint2*>(ws.q + row * D + lane * 4) = qh;
+        *reinterpret_cast<uint2*>(ws.k + row * D + lane * 4) = kh;
+      }
+      if (lane == 0) { gam[t] = g; bet[t] = be; }
+    }
+    __syncthreads();
+
+    // 2. Inclusive cumulative log decay within the chunk (padding rows add 0).
+    if (warp == 0) {
+      const float a0 = gam[2 * lane], a1 = gam[2 * lane + 1];
+      float s = a0 + a1;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const float n = __shfl_up_sync(0xffffffffu, s, o);
+        if (lane >= o) s += n;
+      }
+      const float gg[2] = {s - a1, s};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int t = 2 * lane + i;
+        gam[t] = gg[i];
+        rco[t] = p.has_delta ? bet[t] * expf(gg[i]) : 0.f;
+        if (t < L) ws.g[(tok0 + t) * p.hv + h] = gg[i];
+      }
+    }
+    __syncthreads();
+
+    // 3. K K^T and Q K^T (lower triangle): -M and its diagonal blocks here, P straight to the workspace.
+    {
+      float kk[4][4] = {}, qk[4][4] = {};
+      if (wn * 32 <= wm * 16 + 15) {
+#pragma unroll
+        for (int kstep = 0; kstep < D / 16; ++kstep) {
+          unsigned ak[4], aq[4];
+          ldmatrix_a(ak, Kh + wm * 16 * LDH + kstep * 16, LDH, lane);
+          ldmatrix_a(aq, Qh + wm * 16 * LDH + kstep * 16, LDH, lane);
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            unsigned bk[2];
+            ldmatrix_b(bk, Kh + (wn * 32 + nt * 8) * LDH + kstep * 16, LDH, lane);
+            mma_16816(kk[nt], ak, bk);
+            mma_16816(qk[nt], aq, bk);
+          }
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int half_row = 0; half_row < 2; ++half_row) {
+          const int t = wm * 16 + g8 + half_row * 8;
+          float pv[2];
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int e = half_row * 2 + j;
+            const int col = wn * 32 + nt * 8 + q2 + j;
+            const float ratio = col <= t ? expf(gam[t] - gam[col]) : 0.f;
+            const float mval = (p.has_delta && col < t) ? bet[t] * kk[nt][e] * ratio : 0.f;
+            Mh[t * LDT + col] = __float2half_rn(-mval);
+            if ((col >> 4) == (t >> 4)) Md[t * LDM + (col & 15)] = mval;
+            pv[j] = qk[nt][e] * ratio;
+          }
+          if (t < L) store_half2(ws.p + ((tok0 + t) * p.hv + h) * BT + wn * 32 + nt * 8 + q2, pv[0], pv[1]);
+        }
+      }
+    }
+    __syncthreads();
+
+    // 4. Exact inverses of the unit lower-triangular diagonal blocks of (I + M), one warp per block,
+    //    lane j < 16 solving column j by forward substitution.
+    if (warp < BT / 16) {
+      const int i0 = warp * 16;
+      const int j = lane & 15;
+      float xv[16];
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        float acc = r == j ? 1.f : 0.f;
+#pragma unroll
+        for (int kq = 0; kq < r; ++kq) acc = fmaf(-Md[(i0 + r) * LDM + kq], xv[kq], acc);
+        xv[r] = acc;
+      }
+      if (lane < 16) {
+#pragma unroll
+        for (int r = 0; r < 16; ++r) Dh[(i0 + r) * LDD + j] = __float2half_rn(xv[r]);
+      }
+    }
+    __syncthreads();
+
+    // 5. [W | U~] = (I+M)^{-1} [diag(beta e^g) K | diag(beta) V] by block substitution:
+    //    X_i = Dinv_i (R_i - sum_{j<i} M_ij X_j). Columns are independent: each warp solves its own 32
+    //    columns through all blocks without block barriers, and stores each solved block as it goes.
+    {
+      const int cw = warp * 32;
+      const bool w_part = cw < D;  // warps 0-3: W; warps 4-7: U~
+      __half* X = Xs + warp * 32 * LDD;
+#pragma unroll
+      for (int i = 0; i < BT / 16; ++i) {
+        const int r0 = i * 16 + g8;
+        float acc[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int col = (cw + nt * 8 + q2) & (D - 1);
+          const __half* src = w_part ? Kh : Vh;
+          const float c_lo = w_part ? rco[r0] : bet[r0], c_hi = w_part ? rco[r0 + 8] : bet[r0 + 8];
+          const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(src + r0 * LDH + col));
+          const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(src + (r0 + 8) * LDH + col));
+          acc[nt][0] = c_lo * lo.x;
+          acc[nt][1] = c_lo * lo.y;
+          acc[nt][2] = c_hi * hi.x;
+          acc[nt][3] = c_hi * hi.y;
+        }
+        for (int j = 0; j < i; ++j) {
+          unsigned a[4];
+          ldmatrix_a(a, Mh + i * 16 * LDT + j * 16, LDT, lane);
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            unsigned bb[2];
+            ldmatrix_b(bb, Sol + (cw + nt * 8) * LDT + j * 16, LDT, lane);
+            mma_16816(acc[nt], a, bb);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int c = nt * 8 + q2;
+          X[c * LDD + g8] = __float2half_rn(acc[nt][0]);
+          X[(c + 1) * LDD + g8] = __float2half_rn(acc[nt][1]);
+          X[c * LDD + g8 + 8] = __float2half_rn(acc[nt][2]);
+          X[(c + 1) * LDD + g8 + 8] = __float2half_rn(acc[nt][3]);
+        }
+        __syncwarp();
+        unsigned a[4];
+        ldmatrix_a(a, Dh + i * 16 * LDD, LDD, lane);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          float u[4] = {0.f, 0.f, 0.f, 0.f};
+          unsigned bb[2];
+          ldmatrix_b(bb, X + nt * 8 * LDD, LDD, lane);
+          mma_16816(u, a, bb);
+          const int c = cw + nt * 8 + q2;
+          Sol[c * LDT + r0] = __float2half_rn(u[0]);
+          Sol[(c + 1) * LDT + r0] = __float2half_rn(u[1]);
+          Sol[c * LDT + r0 + 8] = __float2half_rn(u[2]);
+          Sol[(c + 1) * LDT + r0 + 8] = __float2half_rn(u[3]);
+          const int col = c & (D - 1);
+#pragma unroll
+          for (int half_row = 0; half_row < 2; ++half_row) {
+            const int t = r0 + half_row * 8;
+            if (t < L) {
+              __half* dst = w_part ? ws.w + ((tok0 + t) * p.hv + h) * D : ub + (tok0 + t) * p.hv * D;
+              store_half2(dst + col, u[2 * half_row], u[2 * half_row + 1]);
+            }
+          }
+        }
+        __syncwarp();
+      }
+    }
+    __syncthreads();  // the next chunk's inputs overwrite this one's
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Scan: the state recurrence over a request's chunks for 64 value columns of one head.
+struct ScanStage {
+  __half* w;
+  __half* k;
+  __half* p;
+  float* g;
+};
+
+__device__ __forceinline__ ScanStage scan_stage(unsigned char* smem, int s) {
+  using namespace chunk;
+  unsigned char* base = smem + s * S_STAGE_BYTES;
+  return {reinterpret_cast<__half*>(base + S_STAGE_W), reinterpret_cast<__half*>(base + S_STAGE_K),
+          reinterpret_cast<__half*>(base + S_STAGE_P), reinterpret_cast<float*>(base + S_STAGE_G)};
+}
+
+// W, K, P and gamma of the chunk at token tok0 with L rows (the rest zero-filled).
+__device__ __forceinline__ void scan_load_stage(const GdnParams& p, const ChunkWorkspace& ws, const ScanStage& st,
+                                                size_t tok0, int L, int h, int hk, int tid) {
+  using namespace chunk;
+  for (int i = tid; i < BT * (D / 8); i += THREADS) {
+    const int t = i / (D / 8), c = (i % (D / 8)) * 8;
+    const bool ok = t < L;
+    const size_t tok = ok ? tok0 + t : tok0;
+    cp_async16(st.w + t * LDH + c, ws.w + (tok * p.hv + h) * D + c, ok);
+    cp_async16(st.k + t * LDH + c, ws.k + (tok * p.hk + hk) * D + c, ok);
+  }
+  for (int i = tid; i < BT * (BT / 8); i += THREADS) {
+    const int t = i / (BT / 8), c = (i % (BT / 8)) * 8;
+    const bool ok = t < L;
+    cp_async16(st.p + t * LDT + c, ws.p + ((ok ? tok0 + t : tok0) * p.hv + h) * BT + c, ok);
+  }
+  if (tid < BT) cp_async4(st.g + tid, ws.g + ((tid < L ? tok0 + tid : tok0) * p.hv + h), tid < L);
+}
+
+// Q and this CTA's U~ columns of the chunk.
+__device__ __forceinline__ void scan_load_qu(const GdnParams& p, const ChunkWorkspace& ws, __half* Qs, __half* Us,
+                                             size_t tok0, int L, int h, int hk, int c0, int tid) {
+  using namespace chunk;
+  const __half* ub = static_cast<const __half*>(p.out) + (size_t)h * D + c0;
+  for (int i = tid; i < BT * (D / 8); i += THREADS) {
+    const int t = i / (D / 8), c = (i % (D / 8)) * 8;
+    const bool ok = t < L;
+    cp_async16(Qs + t * LDH + c, ws.q + ((ok ? tok0 + t : tok0) * p.hk + hk) * D + c, ok);
+  }
+  for (int i = tid; i < BT * (VT / 8); i += THREADS) {
+    const int t = i / (VT / 8), c = (i % (VT / 8)) * 8;
+    const bool ok = t < L;
+    cp_async16(Us + t * LDU + c, ub + (ok ? tok0 + t : tok0) * p.hv * D + c, ok);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
+  using namespace chunk;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __half* Qs = reinterpret_cast<__half*>(smem + S_OFF_Q);
+  __half* Us = reinterpret_cast<__half*>(smem + S_OFF_U);
+  __half* Sh = reinterpret_cast<__half*>(smem + S_OFF_SH);
+  __half* Ut = reinterpret_cast<__half*>(smem + S_OFF_UT);
+  __half* Utd = reinterpret_cast<__half*>(smem + S_OFF_UTD);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -142,8 +494,6 @@ __device__ __forceinline__ void gdn_chunked(const GdnParams& p) {
   if (gdn_row_is_sequential(p, b, span.len)) return;  // uniform over the block: the tail pass serves it
   const int group = p.hv / p.hk;
   const int hk = h / group;
-  const float neg_a = p.gate_qwen ? -expf(p.a_log[h]) : 0.0f;
-  const float dt_bias = p.gate_qwen ? p.dt_bias[h] : 0.0f;
 
   // This row has no captured prefix here (capture inactive or capture_count <= 0): zero the capsule slots
   // this block owns.
@@ -161,228 +511,114 @@ __device__ __forceinline__ void gdn_chunked(const GdnParams& p) {
     }
   }
 
-  const size_t state_base = (((size_t)b * p.hv + h) * D + c0) * D;
-  for (int i = tid; i < VT * D / 4; i += THREADS) {
-    const int c = i / (D / 4), r = (i % (D / 4)) * 4;
-    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (p.state_in != nullptr) x = *reinterpret_cast<const float4*>(p.state_in + state_base + (size_t)c * D + r);
-    *reinterpret_cast<float4*>(Sf + c * LDF + r) = x;
-    *reinterpret_cast<__half2*>(Sh + c * LDH + r) = __floats2half2_rn(x.x, x.y);
-    *reinterpret_cast<__half2*>(Sh + c * LDH + r + 2) = __floats2half2_rn(x.z, x.w);
-  }
-
-  const T* qb = static_cast<const T*>(p.q) + (size_t)hk * D;
-  const T* kb = static_cast<const T*>(p.k) + (size_t)hk * D;
-  const T* vb = static_cast<const T*>(p.v) + (size_t)h * D + c0;
-  T* ob = static_cast<T*>(p.out) + (size_t)h * D + c0;
+  const ChunkWorkspace ws = chunk_workspace(p);
   const int wm = warp >> 1;  // 16-row block of the 64x64 products
-  const int wn = warp & 1;   // 32-column half of the 64x64 products
+  const int wn = warp & 1;   // 32-column half of the 64x64 products; 64-column half of the state rows
   const int g8 = lane >> 2;
   const int q2 = (lane & 3) * 2;
-  __syncthreads();
+  const int n = chunks_of(span.len);
 
-  ChunkRaw raw;
-  if (span.len > 0) load_chunk_raw<T>(p, span, 0, h, lane, warp, qb, kb, vb, raw);
-  for (int t0 = 0; t0 < span.len; t0 += BT) {
+  // The fp32 state lives in registers: this warp owns state rows c0 + wm*16 + {g8, g8+8}, key columns
+  // wn*64 + nt*8 + q2 + {0, 1} (the accumulator layout of the update product).
+  float s[8][4];
+  const size_t state_base = (((size_t)b * p.hv + h) * D + c0) * D;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int half_row = 0; half_row < 2; ++half_row) {
+      const int c = wm * 16 + g8 + half_row * 8, r = wn * 64 + nt * 8 + q2;
+      float2 x = make_float2(0.f, 0.f);
+      if (p.state_in != nullptr) x = *reinterpret_cast<const float2*>(p.state_in + state_base + (size_t)c * D + r);
+      s[nt][2 * half_row] = x.x;
+      s[nt][2 * half_row + 1] = x.y;
+      store_half2(Sh + c * LDH + r, x.x, x.y);
+    }
+  }
+
+  scan_load_stage(p, ws, scan_stage(smem, 0), span.start, min(BT, span.len), h, hk, tid);
+  scan_load_qu(p, ws, Qs, Us, span.start, min(BT, span.len), h, hk, c0, tid);
+  cp_async_commit();
+  T* ob = static_cast<T*>(p.out) + (size_t)h * D + c0;
+
+  for (int ci = 0; ci < n; ++ci) {
+    const int t0 = ci * BT;
     const int L = min(BT, span.len - t0);
-
-    // 1. Stage the chunk (raw inputs were loaded during the previous chunk): normalised q/k as fp16
-    //    operands, beta * v, log gates.
-#pragma unroll
-    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-      const int t = warp * kRowsPerWarp + rr;
-      float qv[4], kv[4], vv[2];
-      unpack4<T>(raw.q[rr], qv);
-      unpack4<T>(raw.k[rr], kv);
-      unpack2<T>(raw.v[rr], vv);
-      float g = 0.f, be = 0.f;
-      if (t < L) {
-        if (p.l2norm) {
-          float sq = 0.f, sk = 0.f;
-#pragma unroll
-          for (int i = 0; i < 4; ++i) { sq = fmaf(qv[i], qv[i], sq); sk = fmaf(kv[i], kv[i], sk); }
-          const float iq = rsqrtf(warp_sum(sq) + 1e-12f), ik = rsqrtf(warp_sum(sk) + 1e-12f);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) { qv[i] *= iq; kv[i] *= ik; }
-        }
-        g = raw.decay[rr];
-        if (p.has_decay && p.gate_qwen) {
-          const float z = g + dt_bias;
-          g = neg_a * (z > 20.0f ? z : log1pf(expf(z)));
-        }
-        be = p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-raw.beta[rr])) : raw.beta[rr]) : 1.f;
-      }
-      *reinterpret_cast<__half2*>(Qh + t * LDH + lane * 4) = __floats2half2_rn(qv[0], qv[1]);
-      *reinterpret_cast<__half2*>(Qh + t * LDH + lane * 4 + 2) = __floats2half2_rn(qv[2], qv[3]);
-      *reinterpret_cast<__half2*>(Kh + t * LDH + lane * 4) = __floats2half2_rn(kv[0], kv[1]);
-      *reinterpret_cast<__half2*>(Kh + t * LDH + lane * 4 + 2) = __floats2half2_rn(kv[2], kv[3]);
-      Rf[t * LDR + lane * 2] = be * vv[0];
-      Rf[t * LDR + lane * 2 + 1] = be * vv[1];
-      if (lane == 0) { gam[t] = g; bet[t] = be; }
-    }
-    // Prefetch the next chunk's raw inputs; their latency hides behind this chunk's products.
-    if (t0 + BT < span.len) load_chunk_raw<T>(p, span, t0 + BT, h, lane, warp, qb, kb, vb, raw);
+    const size_t next = (size_t)span.start + t0 + BT;
+    const int next_len = min(BT, span.len - t0 - BT);
+    if (ci + 1 < n) scan_load_stage(p, ws, scan_stage(smem, (ci + 1) & 1), next, next_len, h, hk, tid);
+    cp_async_commit();
+    cp_async_wait<1>();  // everything but the prefetch just issued
     __syncthreads();
+    const ScanStage st = scan_stage(smem, ci & 1);
+    const float gL = st.g[L - 1];
 
-    // 2. Inclusive cumulative log decay within the chunk (padding rows add 0).
-    if (warp == 0) {
-      const float a0 = gam[2 * lane], a1 = gam[2 * lane + 1];
-      float s = a0 + a1;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const float n = __shfl_up_sync(0xffffffffu, s, o);
-        if (lane >= o) s += n;
-      }
-      const float g0 = s - a1, g1 = s;
-      gam[2 * lane] = g0;
-      gam[2 * lane + 1] = g1;
-      egam[2 * lane] = expf(g0);
-      egam[2 * lane + 1] = expf(g1);
-      rco[2 * lane] = bet[2 * lane] * expf(g0);
-      rco[2 * lane + 1] = bet[2 * lane + 1] * expf(g1);
-    }
-    __syncthreads();
-    const float gL = gam[BT - 1];
-
-    // 3. K K^T and Q K^T (lower triangle only) and K S0, Q S0, sharing the A fragments.
+    // 1. W S0 and Q S0 (one B fragment of S0 for both); U = U~ - W S0 as the operands of the second half.
+    float o[4][4];
     {
-      float kk[4][4] = {}, qk[4][4] = {}, ks[4][4] = {}, qs[4][4] = {};
-      const bool gram_live = wn * 32 <= wm * 16 + 15;
+      float wsum[4][4] = {};
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
 #pragma unroll
       for (int kstep = 0; kstep < D / 16; ++kstep) {
-        unsigned ak[4], aq[4];
-        ldmatrix_a(ak, Kh + wm * 16 * LDH + kstep * 16, LDH, lane);
-        ldmatrix_a(aq, Qh + wm * 16 * LDH + kstep * 16, LDH, lane);
+        unsigned aw[4], aq[4];
+        ldmatrix_a(aw, st.w + wm * 16 * LDH + kstep * 16, LDH, lane);
+        ldmatrix_a(aq, Qs + wm * 16 * LDH + kstep * 16, LDH, lane);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
-          const int n0 = wn * 32 + nt * 8;
           unsigned bs[2];
-          ldmatrix_b(bs, Sh + n0 * LDH + kstep * 16, LDH, lane);
-          mma_16816(ks[nt], ak, bs);
-          mma_16816(qs[nt], aq, bs);
-          if (gram_live) {
-            unsigned bk[2];
-            ldmatrix_b(bk, Kh + n0 * LDH + kstep * 16, LDH, lane);
-            mma_16816(kk[nt], ak, bk);
-            mma_16816(qk[nt], aq, bk);
-          }
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = wm * 16 + g8 + (e >= 2 ? 8 : 0);
-          const int col = wn * 32 + nt * 8 + q2 + (e & 1);
-          const float ratio = col <= t ? expf(gam[t] - gam[col]) : 0.f;
-          const float mval = (p.has_delta && col < t) ? bet[t] * kk[nt][e] * ratio : 0.f;
-          Mh[t * LDT + col] = __float2half_rn(-mval);
-          Ph[t * LDT + col] = __float2half_rn(qk[nt][e] * ratio);
-          if ((col >> 4) == (t >> 4)) Md[t * LDM + (col & 15)] = mval;
-          if (p.has_delta) Rf[t * LDR + col] -= rco[t] * ks[nt][e];
-          QSf[t * LDR + col] = egam[t] * qs[nt][e];
-        }
-      }
-    }
-    __syncthreads();
-
-    // 4. Exact inverses of the unit lower-triangular diagonal blocks of (I + M), one warp per block,
-    //    lane j < 16 solving column j by forward substitution.
-    if (warp < BT / 16) {
-      const int i0 = warp * 16;
-      const int j = lane & 15;
-      float x[16];
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        float acc = r == j ? 1.f : 0.f;
-#pragma unroll
-        for (int kq = 0; kq < r; ++kq) acc = fmaf(-Md[(i0 + r) * LDM + kq], x[kq], acc);
-        x[r] = acc;
-      }
-      if (lane < 16) {
-#pragma unroll
-        for (int r = 0; r < 16; ++r) Dh[(i0 + r) * LDD + j] = __float2half_rn(x[r]);
-      }
-    }
-    __syncthreads();
-
-    // 5. U = (I+M)^{-1} R by block substitution: U_i = Dinv_i (R_i - sum_{j<i} M_ij U_j). Columns are
-    //    independent, so each warp solves its own 8 columns through all blocks without block barriers.
-    {
-      const int cw = warp * 8;
-      __half* X = Xs + warp * 8 * LDD;
-#pragma unroll
-      for (int i = 0; i < BT / 16; ++i) {
-        const int r0 = i * 16 + g8;
-        float acc[4] = {Rf[r0 * LDR + cw + q2], Rf[r0 * LDR + cw + q2 + 1], Rf[(r0 + 8) * LDR + cw + q2],
-                        Rf[(r0 + 8) * LDR + cw + q2 + 1]};
-        for (int j = 0; j < i; ++j) {
-          unsigned a[4], bb[2];
-          ldmatrix_a(a, Mh + i * 16 * LDT + j * 16, LDT, lane);
-          ldmatrix_b(bb, Ut + cw * LDT + j * 16, LDT, lane);
-          mma_16816(acc, a, bb);
-        }
-        X[q2 * LDD + g8] = __float2half_rn(acc[0]);
-        X[(q2 + 1) * LDD + g8] = __float2half_rn(acc[1]);
-        X[q2 * LDD + g8 + 8] = __float2half_rn(acc[2]);
-        X[(q2 + 1) * LDD + g8 + 8] = __float2half_rn(acc[3]);
-        __syncwarp();
-        float u[4] = {0.f, 0.f, 0.f, 0.f};
-        unsigned a[4], bb[2];
-        ldmatrix_a(a, Dh + i * 16 * LDD, LDD, lane);
-        ldmatrix_b(bb, X, LDD, lane);
-        mma_16816(u, a, bb);
-        const float d0 = expf(gL - gam[r0]), d1 = expf(gL - gam[r0 + 8]);
-        Ut[(cw + q2) * LDT + r0] = __float2half_rn(u[0]);
-        Ut[(cw + q2 + 1) * LDT + r0] = __float2half_rn(u[1]);
-        Ut[(cw + q2) * LDT + r0 + 8] = __float2half_rn(u[2]);
-        Ut[(cw + q2 + 1) * LDT + r0 + 8] = __float2half_rn(u[3]);
-        Utd[(cw + q2) * LDT + r0] = __float2half_rn(u[0] * d0);
-        Utd[(cw + q2 + 1) * LDT + r0] = __float2half_rn(u[1] * d0);
-        Utd[(cw + q2) * LDT + r0 + 8] = __float2half_rn(u[2] * d1);
-        Utd[(cw + q2 + 1) * LDT + r0 + 8] = __float2half_rn(u[3] * d1);
-        __syncwarp();
-      }
-    }
-    __syncthreads();
-
-    // 6. O = scale (P U + diag(e^g) Q S0); P is lower triangular, so k blocks past the diagonal are skipped.
-    {
-      float acc[4][4];
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int col = wn * 32 + nt * 8 + q2;
-        const int t = wm * 16 + g8;
-        acc[nt][0] = QSf[t * LDR + col];
-        acc[nt][1] = QSf[t * LDR + col + 1];
-        acc[nt][2] = QSf[(t + 8) * LDR + col];
-        acc[nt][3] = QSf[(t + 8) * LDR + col + 1];
-      }
-      for (int kb2 = 0; kb2 <= wm; ++kb2) {
-        unsigned a[4];
-        ldmatrix_a(a, Ph + wm * 16 * LDT + kb2 * 16, LDT, lane);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          unsigned bb[2];
-          ldmatrix_b(bb, Ut + (wn * 32 + nt * 8) * LDT + kb2 * 16, LDT, lane);
-          mma_16816(acc[nt], a, bb);
+          ldmatrix_b(bs, Sh + (wn * 32 + nt * 8) * LDH + kstep * 16, LDH, lane);
+          mma_16816(wsum[nt], aw, bs);
+          mma_16816(o[nt], aq, bs);
         }
       }
 #pragma unroll
       for (int half_row = 0; half_row < 2; ++half_row) {
         const int t = wm * 16 + g8 + half_row * 8;
-        if (t < L) {
-          T* orow = ob + (size_t)(span.start + t0 + t) * p.hv * D;
+        const float eg = expf(st.g[t]), tail = expf(gL - st.g[t]);
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            const int col = wn * 32 + nt * 8 + q2;
-            store2<T>(orow + col, p.scale * acc[nt][2 * half_row], p.scale * acc[nt][2 * half_row + 1]);
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int e = half_row * 2 + j;
+            const int col = wn * 32 + nt * 8 + q2 + j;
+            const float u = __half2float(Us[t * LDU + col]) - wsum[nt][e];
+            Ut[col * LDT + t] = __float2half_rn(u);
+            Utd[col * LDT + t] = __float2half_rn(u * tail);
+            o[nt][e] *= eg;
           }
         }
       }
     }
+    __syncthreads();
+    // Q and U~ are done with: the next chunk's arrive during the rest of this one.
+    if (ci + 1 < n) scan_load_qu(p, ws, Qs, Us, next, next_len, h, hk, c0, tid);
+    cp_async_commit();
 
-    // 7. S = e^{g_L} S0 + Utd K: rows c of this warp's 16-row block, 64 of the 128 key columns.
+    // 2. O = scale (diag(e^g) Q S0 + P U); P is lower triangular, so k blocks past the diagonal are skipped.
+    for (int kb2 = 0; kb2 <= wm; ++kb2) {
+      unsigned a[4];
+      ldmatrix_a(a, st.p + wm * 16 * LDT + kb2 * 16, LDT, lane);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        unsigned bb[2];
+        ldmatrix_b(bb, Ut + (wn * 32 + nt * 8) * LDT + kb2 * 16, LDT, lane);
+        mma_16816(o[nt], a, bb);
+      }
+    }
+#pragma unroll
+    for (int half_row = 0; half_row < 2; ++half_row) {
+      const int t = wm * 16 + g8 + half_row * 8;
+      if (t < L) {
+        T* orow = ob + (size_t)(span.start + t0 + t) * p.hv * D;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          store2<T>(orow + wn * 32 + nt * 8 + q2, p.scale * o[nt][2 * half_row], p.scale * o[nt][2 * half_row + 1]);
+      }
+    }
+
+    // 3. S = e^{g_L} S0 + (diag(e^{g_L-g}) U)^T K on this warp's registers, and the fp16 operand copy.
     {
       const float eL = expf(gL);
       unsigned a[BT / 16][4];
@@ -390,44 +626,51 @@ __device__ __forceinline__ void gdn_chunked(const GdnParams& p) {
       for (int kb2 = 0; kb2 < BT / 16; ++kb2) ldmatrix_a(a[kb2], Utd + wm * 16 * LDT + kb2 * 16, LDT, lane);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
-        const int r = wn * 64 + nt * 8 + q2;
-        const int c = wm * 16 + g8;
-        float acc[4] = {eL * Sf[c * LDF + r], eL * Sf[c * LDF + r + 1], eL * Sf[(c + 8) * LDF + r],
-                        eL * Sf[(c + 8) * LDF + r + 1]};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= eL;
 #pragma unroll
         for (int kb2 = 0; kb2 < BT / 16; ++kb2) {
           unsigned bb[2];
-          ldmatrix_b_trans(bb, Kh + kb2 * 16 * LDH + wn * 64 + nt * 8, LDH, lane);
-          mma_16816(acc, a[kb2], bb);
+          ldmatrix_b_trans(bb, st.k + kb2 * 16 * LDH + wn * 64 + nt * 8, LDH, lane);
+          mma_16816(s[nt], a[kb2], bb);
         }
-        Sf[c * LDF + r] = acc[0];
-        Sf[c * LDF + r + 1] = acc[1];
-        Sf[(c + 8) * LDF + r] = acc[2];
-        Sf[(c + 8) * LDF + r + 1] = acc[3];
-        *reinterpret_cast<__half2*>(Sh + c * LDH + r) = __floats2half2_rn(acc[0], acc[1]);
-        *reinterpret_cast<__half2*>(Sh + (c + 8) * LDH + r) = __floats2half2_rn(acc[2], acc[3]);
+        const int c = wm * 16 + g8, r = wn * 64 + nt * 8 + q2;
+        store_half2(Sh + c * LDH + r, s[nt][0], s[nt][1]);
+        store_half2(Sh + (c + 8) * LDH + r, s[nt][2], s[nt][3]);
       }
     }
-    __syncthreads();
+    __syncthreads();  // Sh, U^T and this chunk's buffer are reused by the next chunk
   }
+  cp_async_wait<0>();
 
   if (p.state_out != nullptr) {
-    for (int i = tid; i < VT * D / 4; i += THREADS) {
-      const int c = i / (D / 4), r = (i % (D / 4)) * 4;
-      *reinterpret_cast<float4*>(p.state_out + state_base + (size_t)c * D + r) =
-          *reinterpret_cast<const float4*>(Sf + c * LDF + r);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int half_row = 0; half_row < 2; ++half_row) {
+        const int c = wm * 16 + g8 + half_row * 8, r = wn * 64 + nt * 8 + q2;
+        *reinterpret_cast<float2*>(p.state_out + state_base + (size_t)c * D + r) =
+            make_float2(s[nt][2 * half_row], s[nt][2 * half_row + 1]);
+      }
     }
   }
 }
 
 }  // namespace ohk
 
-// Dynamic shared memory of the chunked kernels, read by the tests to check the Python plan's copy.
+// Dynamic shared memory of the chunked kernels, read by the tests to check the Python plan's copies.
 extern "C" __constant__ int gdn_chunked_smem_bytes = ohk::chunk::SMEM_BYTES;
+extern "C" __constant__ int gdn_chunk_prep_smem_bytes = ohk::chunk::PREP_SMEM_BYTES;
 
+extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2) gdn_chunk_prep_f16_d128(const GdnParams p) {
+  ohk::gdn_chunk_prep<__half>(p);
+}
+extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2) gdn_chunk_prep_bf16_d128(const GdnParams p) {
+  ohk::gdn_chunk_prep<__nv_bfloat16>(p);
+}
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 1) gdn_chunked_f16_d128(const GdnParams p) {
-  ohk::gdn_chunked<__half>(p);
+  ohk::gdn_chunk_scan<__half>(p);
 }
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 1) gdn_chunked_bf16_d128(const GdnParams p) {
-  ohk::gdn_chunked<__nv_bfloat16>(p);
+  ohk::gdn_chunk_scan<__nv_bfloat16>(p);
 }

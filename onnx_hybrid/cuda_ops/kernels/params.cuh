@@ -18,6 +18,7 @@ struct GdnParams {
   void* out;                  // [T, Hv, Dv] in the activation type
   float* state_out;           // [B, Hv, Dv, Dk] or null; may alias state_in
   float* capsule;             // [B, capacity * (Hv + Hk*Dk + Hv*Dv)] or null
+  void* workspace;            // chunked engine scratch (plan.chunk_workspace_bytes) or null
   long long q_stride;         // elements between consecutive tokens
   long long k_stride;
   long long v_stride;

@@ -1,6 +1,7 @@
 #include "cuda_kernels.h"
 
 #include <cmath>
+#include <optional>
 
 #include "cuda_driver.h"
 #include "cuda_plan.h"
@@ -20,10 +21,38 @@ void Enqueue(cuda::Launcher& launcher, const std::vector<CudaLaunch<Params>>& la
   for (const auto& l : launches) launcher.Launch(l.kernel.c_str(), l.grid, l.block, l.smem, &l.params);
 }
 
+// Scratch from the EP's allocator for the duration of one Compute. Freed once the launches are enqueued, as
+// ORT's own CUDA kernels do: the arena hands the memory out again only to work enqueued later on the same
+// compute stream (spec/native_library.md §6.2).
+class Scratch {
+ public:
+  Scratch(OrtKernelContext* context, OrtAllocator* allocator, size_t bytes) : allocator_(allocator) {
+    const OrtMemoryInfo* info = nullptr;
+    Ort::ThrowOnError(Ort::GetApi().AllocatorGetInfo(allocator, &info));
+    Ort::ThrowOnError(Ort::GetApi().KernelContext_GetScratchBuffer(context, info, bytes, &data_));
+  }
+  ~Scratch() {
+    if (data_ != nullptr) allocator_->Free(allocator_, data_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* data() const { return data_; }
+
+ private:
+  OrtAllocator* allocator_;
+  void* data_ = nullptr;
+};
+
 }  // namespace
 
 GdnCudaKernel::GdnCudaKernel(const OrtKernelInfo* info, ElemType type)
-    : type_(type), attrs_(ReadGdnAttributes(info)) {}
+    : type_(type), attrs_(ReadGdnAttributes(info)) {
+  Ort::ThrowOnError(Ort::GetApi().KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator_));
+}
+
+GdnCudaKernel::~GdnCudaKernel() {
+  if (allocator_ != nullptr) Ort::GetApi().ReleaseAllocator(allocator_);
+}
 
 OrtStatusPtr GdnCudaKernel::ComputeV2(OrtKernelContext* context) {
   namespace g = contract::gdn;
@@ -78,7 +107,14 @@ OrtStatusPtr GdnCudaKernel::ComputeV2(OrtKernelContext* context) {
 
     cuda::Launcher launcher(Stream(context));
     const cuda::DeviceInfo& device = launcher.device();
-    Enqueue(launcher, PlanGdn(geo, type_, p, device.arch, device.smem_optin, GetGdnCudaEngine()));
+    const GdnCudaEngine engine = GetGdnCudaEngine();
+    std::optional<Scratch> workspace;
+    const int64_t workspace_bytes = ChunkWorkspaceBytes(geo);
+    if (workspace_bytes > 0 && GdnUsesChunked(geo, type_, p, device.arch, device.smem_optin, engine)) {
+      workspace.emplace(context, allocator_, static_cast<size_t>(workspace_bytes));
+      p.workspace = workspace->data();
+    }
+    Enqueue(launcher, PlanGdn(geo, type_, p, device.arch, device.smem_optin, engine));
     return nullptr;
   } catch (const std::exception& e) {
     return ToStatus(e, g::kName);

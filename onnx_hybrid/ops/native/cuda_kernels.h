@@ -15,11 +15,15 @@ constexpr char kCudaProvider[] = "CUDAExecutionProvider";
 class GdnCudaKernel {
  public:
   GdnCudaKernel(const OrtKernelInfo* info, ElemType type);
+  ~GdnCudaKernel();
+  GdnCudaKernel(const GdnCudaKernel&) = delete;
+  GdnCudaKernel& operator=(const GdnCudaKernel&) = delete;
   OrtStatusPtr ComputeV2(OrtKernelContext* context);
 
  private:
   ElemType type_;
   GdnAttributes attrs_;
+  OrtAllocator* allocator_ = nullptr;  // the EP's device allocator: the chunked engine's workspace
 };
 
 class ConvCudaKernel {

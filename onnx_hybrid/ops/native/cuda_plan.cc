@@ -25,9 +25,9 @@ const char* TypeName(ElemType type) {
 
 bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 
-// plan.chunked_aligned: the chunked kernel's vector loads and stores.
+// plan.chunked_aligned: the chunked kernels' vector loads and stores.
 bool ChunkedAligned(const GdnParams& p) {
-  return Aligned(p.q, 8) && Aligned(p.k, 8) && Aligned(p.v, 4) && Aligned(p.out, 4) && Aligned(p.state_in, 16) &&
+  return Aligned(p.q, 8) && Aligned(p.k, 8) && Aligned(p.v, 8) && Aligned(p.out, 16) && Aligned(p.state_in, 16) &&
          Aligned(p.state_out, 16);
 }
 
@@ -44,14 +44,13 @@ int RecRowGroups(const GdnGeometry& geo, int rows) {
 void SetGdnCudaEngine(GdnCudaEngine engine) { g_gdn_engine.store(engine); }
 GdnCudaEngine GetGdnCudaEngine() { return g_gdn_engine.load(); }
 
-std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type, const GdnParams& params, int arch,
-                                           int smem_optin, GdnCudaEngine engine) {
-  constexpr int kKeySizes = sizeof(cp::kRecKeySizes) / sizeof(cp::kRecKeySizes[0]);
-  int key = 0;
-  while (key < kKeySizes && geo.head_size_k > cp::kRecKeySizes[key]) ++key;
-  if (key == kKeySizes)
-    throw std::runtime_error("no supported plan (head_size_qk " + std::to_string(geo.head_size_k) + " > " +
-                             std::to_string(cp::kRecKeySizes[kKeySizes - 1]) + ")");
+int64_t ChunkWorkspaceBytes(const GdnGeometry& geo) {
+  return geo.total_tokens * (2 * geo.num_heads_v * (cp::kChunkD + cp::kChunkTokens) +
+                             2 * 2 * geo.num_heads_k * cp::kChunkD + 4 * geo.num_heads_v);
+}
+
+bool GdnUsesChunked(const GdnGeometry& geo, ElemType type, const GdnParams& params, int arch, int smem_optin,
+                    GdnCudaEngine engine) {
   const bool aligned = ChunkedAligned(params);
   const bool chunked = type != ElemType::kFloat && geo.head_size_k == cp::kChunkD && geo.head_size_v == cp::kChunkD &&
                        !geo.per_key_decay && arch >= 80 && smem_optin >= cp::kChunkSmemBytes && aligned;
@@ -62,12 +61,30 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
         ", per-key decay " + (geo.per_key_decay ? "True" : "False") + ", sm_" + std::to_string(arch) + " with " +
         std::to_string(smem_optin) + " B of opt-in shared memory (needs " + std::to_string(cp::kChunkSmemBytes) +
         "), aligned inputs " + (aligned ? "True" : "False"));
-  const bool use_chunked =
-      chunked && (engine == GdnCudaEngine::kChunked ||
-                  (engine == GdnCudaEngine::kAuto && geo.total_tokens >= cp::kSequentialMinTokens * geo.batch));
+  return chunked && (engine == GdnCudaEngine::kChunked ||
+                     (engine == GdnCudaEngine::kAuto && geo.total_tokens >= cp::kSequentialMinTokens * geo.batch));
+}
+
+std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type, const GdnParams& params, int arch,
+                                           int smem_optin, GdnCudaEngine engine) {
+  constexpr int kKeySizes = sizeof(cp::kRecKeySizes) / sizeof(cp::kRecKeySizes[0]);
+  int key = 0;
+  while (key < kKeySizes && geo.head_size_k > cp::kRecKeySizes[key]) ++key;
+  if (key == kKeySizes)
+    throw std::runtime_error("no supported plan (head_size_qk " + std::to_string(geo.head_size_k) + " > " +
+                             std::to_string(cp::kRecKeySizes[kKeySizes - 1]) + ")");
+  const bool use_chunked = GdnUsesChunked(geo, type, params, arch, smem_optin, engine);
   std::vector<CudaLaunch<GdnParams>> launches;
   if (use_chunked) {
-    launches.push_back({std::string("gdn_chunked_") + Suffix(type) + "_d" + std::to_string(cp::kChunkD),
+    const std::string suffix = std::string(Suffix(type)) + "_d" + std::to_string(cp::kChunkD);
+    // plan.chunk_prep_blocks: the chunk count of well-formed offsets; the kernel strides over any excess.
+    const int64_t prep_blocks = (geo.total_tokens + (cp::kChunkTokens - 1) * geo.batch) / cp::kChunkTokens;
+    launches.push_back({"gdn_chunk_prep_" + suffix,
+                        {U(prep_blocks), U(geo.num_heads_v), 1},
+                        {U(cp::kChunkThreads), 1, 1},
+                        cp::kChunkPrepSmemBytes,
+                        params});
+    launches.push_back({"gdn_chunked_" + suffix,
                         {U(geo.head_size_v / cp::kChunkVt), U(geo.num_heads_v), U(geo.batch)},
                         {U(cp::kChunkThreads), 1, 1},
                         cp::kChunkSmemBytes,

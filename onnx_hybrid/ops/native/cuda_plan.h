@@ -4,6 +4,7 @@
 // tests/test_native_cuda_cpu.py compares the two plans on many geometries.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,9 +29,16 @@ enum class GdnCudaEngine { kAuto, kChunked, kRecurrent };
 void SetGdnCudaEngine(GdnCudaEngine engine);
 GdnCudaEngine GetGdnCudaEngine();
 
-// plan.gdn_plan: the chunked kernel where the shape, device and alignment allow it and the batch
-// averages at least kSequentialMinTokens tokens per row, then the recurrent kernel (a tail pass over the
-// rows the chunked one skips, decided on the device); or the recurrent kernel alone.
+// plan.gdn_uses_chunked: whether PlanGdn launches the chunked kernels (the shape, device and alignment
+// allow them and the batch averages at least kSequentialMinTokens tokens per row, or the engine forces them).
+bool GdnUsesChunked(const GdnGeometry& geo, ElemType type, const GdnParams& params, int arch, int smem_optin,
+                    GdnCudaEngine engine);
+
+// plan.chunk_workspace_bytes: the scratch params.workspace must hold when the chunked kernels run.
+int64_t ChunkWorkspaceBytes(const GdnGeometry& geo);
+
+// plan.gdn_plan: the chunked kernels (prep, then scan) where GdnUsesChunked, then the recurrent kernel (a
+// tail pass over the rows they skip, decided on the device); or the recurrent kernel alone.
 std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type, const GdnParams& params, int arch,
                                            int smem_optin, GdnCudaEngine engine);
 

@@ -433,8 +433,8 @@ std::string StructLayout(const std::string& name) {
            ONNX_HYBRID_FIELD(S, v) + ONNX_HYBRID_FIELD(S, cu_seqlens) + ONNX_HYBRID_FIELD(S, decay) +
            ONNX_HYBRID_FIELD(S, beta) + ONNX_HYBRID_FIELD(S, state_in) + ONNX_HYBRID_FIELD(S, a_log) +
            ONNX_HYBRID_FIELD(S, dt_bias) + ONNX_HYBRID_FIELD(S, capture_count) + ONNX_HYBRID_FIELD(S, out) +
-           ONNX_HYBRID_FIELD(S, state_out) + ONNX_HYBRID_FIELD(S, capsule) + ONNX_HYBRID_FIELD(S, q_stride) +
-           ONNX_HYBRID_FIELD(S, k_stride) + ONNX_HYBRID_FIELD(S, v_stride) + ONNX_HYBRID_FIELD(S, batch) +
+           ONNX_HYBRID_FIELD(S, state_out) + ONNX_HYBRID_FIELD(S, capsule) + ONNX_HYBRID_FIELD(S, workspace) +
+           ONNX_HYBRID_FIELD(S, q_stride) + ONNX_HYBRID_FIELD(S, k_stride) + ONNX_HYBRID_FIELD(S, v_stride) + ONNX_HYBRID_FIELD(S, batch) +
            ONNX_HYBRID_FIELD(S, total_tokens) + ONNX_HYBRID_FIELD(S, uniform_len) + ONNX_HYBRID_FIELD(S, hk) +
            ONNX_HYBRID_FIELD(S, hv) + ONNX_HYBRID_FIELD(S, dk) + ONNX_HYBRID_FIELD(S, dv) +
            ONNX_HYBRID_FIELD(S, has_decay) + ONNX_HYBRID_FIELD(S, has_delta) + ONNX_HYBRID_FIELD(S, gate_qwen) +
@@ -486,7 +486,8 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_struct_layout(const char* name, char* ou
 
 // The launch plan the CUDA variant would enqueue, without a device: one line per kernel, "name gx gy gz bx
 // by bz smem tail_only row_groups". op "gdn": dims = {batch, total_tokens, hv, dk, dv, per_key_decay,
-// aligned}; op "conv": dims = {batch, total_tokens, channels}. type: 0 float, 1 float16, 2 bfloat16;
+// aligned} (Hq = Hk = Hv); op "gdn_workspace": the same dims, one line with the workspace bytes the plan
+// needs (0 without the chunked kernels); op "conv": dims = {batch, total_tokens, channels}. type: 0 float, 1 float16, 2 bfloat16;
 // engine: 0 auto, 1 chunked, 2 recurrent. Returns the text's length, or -1 with onnx_hybrid_last_error().
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int64_t* dims, int n_dims, int arch,
                                              int smem_optin, int engine, char* out, size_t size) {
@@ -495,19 +496,25 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int
     if (type < 0 || type > 2 || engine < 0 || engine > 2 || !dims) throw std::invalid_argument("bad type/engine/dims");
     const ElemType elem = static_cast<ElemType>(type);
     std::string text;
-    if (name == "gdn" && n_dims == 7) {
+    if ((name == "gdn" || name == "gdn_workspace") && n_dims == 7) {
       GdnGeometry geo{};
       geo.batch = dims[0];
       geo.total_tokens = dims[1];
-      geo.num_heads_v = dims[2];
+      geo.num_heads_q = geo.num_heads_k = geo.num_heads_v = dims[2];
       geo.head_size_k = dims[3];
       geo.head_size_v = dims[4];
       geo.per_key_decay = dims[5] != 0;
       GdnParams p{};
       alignas(16) static const float kAnyState[4] = {};
       p.state_in = dims[6] ? kAnyState : reinterpret_cast<const float*>(8);  // 16-byte aligned or not
-      for (const auto& l : PlanGdn(geo, elem, p, arch, smem_optin, static_cast<GdnCudaEngine>(engine)))
-        text += Describe(l.kernel, l.grid, l.block, l.smem, l.params.tail_only, l.params.row_groups);
+      const auto gdn_engine = static_cast<GdnCudaEngine>(engine);
+      if (name == "gdn_workspace") {
+        const bool chunked = GdnUsesChunked(geo, elem, p, arch, smem_optin, gdn_engine);
+        text = std::to_string(chunked ? ChunkWorkspaceBytes(geo) : 0) + "\n";
+      } else {
+        for (const auto& l : PlanGdn(geo, elem, p, arch, smem_optin, gdn_engine))
+          text += Describe(l.kernel, l.grid, l.block, l.smem, l.params.tail_only, l.params.row_groups);
+      }
     } else if (name == "conv" && n_dims == 3) {
       ConvGeometry geo{dims[0], dims[1], dims[2], 0, 0, 0};
       for (const auto& l : PlanConv(geo, elem, ConvParams{})) text += Describe(l.kernel, l.grid, l.block, l.smem, 0, 0);
