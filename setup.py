@@ -63,6 +63,9 @@ setup(
         Extension(
             LIBRARY,
             sources=[str(p.relative_to(ROOT)) for p in config.sources()],
+            # Headers, the generated ones included: a change to any of them rebuilds the library (setuptools
+            # compares only these and the sources with the built file).
+            depends=[str(p) for p in config.header_dependencies()],
             language="c++",
             extra_compile_args=config.COMPILE_ARGS,
             extra_link_args=config.LINK_ARGS,

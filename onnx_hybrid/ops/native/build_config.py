@@ -31,6 +31,13 @@ def sources() -> list[pathlib.Path]:
     return sorted(NATIVE.glob("*.cc"))
 
 
+def header_dependencies() -> list[pathlib.Path]:
+    """The headers the sources include: ours, the CUDA parameter structs, and the two generated headers
+    (which may not exist yet; include_dirs() writes them before the compiler runs)."""
+    return [*sorted(NATIVE.glob("*.h")), *sorted(NATIVE.glob("*.inc")), CUDA_KERNELS / "params.cuh",
+            GENERATED / "contract_generated.h", GENERATED / "cuda_plan_generated.h"]
+
+
 class BuildConfigError(RuntimeError):
     pass
 
