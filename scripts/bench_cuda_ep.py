@@ -34,43 +34,22 @@ import onnxruntime as ort
 
 from onnx_hybrid import cuda_ops
 from onnx_hybrid.ops import contract, library, single_op
+from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case
 
 HK, HV, D, KERNEL = 16, 48, 128, 4
 CONV_CH = 2 * HK * D + HV * D
-ATTRS = dict(gate_activation="qwen", beta_activation="sigmoid", qk_l2_norm=1, update_rule="gated_delta")
 BUDGET_US = 2.0
 
 
-def gdn_feeds(lengths, capacity, rng):
-    t, b = sum(lengths), len(lengths)
-    f = {
-        "query": rng.standard_normal((t, HK, D)).astype(np.float16),
-        "key": rng.standard_normal((t, HK, D)).astype(np.float16),
-        "value": rng.standard_normal((t, HV, D)).astype(np.float16),
-        "cu_seqlens": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
-        "decay": rng.standard_normal((t, HV)).astype(np.float32),
-        "beta": rng.standard_normal((t, HV)).astype(np.float32),
-        "initial_state": (0.05 * rng.standard_normal((b, HV, D, D))).astype(np.float32),
-        "a_log": np.log(rng.uniform(0.5, 8.0, HV)).astype(np.float32),
-        "dt_bias": rng.uniform(-1, 1, HV).astype(np.float32),
-    }
-    if capacity:
-        f["capture_count"] = np.full(b, capacity, np.int32)
-    return f, dict(ATTRS, state_update_capacity=capacity)
-
-
-def conv_feeds(lengths, capacity, rng):
-    t, b = sum(lengths), len(lengths)
-    f = {
-        "input": rng.standard_normal((t, CONV_CH)).astype(np.float16),
-        "weight": (0.5 * rng.standard_normal((CONV_CH, 1, KERNEL))).astype(np.float16),
-        "cumulative_sequence_length": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
-        "bias": rng.standard_normal(CONV_CH).astype(np.float16),
-        "initial_state": rng.standard_normal((b, CONV_CH, KERNEL - 1)).astype(np.float16),
-    }
-    if capacity:
-        f["capture_count"] = np.full(b, capacity, np.int32)
-    return f, dict(activation="silu", state_update_capacity=capacity)
+def make_case(op, lengths, capacity, rng):
+    """Feeds and attributes of one case: the test generators at 27B geometry, fp16."""
+    if op == contract.GATED_DELTA_NET.name:
+        case = random_gdn_case(rng, lengths, num_heads_q=HK, num_heads_v=HV, head_size_k=D, head_size_v=D,
+                               dtype="float16", capacity=capacity)
+    else:
+        case = random_conv_case(rng, lengths, channels=CONV_CH, kernel_size=KERNEL, dtype="float16",
+                                activation="silu", capacity=capacity)
+    return case.feeds, case.attributes
 
 
 def session(op, feeds, attrs, domain, graph, profile_prefix=None):
@@ -173,13 +152,13 @@ def kernel_time(op, feeds, attrs, outputs, reps):
 def outputs_for(op, feeds, attrs):
     if op == contract.GATED_DELTA_NET.name:
         t, b = feeds["query"].shape[0], feeds["initial_state"].shape[0]
-        cap = attrs["state_update_capacity"]
+        cap = attrs.get("state_update_capacity", 0)
         return {"output": cupy.empty((t, HV, D), np.float16), "final_state": cupy.empty((b, HV, D, D), np.float32),
                 "state_update": cupy.empty((b, contract.gdn_capsule_width(cap, HV, HK, D, D)), np.float32)}
     t, b = feeds["input"].shape[0], feeds["initial_state"].shape[0]
     return {"output": cupy.empty((t, CONV_CH), np.float16), "final_state": cupy.empty((b, CONV_CH, KERNEL - 1),
                                                                                     np.float16),
-            "state_update": cupy.empty((b, attrs["state_update_capacity"], CONV_CH), np.float16)}
+            "state_update": cupy.empty((b, attrs.get("state_update_capacity", 0), CONV_CH), np.float16)}
 
 
 CASES = [  # (name, op, lengths, capacity)
@@ -213,8 +192,7 @@ def main() -> None:
     for name, op, lengths, capacity in CASES:
         if args.cases and not any(c in name for c in args.cases.split(",")):
             continue
-        make = gdn_feeds if op == contract.GATED_DELTA_NET.name else conv_feeds
-        feeds, attrs = make(lengths, capacity, rng)
+        feeds, attrs = make_case(op, lengths, capacity, rng)
         outs = outputs_for(op, feeds, attrs)
         k = kernel_time(op, feeds, attrs, outs, args.reps)
         row = {}
