@@ -97,12 +97,13 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
     checkpoint = Checkpoint(model_dir)
     for what, count in checkpoint.skipped.items():
         log.warning("skipping %d tensor(s) of the %s (not part of the text decoder)", count, what)
-    with_mtp = mtp and mtp_tensor_count(checkpoint) > 0
+    mtp_tensors = mtp_tensor_count(checkpoint)
+    with_mtp = mtp and mtp_tensors > 0
     if with_mtp:
         check_mtp_weights(checkpoint, cfg.mtp_num_hidden_layers)
-    elif mtp_tensor_count(checkpoint):
+    elif mtp_tensors:
         log.warning("skipping %d tensor(s) of the multi-token-prediction head (no MTP export requested)",
-                    mtp_tensor_count(checkpoint))
+                    mtp_tensors)
     logits_type = ir.DataType.from_numpy(_numpy_dtype(logits_dtype)) if logits_dtype else None
     uses_library = op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN)
     library = _op_library() if uses_library else None  # an unbuilt library fails now, not after the weights
