@@ -67,23 +67,7 @@ build_library() {
     return
   fi
   echo "library: compiling it from this tree with g++"
-  mkdir -p "$(dirname "$LIBRARY")"
-  python3 - "$LIBRARY" <<'PY' || exit 1
-import importlib.util, pathlib, subprocess, sys
-spec = importlib.util.spec_from_file_location("build_config", "onnx_hybrid/ops/native/build_config.py")
-config = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(config)
-from concurrent.futures import ThreadPoolExecutor
-objects = pathlib.Path("/tmp/onnx_hybrid_objects"); objects.mkdir(exist_ok=True)
-includes = [f"-I{d}" for d in config.include_dirs()]
-compile_one = lambda source: subprocess.run(  # one g++ per source, all cores: the machine has 16
-    ["g++", *config.COMPILE_ARGS, *includes, "-c", str(source),
-     "-o", str(objects / (source.stem + ".o"))], check=True)
-with ThreadPoolExecutor() as pool:
-    list(pool.map(compile_one, config.sources()))
-subprocess.run(["g++", "-shared", *[str(objects / (s.stem + ".o")) for s in config.sources()],
-                *config.LINK_ARGS, "-ldl", "-o", sys.argv[1]], check=True)
-PY
+  python3 setup.py -q build_ext --inplace --force --parallel "$(nproc)" || exit 1  # the package build, all cores
 }
 
 run_steps() {
