@@ -51,7 +51,7 @@ if SKIP is None:
     import onnxruntime as ort
 
     from onnx_hybrid import cuda_ops
-    from test_cuda_ops_gpu import CONV_CONFIGS, GDN_CONFIGS
+    from test_cuda_ops_gpu import CONV_CONFIGS, GDN_CONFIGS, rel_err
 
     if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN libraries from the nvidia-* wheels, if that is where they are
         ort.preload_dlls()
@@ -84,11 +84,6 @@ def cuda_session(model, *, with_library=True, graph=False):
 def run_cuda(op, case, *, domain=contract.DOMAIN, with_library=True):
     model = single_op.single_op_model(op, case.feeds, case.attributes, domain=domain)
     return single_op.run_session(cuda_session(model, with_library=with_library), case.feeds)
-
-
-def rel_err(ours, ref):
-    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
-    return float(np.max(np.abs(ours - ref)) / max(np.max(np.abs(ref)), 1.0)) if ref.size else 0.0
 
 
 def to_device(x):

@@ -74,6 +74,8 @@ def run_gdn(case, engine="auto", feeds=None):
 
 
 def rel_err(ours, ref):
+    """max |ours - ref| / max(|ref|, 1), in float64 whatever the inputs' types."""
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
     return float(np.max(np.abs(ours - ref)) / max(np.max(np.abs(ref)), 1.0)) if ref.size else 0.0
 
 
