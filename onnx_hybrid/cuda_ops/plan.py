@@ -1,7 +1,7 @@
 """Launch plans: which kernels run, with what grid, block, dynamic shared memory and parameters.
 
 This is the one place that states the launch configuration of every kernel in ``kernels/``. The parameter
-structs below mirror ``kernels/common.cuh`` field for field; the C++ launcher of the custom-op library
+structs below mirror ``kernels/params.cuh`` field for field; the C++ launcher of the custom-op library
 mirrors both. Nothing here touches a device: a plan is computed from the geometry alone, so it can be
 checked (and mirrored) without a GPU.
 """
@@ -67,14 +67,6 @@ REC_ROWS_LARGE = {32: 8, 64: 8, 128: 8, 256: 4, 512: 2}
 REC_ROWS_SMALL = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
 REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks
 
-
-def rec_row_groups(geo: GdnGeometry, rows: int) -> int:
-    """Row groups per warp: several only when the grid stays large, so small batches keep every SM busy."""
-    warps = geo.batch * geo.num_heads_v * _ceil(geo.head_size_v, rows)
-    groups = 1
-    while groups < 4 and warps // (2 * groups * REC_WARPS) >= REC_MIN_BLOCKS:
-        groups *= 2
-    return groups
 CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
 CHUNK_SMEM_BYTES = 151040  # the scan (gdn_chunked_*), the larger of the two
 CHUNK_PREP_SMEM_BYTES = 106496
@@ -102,6 +94,15 @@ class Launch:
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def rec_row_groups(geo: GdnGeometry, rows: int) -> int:
+    """Row groups per warp: several only when the grid stays large, so small batches keep every SM busy."""
+    warps = geo.batch * geo.num_heads_v * _ceil(geo.head_size_v, rows)
+    groups = 1
+    while groups < 4 and warps // (2 * groups * REC_WARPS) >= REC_MIN_BLOCKS:
+        groups *= 2
+    return groups
 
 
 class PlanError(ValueError):
