@@ -190,13 +190,13 @@ def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] |
     return out_arr, st_arr, cap_arr
 
 
-def _accepted(accepted: Any, batch: int, device: int) -> tuple[Any, DeviceTensor]:
-    """(array holding the memory, its DeviceTensor); host values are uploaded with CuPy."""
+def _accepted(accepted: Any, batch: int, device: int) -> DeviceTensor:
+    """``accepted`` as a device tensor (which holds its memory); host values are uploaded with CuPy."""
     if hasattr(accepted, "__cuda_array_interface__") or hasattr(accepted, "__dlpack__"):
         t = as_device_tensor(accepted, "accepted")
         if t.dtype != "int32" or t.shape != (batch,):
             raise ValueError(f"accepted must be int32 [{batch}], got {t.dtype} {list(t.shape)}")
-        return accepted, t
+        return t
     import cupy
     import numpy as np
 
@@ -204,8 +204,7 @@ def _accepted(accepted: Any, batch: int, device: int) -> tuple[Any, DeviceTensor
     if host.shape != (batch,):
         raise ValueError(f"accepted must have {batch} entries, got {host.shape[0]}")
     with cupy.cuda.Device(device):
-        arr = cupy.asarray(host)
-    return arr, as_device_tensor(arr, "accepted")
+        return as_device_tensor(cupy.asarray(host), "accepted")
 
 
 def replay_gdn(state: Any, capsule: Any, accepted: Any, capacity: int, *, out: Any = None, stream: Any = None):
@@ -230,7 +229,7 @@ def replay_gdn(state: Any, capsule: Any, accepted: Any, capacity: int, *, out: A
     dst = st if out is None else as_device_tensor(out, "out")
     if dst.shape != st.shape or dst.dtype != "float32":
         raise ValueError(f"replay_gdn: out must be float32 {list(st.shape)}")
-    _, acc = _accepted(accepted, b, st.device)
+    acc = _accepted(accepted, b, st.device)
     params = plan.GdnReplayParams(state_in=st.ptr, state_out=dst.ptr, capsule=cap.ptr, accepted=acc.ptr, batch=b,
                                   hk=hk, hv=hv, dk=dk, dv=dv, capacity=capacity)
     launch.run(plan.gdn_replay_plan(params), st.device, stream_pointer(stream))
@@ -249,7 +248,7 @@ def replay_conv(state: Any, capsule: Any, accepted: Any, *, out: Any = None, str
     dst = st if out is None else as_device_tensor(out, "out")
     if dst.shape != st.shape or dst.dtype != st.dtype:
         raise ValueError(f"replay_conv: out must be {st.dtype} {list(st.shape)}")
-    _, acc = _accepted(accepted, b, st.device)
+    acc = _accepted(accepted, b, st.device)
     params = plan.ConvReplayParams(state_in=st.ptr, state_out=dst.ptr, capsule=cap.ptr, accepted=acc.ptr, batch=b,
                                    channels=ch, state_len=sl, capacity=cap.shape[1])
     launch.run(plan.conv_replay_plan(st.dtype, params), st.device, stream_pointer(stream))
