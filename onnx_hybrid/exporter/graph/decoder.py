@@ -42,18 +42,40 @@ def graph_output(value: ir.Value, name: str, dtype: ir.DataType, dims) -> ir.Val
     return value
 
 
+def token_inputs() -> list[ir.Value]:
+    """[input_ids, attention_mask, position_ids] of a non-paged graph ([B, S], the mask [B, total])."""
+    b, s = io.BATCH, io.SEQUENCE
+    return [graph_input(io.INPUT_IDS, INT64, [b, s]), graph_input(io.ATTENTION_MASK, INT64, [b, io.TOTAL_SEQUENCE]),
+            graph_input(io.POSITION_IDS, INT64, [b, s])]
+
+
+def kv_cache_io(ctx: GraphContext, layer: int, paged: PagedLayout | None
+                ) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """(past key, past value, present key, present value) of a full-attention layer: [B, Hkv, P or T, D]
+    caches, or with ``paged`` the block pool, past and present the same pool updated in place."""
+    cfg, act = ctx.config, ctx.act
+    if paged:
+        pool, kv_type = [io.NUM_BLOCKS, paged.block_size, cfg.num_kv_heads, cfg.head_dim], paged.cache_dtype(act)
+        past_shape = present_shape = pool
+    else:
+        kv_type = act
+        past_shape = [io.BATCH, cfg.num_kv_heads, io.PAST_SEQUENCE, cfg.head_dim]
+        present_shape = [io.BATCH, cfg.num_kv_heads, io.TOTAL_SEQUENCE, cfg.head_dim]
+    return (graph_input(io.PAST_KEY % layer, kv_type, past_shape),
+            graph_input(io.PAST_VALUE % layer, kv_type, past_shape),
+            graph_input(io.PRESENT_KEY % layer, kv_type, present_shape),
+            graph_input(io.PRESENT_VALUE % layer, kv_type, present_shape))
+
+
 def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Value], list[ir.Value]]:
     """Emit every node onto ``ctx.tape`` and every weight recipe into ``ctx.weights``; return the graph I/O."""
     cfg, act, paged = ctx.config, ctx.act, options.paged
-    b, s = io.BATCH, io.SEQUENCE
+    b = io.BATCH
     if paged:
         packed = packed_inputs()
         input_ids, inputs = packed.input_ids, packed.values()
     else:
-        input_ids = graph_input(io.INPUT_IDS, INT64, [b, s])
-        attention_mask = graph_input(io.ATTENTION_MASK, INT64, [b, io.TOTAL_SEQUENCE])
-        position_ids = graph_input(io.POSITION_IDS, INT64, [b, s])
-        inputs = [input_ids, attention_mask, position_ids]
+        input_ids, attention_mask, position_ids = inputs = token_inputs()
     state_inputs, state_outputs, update_outputs = [], [], []
     layer_io = {}
     k1 = cfg.conv_kernel - 1
@@ -73,21 +95,8 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
             layer_io[i] = (pc, pr, nc, nr, cu, cap)
             state_inputs += [pc, pr]
             state_outputs += [nc, nr]
-        elif paged:  # past and present are the same pool, updated in place
-            pool = [io.NUM_BLOCKS, paged.block_size, cfg.num_kv_heads, cfg.head_dim]
-            kv_type = paged.cache_dtype(act)
-            pk, pv = graph_input(io.PAST_KEY % i, kv_type, pool), graph_input(io.PAST_VALUE % i, kv_type, pool)
-            nk, nv = graph_input(io.PRESENT_KEY % i, kv_type, pool), graph_input(io.PRESENT_VALUE % i, kv_type, pool)
-            layer_io[i] = (pk, pv, nk, nv)
-            state_inputs += [pk, pv]
-            state_outputs += [nk, nv]
         else:
-            kv = [cfg.num_kv_heads, cfg.head_dim]
-            pk = graph_input(io.PAST_KEY % i, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]])
-            pv = graph_input(io.PAST_VALUE % i, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]])
-            nk = graph_input(io.PRESENT_KEY % i, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]])
-            nv = graph_input(io.PRESENT_VALUE % i, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]])
-            layer_io[i] = (pk, pv, nk, nv)
+            pk, pv, nk, nv = layer_io[i] = kv_cache_io(ctx, i, paged)
             state_inputs += [pk, pv]
             state_outputs += [nk, nv]
     capture_count = active = None

@@ -23,8 +23,8 @@ from .. import io_names as io
 from ..model_config import FULL, ModelConfig
 from .attention import attention
 from .context import GraphContext
-from .decoder import (INT64, decoder_layer, graph_input, graph_output, packed_inputs, packed_preamble,
-                      preamble)
+from .decoder import (decoder_layer, graph_input, graph_output, kv_cache_io, packed_inputs, packed_preamble,
+                      preamble, token_inputs)
 from .paged_attention import PagedLayout, paged_attention
 
 MTP_PREFIX = "mtp."
@@ -43,29 +43,20 @@ def build_mtp_head(ctx: GraphContext, paged: PagedLayout | None) -> tuple[list[i
     model when ``paged`` is given; return the graph I/O."""
     cfg, act = ctx.config, ctx.act
     h = cfg.hidden_size
-    kv = [cfg.num_kv_heads, cfg.head_dim]
+    past_key, past_value, present_key, present_value = kv_cache_io(ctx, 0, paged)
+    past, present = [past_key, past_value], [present_key, present_value]
     if paged:
         packed = packed_inputs()
         input_ids, inputs = packed.input_ids, packed.values()
-        hidden_in = graph_input(io.HIDDEN_STATES, act, [io.TOKENS, h])
-        pool, kv_type = [io.NUM_BLOCKS, paged.block_size, *kv], paged.cache_dtype(act)
-        past = [graph_input(t % 0, kv_type, pool) for t in (io.PAST_KEY, io.PAST_VALUE)]
-        present = [graph_input(t % 0, kv_type, pool) for t in (io.PRESENT_KEY, io.PRESENT_VALUE)]
+        rows = [io.TOKENS]
         ctx.shared = packed_preamble(ctx, packed, None, None)
         mixer = partial(paged_attention, layout=paged)
-        rows = [io.TOKENS]
     else:
-        b, s = io.BATCH, io.SEQUENCE
-        input_ids = graph_input(io.INPUT_IDS, INT64, [b, s])
-        attention_mask = graph_input(io.ATTENTION_MASK, INT64, [b, io.TOTAL_SEQUENCE])
-        position_ids = graph_input(io.POSITION_IDS, INT64, [b, s])
-        hidden_in = graph_input(io.HIDDEN_STATES, act, [b, s, h])
-        inputs = [input_ids, attention_mask, position_ids]
-        past = [graph_input(t % 0, act, [b, kv[0], io.PAST_SEQUENCE, kv[1]]) for t in (io.PAST_KEY, io.PAST_VALUE)]
-        present = [graph_input(t % 0, act, [b, kv[0], io.TOTAL_SEQUENCE, kv[1]]) for t in (io.PRESENT_KEY, io.PRESENT_VALUE)]
+        input_ids, attention_mask, position_ids = inputs = token_inputs()
+        rows = [io.BATCH, io.SEQUENCE]
         ctx.shared = preamble(ctx, input_ids, attention_mask, position_ids, None, None)
         mixer = attention
-        rows = [b, s]
+    hidden_in = graph_input(io.HIDDEN_STATES, act, [*rows, h])
     inputs = [*inputs[:1], hidden_in, *inputs[1:], *past]
 
     embed = ctx.weights.tensor("model.embed_tokens.weight", "model.embed_tokens.weight", [cfg.vocab_size, h],
