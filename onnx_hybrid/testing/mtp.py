@@ -106,7 +106,8 @@ def fit_drafting_head(model_dir, sequences: list[tuple[list[int], np.ndarray]], 
     cfg = load_model_config(model_dir)
     checkpoint = Checkpoint(model_dir)
     eps = cfg.rms_norm_eps
-    final_scale = 1.0 + checkpoint.read("model.norm.weight").astype(np.float64)
+    final_norm = checkpoint.read("model.norm.weight")
+    final_scale = 1.0 + final_norm.astype(np.float64)
     features, targets = [], []
     for tokens, hidden in sequences:
         hidden = hidden.astype(np.float64)
@@ -129,7 +130,7 @@ def fit_drafting_head(model_dir, sequences: list[tuple[list[int], np.ndarray]], 
     tensors["mtp.fc.weight"] = fc.astype(dtype)
     tensors["mtp.pre_fc_norm_embedding.weight"] = np.zeros(cfg.hidden_size, dtype)
     tensors["mtp.pre_fc_norm_hidden.weight"] = np.zeros(cfg.hidden_size, dtype)
-    tensors["mtp.norm.weight"] = checkpoint.read("model.norm.weight").astype(dtype)
+    tensors["mtp.norm.weight"] = final_norm.astype(dtype)
     return tensors
 
 
