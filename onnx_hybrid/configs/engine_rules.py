@@ -10,7 +10,8 @@ from .state_groups import PAGED_KV, StateGroup, StateManifest, expand
 
 
 def check_engine(config: dict, manifest: StateManifest | None, graph: GraphIO, report: Report) -> None:
-    engine = (config.get("engine") or {}).get("dynamic_batching") if isinstance(config.get("engine"), dict) else None
+    engine_section = config.get("engine")
+    engine = engine_section.get("dynamic_batching") if isinstance(engine_section, dict) else None
     decoder = decoder_section(config)
     groups = manifest.groups if manifest else ()
     paged = [(i, g) for i, g in enumerate(groups) if g.kind == PAGED_KV]
