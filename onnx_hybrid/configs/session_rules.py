@@ -8,10 +8,10 @@ from typing import Iterator
 from ..ops.contract import GATED_DELTA_NET, VARLEN_CAUSAL_CONV, conv_capsule_shape, gdn_capsule_width
 from .findings import SESSION, Finding, Report
 from .graph_io import GraphIO, TensorInfo
-from .locations import FIXED, binding_path, label_of, update_path
+from .locations import binding_path, label_of, update_path
 from .parse import GROUPS_PATH
 from .state_groups import (
-    FIXED_CONV, FIXED_RECURRENT, KIND_BINDINGS, PAGED_KV, UPDATE_OUTPUT_KEY, StateGroup, StateManifest, expand,
+    FIXED, FIXED_CONV, FIXED_RECURRENT, KIND_BINDINGS, PAGED_KV, UPDATE_OUTPUT_KEY, StateGroup, StateManifest, expand,
 )
 
 
