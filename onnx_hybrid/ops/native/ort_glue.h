@@ -49,22 +49,23 @@ inline std::string StringAttribute(const OrtKernelInfo* info, const char* name, 
   return value;
 }
 
-inline int64_t IntAttribute(const OrtKernelInfo* info, const char* name, int64_t fallback) {
-  int64_t value = fallback;
-  if (OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &value)) {
+// An int or float attribute through its OrtApi getter (KernelInfoGetAttribute_int64 or _float).
+template <class T, class Getter>
+T ScalarAttribute(Getter get, const OrtKernelInfo* info, const char* name, T fallback) {
+  T value = fallback;
+  if (OrtStatus* st = get(info, name, &value)) {
     Ort::GetApi().ReleaseStatus(st);
     return fallback;
   }
   return value;
 }
 
+inline int64_t IntAttribute(const OrtKernelInfo* info, const char* name, int64_t fallback) {
+  return ScalarAttribute(Ort::GetApi().KernelInfoGetAttribute_int64, info, name, fallback);
+}
+
 inline float FloatAttribute(const OrtKernelInfo* info, const char* name, float fallback) {
-  float value = fallback;
-  if (OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_float(info, name, &value)) {
-    Ort::GetApi().ReleaseStatus(st);
-    return fallback;
-  }
-  return value;
+  return ScalarAttribute(Ort::GetApi().KernelInfoGetAttribute_float, info, name, fallback);
 }
 
 // The inputs of one Compute call: present flag, shape and data pointer by index (device memory on a GPU
