@@ -22,6 +22,10 @@ using ConvInputShapes = InputShapes<contract::conv::kNumInputs>;
 struct ConvGeometry {
   int64_t batch, total_tokens, channels, kernel_size, state_length;
   int capacity;
+  // The shapes of the three outputs, shared by the CPU and CUDA kernels.
+  Shape output_shape() const { return {total_tokens, channels}; }
+  Shape state_shape() const { return {batch, channels, state_length}; }
+  Shape capsule_shape() const { return {batch, capacity, channels}; }
 };
 
 ConvGeometry ResolveConv(const ConvInputShapes& shapes, const ConvAttributes& attrs);

@@ -136,9 +136,9 @@ OrtStatusPtr ConvCudaKernel::ComputeV2(OrtKernelContext* context) {
     p.state_in = in.data[cv::kInputInitialState];
     p.cu_seqlens = static_cast<const int*>(in.data[cv::kInputCumulativeSequenceLength]);
     p.capture_count = static_cast<const int*>(in.data[cv::kInputCaptureCount]);
-    p.out = Output(context, cv::kOutputOutput, Shape{geo.total_tokens, geo.channels});
-    p.state_out = Output(context, cv::kOutputFinalState, Shape{geo.batch, geo.channels, geo.state_length});
-    void* capsule = Output(context, cv::kOutputStateUpdate, Shape{geo.batch, geo.capacity, geo.channels});
+    p.out = Output(context, cv::kOutputOutput, geo.output_shape());
+    p.state_out = Output(context, cv::kOutputFinalState, geo.state_shape());
+    void* capsule = Output(context, cv::kOutputStateUpdate, geo.capsule_shape());
     p.capsule = geo.capacity > 0 ? capsule : nullptr;
     p.batch = static_cast<int>(geo.batch);
     p.total_tokens = static_cast<int>(geo.total_tokens);

@@ -168,9 +168,9 @@ class ConvCpuKernel {
       t.bias = in.data[cv::kInputBias];
       t.initial_state = in.data[cv::kInputInitialState];
       t.capture_count = static_cast<const int32_t*>(in.data[cv::kInputCaptureCount]);
-      t.output = Output(context, cv::kOutputOutput, Shape{geo.total_tokens, geo.channels});
-      t.final_state = Output(context, cv::kOutputFinalState, Shape{geo.batch, geo.channels, geo.state_length});
-      t.state_update = Output(context, cv::kOutputStateUpdate, Shape{geo.batch, geo.capacity, geo.channels});
+      t.output = Output(context, cv::kOutputOutput, geo.output_shape());
+      t.final_state = Output(context, cv::kOutputFinalState, geo.state_shape());
+      t.state_update = Output(context, cv::kOutputStateUpdate, geo.capsule_shape());
       RunConvCpu(geo, attrs_, rows, t, OrtParallelFor(context));
       return nullptr;
     } catch (const std::exception& e) {
