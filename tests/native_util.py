@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnx_hybrid.ops import contract, reference
-from onnx_hybrid.ops.single_op import make_session, run_session, run_single_op, single_op_model
+from onnx_hybrid.ops.single_op import make_session, run_session, run_single_op, single_op_model, to_ort_value
 
 # fp32: the project rule (≤ 1e-5 against float64). fp16/bf16: ORT's chunked GDN calibration (3e-2),
 # which also covers bf16's coarser output rounding (2^-9 relative) for unit-scale outputs.
@@ -79,18 +79,16 @@ def check_conv(case, results=None):
 def check_state_aliasing(op: str, case, rounds: int = 2):
     """initial_state and final_state bound to one OrtValue through IOBinding: each call advances the state
     in place and must equal, bitwise, separate calls that feed the previous final_state back."""
-    import onnxruntime as ort
-
     model = single_op_model(op, case.feeds, case.attributes, outputs=["output", "final_state"])
     session = make_session(model)
-    state = ort.OrtValue.ortvalue_from_numpy(case.feeds["initial_state"].copy())
+    state = to_ort_value(case.feeds["initial_state"].copy())
     expected_state = case.feeds["initial_state"]
     for _ in range(rounds):
         expected = run_session(session, {**case.feeds, "initial_state": expected_state})
         binding = session.io_binding()
         for name, value in case.feeds.items():
             if name != "initial_state":
-                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value))
+                binding.bind_ortvalue_input(name, to_ort_value(value))
         binding.bind_ortvalue_input("initial_state", state)
         binding.bind_output("output")
         binding.bind_ortvalue_output("final_state", state)
