@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 og = pytest.importorskip("onnxruntime_genai")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 from onnx.reference.op_run import OpRun  # noqa: E402
@@ -35,6 +35,7 @@ from onnx_hybrid.exporter import ExportError, export  # noqa: E402
 from onnx_hybrid.ops import contract, reference  # noqa: E402
 from onnx_hybrid.testing import packed as testing_packed  # noqa: E402
 from onnx_hybrid.testing.checkpoints import GDN_HEADS, LAYOUTS, TEXT, load_reference, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid.testing.greedy import make_session  # noqa: E402
 
 BLOCK_SIZE, NUM_BLOCKS, CAPACITY = 16, 4, 3
 PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150, 8, 21, 40, 77, 90, 13, 101], [44, 3, 150, 12, 9]]
@@ -245,13 +246,8 @@ def test_paged_graph_matches_transformers(kernel, paged_exports, checkpoints):
 def test_cpu_session_runs_the_default_paged_export(paged_exports):
     """Our library carries every custom kernel of the default export: an ORT CPU session runs a prefill and
     a decode step on the updated pool, in agreement with the float64 reference evaluator."""
-    from onnx_hybrid.ops import library
-
-    options = ort.SessionOptions()
-    options.register_custom_ops_library(library.library_path())
-    path = str(paged_exports[contract.DOMAIN] / "model.onnx")
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    model = onnx.load(path)
+    session = make_session(paged_exports[contract.DOMAIN], contract.DOMAIN)
+    model = onnx.load(str(paged_exports[contract.DOMAIN] / "model.onnx"))
     names = [o.name for o in session.get_outputs()]
     state = None
     for steps, past in ((PROMPTS, [0, 0]), ([[t] for t in NEXT], [len(p) for p in PROMPTS])):
@@ -264,11 +260,6 @@ def test_cpu_session_runs_the_default_paged_export(paged_exports):
 
 
 def test_com_microsoft_paged_attention_has_no_cpu_kernel(paged_exports):
-    from onnx_hybrid.ops import library
-
-    options = ort.SessionOptions()
-    options.register_custom_ops_library(library.library_path())
     with pytest.raises(Exception, match=r"Could not find an implementation for PagedAttention\(1\) node with name "
                                         r"'/model/layers.2/attn/PagedAttention'"):
-        ort.InferenceSession(str(paged_exports[contract.MS_DOMAIN] / "model.onnx"), options,
-                             providers=["CPUExecutionProvider"])
+        make_session(paged_exports[contract.MS_DOMAIN], contract.DOMAIN)  # our library registered, as a run would
