@@ -118,9 +118,7 @@ __device__ __forceinline__ void store_half2(__half* p, float a, float b) {
 template <typename T>
 __device__ __forceinline__ void store2(T* p, float a, float b);  // two adjacent outputs, one 32-bit store
 template <>
-__device__ __forceinline__ void store2<__half>(__half* p, float a, float b) {
-  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
-}
+__device__ __forceinline__ void store2<__half>(__half* p, float a, float b) { store_half2(p, a, b); }
 template <>
 __device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
