@@ -17,7 +17,6 @@ import json
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -26,9 +25,10 @@ og = pytest.importorskip("onnxruntime_genai")
 from onnx_hybrid.configs import validate  # noqa: E402
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.exporter.mtp import head_overlay  # noqa: E402
-from onnx_hybrid.ops import contract, library  # noqa: E402
+from onnx_hybrid.ops import contract  # noqa: E402
 from onnx_hybrid.testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
 from onnx_hybrid.testing.engine import run_engine, set_eos  # noqa: E402
+from onnx_hybrid.testing.greedy import make_session  # noqa: E402
 from onnx_hybrid.testing.mtp import add_mtp_head, fit_drafting_head, greedy_runs, reference_head  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150, 8], [44, 3, 150, 12],
@@ -41,9 +41,7 @@ H, V, HKV, D = 64, 160, 2, 32  # testing.checkpoints geometry
 
 
 def _session(path):
-    options = ort.SessionOptions()
-    library.register(options)
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return make_session(path.parent, contract.DOMAIN, filename=path.name)
 
 
 def _run(session, feeds):

@@ -24,9 +24,10 @@ _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(in
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 
-def make_session(model_dir, op_domain: str, threads: int = 2, provider: str = "cpu") -> ort.InferenceSession:
-    """A session on ``provider`` (``cpu`` or ``cuda``) with our kernel library registered when the model uses
-    our domain."""
+def make_session(model_dir, op_domain: str, threads: int = 2, provider: str = "cpu", *,
+                 filename: str = "model.onnx") -> ort.InferenceSession:
+    """A session over ``model_dir/filename`` on ``provider`` (``cpu`` or ``cuda``) with our kernel library
+    registered when the model uses our domain."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     if provider == "cuda" and hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from the nvidia-* wheels, if there
@@ -34,7 +35,7 @@ def make_session(model_dir, op_domain: str, threads: int = 2, provider: str = "c
     if op_domain == contract.DOMAIN:
         from ..ops import library
         library.register(options)
-    return ort.InferenceSession(str(Path(model_dir) / "model.onnx"), options, providers=[PROVIDERS[provider]])
+    return ort.InferenceSession(str(Path(model_dir) / filename), options, providers=[PROVIDERS[provider]])
 
 
 @dataclass
