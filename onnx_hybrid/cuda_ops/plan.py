@@ -122,13 +122,12 @@ def chunk_prep_blocks(geo: GdnGeometry) -> int:
     return (geo.total_tokens + (CHUNK_TOKENS - 1) * geo.batch) // CHUNK_TOKENS
 
 
-def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int, aligned: bool = True) -> bool:
+def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int) -> bool:
     """Shapes and devices the tensor-core chunked kernel serves (like ORT: Dk = Dv = 128, scalar decay,
     SM >= 80, and the device's opt-in shared memory per block holds CHUNK_SMEM_BYTES: sm_80 and sm_90 do,
-    the 99 KB parts (sm_86, sm_89, sm_120) do not). ``aligned``: q/k/v start on 8-byte and the states on
-    16-byte boundaries (the kernel's vector loads; see ``chunked_aligned``)."""
+    the 99 KB parts (sm_86, sm_89, sm_120) do not). The pointers must also pass ``chunked_aligned``."""
     return (dtype in ("float16", "bfloat16") and geo.head_size_k == CHUNK_D and geo.head_size_v == CHUNK_D
-            and not geo.per_key_decay and arch >= 80 and smem_optin >= CHUNK_SMEM_BYTES and aligned)
+            and not geo.per_key_decay and arch >= 80 and smem_optin >= CHUNK_SMEM_BYTES)
 
 
 def chunked_aligned(params: GdnParams) -> bool:
@@ -148,12 +147,13 @@ def gdn_uses_chunked(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: i
     (PlanError where the shape does not allow it); ``recurrent`` never."""
     if engine not in ("auto", "chunked", "recurrent"):
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
-    chunked = chunked_supported(geo, dtype, arch, smem_optin, chunked_aligned(params))
+    aligned = chunked_aligned(params)
+    chunked = chunked_supported(geo, dtype, arch, smem_optin) and aligned
     if engine == "chunked" and not chunked:
         raise PlanError(f"GatedDeltaNet: the chunked engine needs float16/bfloat16, head sizes 128/128, "
                         f"scalar decay and sm_80+; got {dtype}, {geo.head_size_k}/{geo.head_size_v}, "
                         f"per-key decay {geo.per_key_decay}, sm_{arch} with {smem_optin} B of opt-in shared "
-                        f"memory (needs {CHUNK_SMEM_BYTES}), aligned inputs {chunked_aligned(params)}")
+                        f"memory (needs {CHUNK_SMEM_BYTES}), aligned inputs {aligned}")
     return chunked and (engine == "chunked" or
                         (engine == "auto" and geo.total_tokens >= SEQUENTIAL_MIN_TOKENS * geo.batch))
 
