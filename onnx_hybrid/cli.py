@@ -65,10 +65,10 @@ PAGED_ONLY = ("paged_attention", "block_size", "num_blocks")
 def _run_export(args: argparse.Namespace) -> None:
     from .exporter import ExportError, export
 
-    given = [f"--{name.replace('_', '-')}" for name in PAGED_ONLY if getattr(args, name) is not None]
-    if given and not args.paged:
-        raise ExportError(f"{', '.join(given)}: options of the paged export, which needs --paged")
     paged_options = {name: getattr(args, name) for name in PAGED_ONLY if getattr(args, name) is not None}
+    if paged_options and not args.paged:
+        given = ", ".join(f"--{name.replace('_', '-')}" for name in paged_options)
+        raise ExportError(f"{given}: options of the paged export, which needs --paged")
     out = export(args.model_dir, args.output, dtype=args.dtype, state_update_capacity=args.state_update_capacity,
                  op_domain=args.op_domain, overwrite=args.overwrite, all_logits=args.all_logits,
                  progress=not args.quiet, manifest_format=args.manifest_format, paged=args.paged,
