@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime_genai")
 
 from onnx_hybrid.exporter import export  # noqa: E402
+from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
 from onnx_hybrid.testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
 from onnx_hybrid.testing.engine import run_engine, set_eos, tamper_capsules  # noqa: E402
 
@@ -44,7 +45,7 @@ def reference_tokens(checkpoint):
 def packages(checkpoint, reference_tokens, tmp_path_factory):
     """Paged exports with capacities 1, 3 and 8, default options (our PagedAttention), and an EOS that
     neither the prompts nor the references contain, so every request runs its full length."""
-    vocab = load_reference(checkpoint).config.vocab_size
+    vocab = load_model_config(checkpoint).vocab_size
     eos = max(set(range(vocab)) - {t for seq in PROMPTS + reference_tokens for t in seq})
     root = tmp_path_factory.mktemp("packages")
     out = {}
