@@ -61,7 +61,7 @@ OrtStatusPtr GdnCudaKernel::ComputeV2(OrtKernelContext* context) {
     const GdnGeometry geo = ResolveGdn(in, attrs_);
     void* out = Output(context, g::kOutputOutput, geo.output_shape);
     auto* final_state = static_cast<float*>(Output(context, g::kOutputFinalState, geo.state_shape));
-    auto* capsule = static_cast<float*>(Output(context, g::kOutputStateUpdate, Shape{geo.batch, geo.capsule_width}));
+    auto* capsule = static_cast<float*>(Output(context, g::kOutputStateUpdate, geo.capsule_shape()));
     // state_update_active is declared OrtMemTypeCPUInput: a host pointer even on this EP.
     const auto* active = static_cast<const int32_t*>(in.data[g::kInputStateUpdateActive]);
 

@@ -47,6 +47,7 @@ struct GdnGeometry {
   }
   bool ragged() const { return layout == GdnLayout::kRagged || layout == GdnLayout::kPackedRagged; }
   int64_t group() const { return num_heads_v / num_heads_q; }
+  Shape capsule_shape() const { return {batch, capsule_width}; }  // state_update
 };
 
 GdnGeometry ResolveGdn(const GdnInputShapes& shapes, const GdnAttributes& attrs);

@@ -136,8 +136,7 @@ class GdnCpuKernel {
       t.capture_active = active == nullptr || active[0] != 0;
       t.output = Output(context, g::kOutputOutput, geo.output_shape);
       t.final_state = static_cast<float*>(Output(context, g::kOutputFinalState, geo.state_shape));
-      t.state_update =
-          static_cast<float*>(Output(context, g::kOutputStateUpdate, Shape{geo.batch, geo.capsule_width}));
+      t.state_update = static_cast<float*>(Output(context, g::kOutputStateUpdate, geo.capsule_shape()));
       RunGdnCpu(geo, attrs_, rows, t, OrtParallelFor(context));
       return nullptr;
     } catch (const std::exception& e) {
