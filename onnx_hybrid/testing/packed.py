@@ -102,6 +102,7 @@ def paged_greedy(session, graph: onnx.GraphProto, prompts: Sequence[Sequence[int
     zeros = packed_feeds(graph, steps, past, None, block_table=table, num_blocks=num_blocks)
     pools = {value.name: ort.OrtValue.ortvalue_from_numpy(zeros[value.name], device, 0)
              for value in graph.input if _is_pool(value)}
+    in_place = {name: pools[io.past_of(name)] for name in names if io.past_of(name) in pools}  # present -> pool
     result = None
     for _ in range(max_new_tokens):
         feeds = packed_feeds(graph, steps, past, state, block_table=table, num_blocks=num_blocks, bound=pools)
@@ -111,13 +112,12 @@ def paged_greedy(session, graph: onnx.GraphProto, prompts: Sequence[Sequence[int
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         for name in names:
-            if io.past_of(name) in pools:
-                binding.bind_ortvalue_output(name, pools[io.past_of(name)])
+            if name in in_place:
+                binding.bind_ortvalue_output(name, in_place[name])
             else:
                 binding.bind_output(name, "cpu")
         session.run_with_iobinding(binding)
-        state = {name: value for name, value in zip(names, binding.copy_outputs_to_cpu())
-                 if io.past_of(name) not in pools}
+        state = {name: value for name, value in zip(names, binding.copy_outputs_to_cpu()) if name not in in_place}
         last_rows = feeds[io.CUMULATIVE_SEQUENCE_LENGTHS][1:] - 1
         logits = state[io.LOGITS]
         if result is None:
