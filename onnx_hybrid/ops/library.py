@@ -259,13 +259,18 @@ _CUDA_ENGINES = {"auto": 0, "chunked": 1, "recurrent": 2}
 _CUDA_TYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
+def _plan_text(op: str, dtype: str, dims, arch: int, smem_optin: int, engine: str) -> str:
+    """onnx_hybrid_cuda_plan's text for ``op`` ("gdn", "gdn_workspace" or "conv")."""
+    arr = (ctypes.c_int64 * len(dims))(*dims)
+    return _text(control().onnx_hybrid_cuda_plan, op.encode(), _CUDA_TYPES[dtype], arr, len(dims), arch, smem_optin,
+                 _CUDA_ENGINES[engine])
+
+
 def cuda_plan(op: str, dtype: str, dims, *, arch: int, smem_optin: int, engine: str = "auto") -> list[tuple]:
     """The launches the CUDA variant would enqueue, computed by the library without a device: (kernel, grid,
     block, smem, tail_only, row_groups) each. op "gdn": dims (batch, total_tokens, hv, dk, dv, per_key_decay,
     aligned); op "conv": dims (batch, total_tokens, channels)."""
-    arr = (ctypes.c_int64 * len(dims))(*dims)
-    text = _text(control().onnx_hybrid_cuda_plan, op.encode(), _CUDA_TYPES[dtype], arr, len(dims), arch, smem_optin,
-                 _CUDA_ENGINES[engine])
+    text = _plan_text(op, dtype, dims, arch, smem_optin, engine)
     launches = []
     for line in text.splitlines():
         name, *n = line.split()
@@ -277,6 +282,4 @@ def cuda_plan(op: str, dtype: str, dims, *, arch: int, smem_optin: int, engine: 
 def cuda_gdn_workspace_bytes(dtype: str, dims, *, arch: int, smem_optin: int, engine: str = "auto") -> int:
     """The scratch the CUDA GatedDeltaNet takes from ORT's allocator for this shape (0 when the chunked
     kernels do not run), computed by the library without a device; dims as for ``cuda_plan`` "gdn"."""
-    arr = (ctypes.c_int64 * len(dims))(*dims)
-    return int(_text(control().onnx_hybrid_cuda_plan, b"gdn_workspace", _CUDA_TYPES[dtype], arr, len(dims), arch,
-                     smem_optin, _CUDA_ENGINES[engine]))
+    return int(_plan_text("gdn_workspace", dtype, dims, arch, smem_optin, engine))
