@@ -27,6 +27,12 @@ def _shapes(feeds: Feeds) -> dict:
     return {name: (None if value is None else np.shape(value)) for name, value in feeds.items()}
 
 
+def _reject_unknown_inputs(op: contract.OpSpec, feeds: Feeds) -> None:
+    unknown = set(feeds) - {p.name for p in op.inputs}
+    if unknown:
+        raise KeyError(f"{op.name}: unknown input(s) {sorted(unknown)}")
+
+
 # --------------------------------------------------------------------------------------------------
 # GatedDeltaNet
 # --------------------------------------------------------------------------------------------------
@@ -36,9 +42,7 @@ class _GdnProblem:
     """A call unpacked into token-major float64 arrays and per-request rows."""
 
     def __init__(self, feeds: Feeds, attributes: Mapping[str, Any]):
-        unknown = set(feeds) - {p.name for p in GATED_DELTA_NET.inputs}
-        if unknown:
-            raise KeyError(f"GatedDeltaNet: unknown input(s) {sorted(unknown)}")
+        _reject_unknown_inputs(GATED_DELTA_NET, feeds)
         self.attrs = contract.resolve_attributes(GATED_DELTA_NET, attributes)
         geo = self.geo = contract.resolve_gdn(_shapes(feeds), self.attrs)
         t, hq, hv, dk, dv = geo.total_tokens, geo.num_heads_q, geo.num_heads_v, geo.head_size_k, geo.head_size_v
@@ -217,9 +221,7 @@ def _as_key_axis(g: np.ndarray) -> np.ndarray:
 
 def varlen_causal_conv(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """spec/ops.md §3.4 and §3.6, float64."""
-    unknown = set(feeds) - {p.name for p in VARLEN_CAUSAL_CONV.inputs}
-    if unknown:
-        raise KeyError(f"VarlenCausalConvWithState: unknown input(s) {sorted(unknown)}")
+    _reject_unknown_inputs(VARLEN_CAUSAL_CONV, feeds)
     attrs = contract.resolve_attributes(VARLEN_CAUSAL_CONV, attributes)
     geo = contract.resolve_conv(_shapes(feeds), attrs)
     x = _f64(feeds["input"])
@@ -259,9 +261,7 @@ def paged_attention(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray,
     value go to slot ``pos % block_size`` of pool block ``block_table[b, pos // block_size]``, and its query
     head h attends with ``scale`` over positions 0..pos of its request in KV head ``h // (Hq / Hkv)``.
     """
-    unknown = set(feeds) - {p.name for p in PAGED_ATTENTION.inputs}
-    if unknown:
-        raise KeyError(f"PagedAttention: unknown input(s) {sorted(unknown)}")
+    _reject_unknown_inputs(PAGED_ATTENTION, feeds)
     attrs = contract.resolve_attributes(PAGED_ATTENTION, attributes)
     geo = contract.resolve_paged_attention(_shapes(feeds), attrs)
     table = np.asarray(feeds["block_table"])
