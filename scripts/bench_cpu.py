@@ -22,8 +22,7 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from onnx_hybrid.ops import single_op, testing
-from onnx_hybrid.ops import reference
+from onnx_hybrid.ops import reference, single_op, testing
 from onnx_hybrid.ops.contract import DOMAIN, GATED_DELTA_NET, MS_DOMAIN, PAGED_ATTENTION
 
 GEOMETRY = dict(num_heads_q=16, num_heads_v=16, head_size_k=128, head_size_v=128)
