@@ -48,7 +48,7 @@ def register(session_options) -> None:
     """Register the library's ops (domain ``onnx_hybrid``) into ``session_options``; idempotent.
 
     Where a CUDA session could run (an ORT with the CUDA EP and a visible GPU, or $ONNX_HYBRID_CUDA_IMAGES
-    set), also prepares the CUDA kernels (:func:`prepare_cuda`), so that a plain
+    set), also prepares the CUDA kernels (:func:`prepare_cuda`; once per process and GPU architecture), so that a plain
     ``InferenceSession(..., providers=["CUDAExecutionProvider"])`` works. Without the variable, a failure to
     prepare them is a warning: CPU sessions do not need them.
     """
@@ -63,7 +63,7 @@ def register(session_options) -> None:
     session_options.add_session_config_entry(_REGISTERED_KEY, path)
     if os.environ.get(IMAGES_ENV):
         prepare_cuda()  # asked for explicitly: a bad folder is an error
-    elif _visible_cuda_archs():
+    elif (archs := _visible_cuda_archs()) and not set(archs) <= set(cuda_images()):  # once per process
         try:
             prepare_cuda()
         except (RuntimeError, OSError, ImportError) as error:  # CPU sessions must not depend on the CUDA kernels
