@@ -198,3 +198,14 @@ def test_non_finite_scale_rejected_at_session_creation(op, value):
     with pytest.raises(Exception) as got:
         make_session(model)
     assert str(want.value) in str(got.value)
+
+
+@pytest.mark.parametrize("op,name", [(GDN, "query"), (GDN, "cu_seqlens"), (CONV, "weight")])
+def test_rank_beyond_the_inline_shape_is_named(op, name):
+    """The library reads shapes into an inline array of 8 dims (no heap on the per-call path); a deeper input
+    is refused by name before any contract check, with its rank."""
+    case = gdn_base() if op == GDN else random_conv_case(np.random.default_rng(0), [3, 5])
+    feeds = with_(case, **{name: case.feeds[name].reshape((1,) * 8 + case.feeds[name].shape)})
+    message = ours_error(op, feeds, case.attributes)
+    rank = 8 + case.feeds[name].ndim
+    assert f"{op}: input '{name}' has rank {rank}; the contract's tensors have rank 4 at most" in message

@@ -2,8 +2,10 @@
 // and element conversions. Nothing here depends on an execution provider.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -13,7 +15,44 @@
 
 namespace onnx_hybrid {
 
-using Shape = std::vector<int64_t>;
+// A tensor shape held inline: every Compute call reads a dozen shapes and builds a few, and on a GPU EP the
+// host time of that call is the node's whole cost, so shapes never touch the heap. The contract's tensors
+// have rank 4 at most; Inputs rejects a deeper one by name before it would overflow.
+class Shape {
+ public:
+  static constexpr size_t kMaxRank = 8;
+
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims) : Shape(dims.begin(), dims.end()) {}
+  Shape(const int64_t* begin, const int64_t* end) {
+    for (; begin != end; ++begin) push_back(*begin);
+  }
+
+  void push_back(int64_t dim) {
+    if (size_ == kMaxRank) throw std::length_error("onnx_hybrid: a shape of rank above 8");
+    dims_[size_++] = dim;
+  }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  int64_t operator[](size_t i) const { return dims_[i]; }
+  int64_t back() const { return dims_[size_ - 1]; }
+  const int64_t* data() const { return dims_; }
+  int64_t* data() { return dims_; }
+  const int64_t* begin() const { return dims_; }
+  const int64_t* end() const { return dims_ + size_; }
+  // Sets the rank; the first `rank` dims are then written through data().
+  void resize(size_t rank) {
+    if (rank > kMaxRank) throw std::length_error("onnx_hybrid: a shape of rank above 8");
+    size_ = rank;
+  }
+
+  friend bool operator==(const Shape& a, const Shape& b) { return std::equal(a.begin(), a.end(), b.begin(), b.end()); }
+  friend bool operator!=(const Shape& a, const Shape& b) { return !(a == b); }
+
+ private:
+  int64_t dims_[kMaxRank];
+  size_t size_ = 0;
+};
 
 // One argument of a message template, rendered like contract._fmt renders its Python counterpart:
 // integers in decimal, shapes as "[a, b]", strings verbatim.

@@ -57,7 +57,7 @@ GdnCudaKernel::~GdnCudaKernel() {
 OrtStatusPtr GdnCudaKernel::ComputeV2(OrtKernelContext* context) {
   namespace g = contract::gdn;
   try {
-    const Inputs<g::kNumInputs> in(context);
+    const Inputs<g::kNumInputs> in(context, g::kInputPorts);
     const GdnGeometry geo = ResolveGdn(in, attrs_);
     void* out = Output(context, g::kOutputOutput, geo.output_shape);
     auto* final_state = static_cast<float*>(Output(context, g::kOutputFinalState, geo.state_shape));
@@ -127,7 +127,7 @@ ConvCudaKernel::ConvCudaKernel(const OrtKernelInfo* info, ElemType type)
 OrtStatusPtr ConvCudaKernel::ComputeV2(OrtKernelContext* context) {
   namespace cv = contract::conv;
   try {
-    const Inputs<cv::kNumInputs> in(context);
+    const Inputs<cv::kNumInputs> in(context, cv::kInputPorts);
     const ConvGeometry geo = ResolveConv(in, attrs_);
     ConvParams p{};
     p.x = in.data[cv::kInputInput];

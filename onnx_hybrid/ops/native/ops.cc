@@ -117,7 +117,7 @@ class GdnCpuKernel {
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     namespace g = contract::gdn;
     try {
-      const Inputs<g::kNumInputs> in(context);
+      const Inputs<g::kNumInputs> in(context, g::kInputPorts);
       const GdnGeometry geo = ResolveGdn(in, attrs_);
       const std::vector<RequestRow> rows = GdnRows(geo, static_cast<const int32_t*>(in.data[g::kInputCuSeqlens]));
       GdnTensors t{};
@@ -156,7 +156,7 @@ class ConvCpuKernel {
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     namespace cv = contract::conv;
     try {
-      const Inputs<cv::kNumInputs> in(context);
+      const Inputs<cv::kNumInputs> in(context, cv::kInputPorts);
       const ConvGeometry geo = ResolveConv(in, attrs_);
       const std::vector<RequestRow> rows =
           ConvRows(geo, static_cast<const int32_t*>(in.data[cv::kInputCumulativeSequenceLength]));
@@ -194,7 +194,7 @@ class PagedAttentionCpuKernel {
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     namespace pa = contract::paged;
     try {
-      const Inputs<pa::kNumInputs> in(context);
+      const Inputs<pa::kNumInputs> in(context, pa::kInputPorts);
       const PagedAttentionGeometry geo = ResolvePagedAttention(in, attrs_);
       PagedAttentionTensors t{};
       t.type = type_;

@@ -69,13 +69,14 @@ inline float FloatAttribute(const OrtKernelInfo* info, const char* name, float f
 }
 
 // The inputs of one Compute call: present flag, shape and data pointer by index (device memory on a GPU
-// EP, except inputs declared OrtMemTypeCPUInput). Trailing omitted
-// inputs are not counted by ORT; omitted inputs in the middle come back as null values.
+// EP, except inputs declared OrtMemTypeCPUInput). Trailing omitted inputs are not counted by ORT; omitted
+// inputs in the middle come back as null values. Shapes are read straight into the inline Shape: this runs
+// on every call, and on a GPU EP its host time is the node's cost.
 template <int N>
 struct Inputs : InputShapes<N> {
   const void* data[N] = {};
 
-  explicit Inputs(OrtKernelContext* context) {
+  Inputs(OrtKernelContext* context, const contract::PortSpec (&ports)[N]) {
     const OrtApi& api = Ort::GetApi();
     size_t count = 0;
     Ort::ThrowOnError(api.KernelContext_GetInputCount(context, &count));
@@ -83,11 +84,29 @@ struct Inputs : InputShapes<N> {
       const OrtValue* value = nullptr;
       Ort::ThrowOnError(api.KernelContext_GetInput(context, i, &value));
       if (!value) continue;
-      Ort::ConstValue v(value);
       this->present[i] = true;
-      this->shape[i] = v.GetTensorTypeAndShapeInfo().GetShape();
-      data[i] = v.GetTensorRawData();
+      ReadShape(api, value, ports[i].name, &this->shape[i]);
+      Ort::ThrowOnError(api.GetTensorMutableData(const_cast<OrtValue*>(value), const_cast<void**>(&data[i])));
     }
+  }
+
+ private:
+  static void ReadShape(const OrtApi& api, const OrtValue* value, const char* name, Shape* shape) {
+    OrtTensorTypeAndShapeInfo* info = nullptr;
+    Ort::ThrowOnError(api.GetTensorTypeAndShape(value, &info));
+    size_t rank = 0;
+    OrtStatus* status = api.GetDimensionsCount(info, &rank);
+    if (!status && rank > Shape::kMaxRank) {
+      api.ReleaseTensorTypeAndShapeInfo(info);
+      throw std::runtime_error(std::string("input '") + name + "' has rank " + std::to_string(rank) +
+                               "; the contract's tensors have rank 4 at most");
+    }
+    if (!status) {
+      shape->resize(rank);
+      status = api.GetDimensions(info, shape->data(), rank);
+    }
+    api.ReleaseTensorTypeAndShapeInfo(info);
+    Ort::ThrowOnError(status);
   }
 };
 
