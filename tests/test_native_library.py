@@ -66,6 +66,36 @@ def test_control_functions():
         library.set_option("cpu_engine", "fastest")
 
 
+def test_input_shapes_lent_and_copied_agree():
+    """ORT >= 1.24 lends input shapes (read from its OrtApi slot); the API-21 copy stays for older runtimes.
+    Both give the same outputs, and the same error for a tensor too deep for the inline shape."""
+    case = random_gdn_case(np.random.default_rng(2), [3, 1, 6], capacity=2, capture=[2, 1, 2])
+    model = single_op.single_op_model(GDN, case.feeds, case.attributes).SerializeToString()
+    deep = {**case.feeds, "beta": case.feeds["beta"].reshape((1,) * 8 + case.feeds["beta"].shape)}
+    deep_model = single_op.single_op_model(GDN, deep, case.attributes, validate=False).SerializeToString()
+    lends = tuple(int(p) for p in ort.__version__.split(".")[:2]) >= (1, 24)
+    results = {}
+    try:
+        for mode, expected in (("copied", "copied"), ("auto", "lent" if lends else "copied")):
+            library.set_option("input_shapes", mode)
+            so = ort.SessionOptions()
+            register(so)
+            assert library.input_shapes() == expected
+            session = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+            results[expected] = single_op.run_session(session, case.feeds)
+            deep_session = ort.InferenceSession(deep_model, so, providers=["CPUExecutionProvider"])
+            with pytest.raises(Exception, match=r"input 'beta' has rank 10; the contract's tensors have rank 4"):
+                single_op.run_session(deep_session, deep)
+    finally:
+        library.set_option("input_shapes", "auto")
+        register(ort.SessionOptions())
+    first, *rest = results.values()
+    for other in rest:
+        for name in first:
+            np.testing.assert_array_equal(other[name], first[name])
+    assert lends == ("lent" in results)
+
+
 def test_com_microsoft_alias_is_opt_in_and_runs_our_kernels():
     case = random_gdn_case(np.random.default_rng(1), [5, 40], capacity=2, capture=[2, 1])
     ours = run_gdn(case)

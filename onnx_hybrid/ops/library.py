@@ -86,6 +86,8 @@ def control() -> ctypes.CDLL:
     lib.onnx_hybrid_last_error.restype = ctypes.c_char_p
     lib.onnx_hybrid_cpu_isa.argtypes = []
     lib.onnx_hybrid_cpu_isa.restype = ctypes.c_char_p
+    lib.onnx_hybrid_input_shapes.argtypes = []
+    lib.onnx_hybrid_input_shapes.restype = ctypes.c_char_p
     lib.onnx_hybrid_set_cuda_image.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
     lib.onnx_hybrid_set_cuda_image.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_images.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
@@ -100,10 +102,16 @@ def control() -> ctypes.CDLL:
 
 def set_option(key: str, value: str) -> None:
     """Set a library option (``register_com_microsoft`` = 0|1, ``cpu_engine`` = auto|sequential|chunked,
-    ``cuda_gdn_engine`` = auto|chunked|recurrent)."""
+    ``cuda_gdn_engine`` = auto|chunked|recurrent, ``input_shapes`` = auto|copied: how kernels read input
+    shapes from the next registration on, for every session of the process; a test knob)."""
     lib = control()
     if lib.onnx_hybrid_set_option(key.encode(), value.encode()) != 0:
         raise ValueError(lib.onnx_hybrid_last_error().decode())
+
+
+def input_shapes() -> str:
+    """How the kernels read input shapes: "lent" (ORT >= 1.24 lends them) or "copied" (the API-21 copy)."""
+    return control().onnx_hybrid_input_shapes().decode()
 
 
 def cpu_isa() -> str:

@@ -34,6 +34,7 @@ constexpr int kAbiVersion = 2;  // 2: onnx_hybrid_set_cuda_image and the CUDA in
 constexpr char kCpuProvider[] = "CPUExecutionProvider";
 
 std::atomic<bool> g_register_com_microsoft{false};
+std::atomic<bool> g_lend_input_shapes{true};  // the input_shapes option: auto (lent where ORT >= 1.24) or copied
 // One-time initialisation uses function-local statics (thread-safe, __cxa_guard) and per-thread data
 // uses pthread keys: thread_local and std::call_once (libstdc++ keeps its callable in TLS) would add
 // ld-linux (__tls_get_addr) to the library's NEEDED entries.
@@ -338,6 +339,22 @@ const Registry& TheRegistry() {
 }
 
 }  // namespace
+
+// GetTensorElementTypeAndShapeDataReference is the last member of API 24's OrtApi, index 414; the table only
+// ever grows at its end, so the slot is fixed for every later ORT. Our API-21 table is its first 285 members.
+void SetLentShapeReader(const OrtApiBase* api_base, bool use) {
+  static_assert(sizeof(OrtApi) == 285 * sizeof(void*), "the API-21 OrtApi has 285 members");
+  constexpr int kLentShapeApi = 24, kLentShapeSlot = 414;
+  int major = 0, minor = 0;
+  const char* version = api_base->GetVersionString();
+  const bool has_api = version && std::sscanf(version, "%d.%d", &major, &minor) == 2 &&
+                       (major > 1 || (major == 1 && minor >= kLentShapeApi));
+  // Asked only where the version says it exists: GetApi logs to stderr when refusing one.
+  const OrtApi* api = use && has_api ? api_base->GetApi(kLentShapeApi) : nullptr;
+  const auto* slots = reinterpret_cast<void* const*>(api);
+  TheLentShapeReader().store(api ? reinterpret_cast<LentShapeReader>(slots[kLentShapeSlot]) : nullptr);
+}
+
 }  // namespace onnx_hybrid
 
 using namespace onnx_hybrid;
@@ -351,6 +368,7 @@ ONNX_HYBRID_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* 
   }
   Ort::InitApi(api);
   try {
+    SetLentShapeReader(api_base, g_lend_input_shapes.load());
     const Registry& registry = TheRegistry();
     Ort::ThrowOnError(api->AddCustomOpDomain(options, registry.hybrid));
     if (g_register_com_microsoft.load() || EnvFlag("ONNX_HYBRID_REGISTER_COM_MICROSOFT"))
@@ -381,9 +399,13 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_set_option(const char* key, const char* value
                                                                             : GdnCudaEngine::kRecurrent);
       return 0;
     }
+    if (k == "input_shapes" && (v == "auto" || v == "copied")) {
+      g_lend_input_shapes.store(v == "auto");  // takes effect at the next registration
+      return 0;
+    }
     LastError() = "onnx_hybrid_set_option: unknown key or value: '" + k + "' = '" + v +
                    "'; known: register_com_microsoft = 0|1, cpu_engine = auto|sequential|chunked, "
-                   "cuda_gdn_engine = auto|chunked|recurrent";
+                   "cuda_gdn_engine = auto|chunked|recurrent, input_shapes = auto|copied";
     return -1;
   });
 }
@@ -394,6 +416,12 @@ ONNX_HYBRID_EXPORT const char* onnx_hybrid_last_error(void) {
   } catch (...) {  // no message could be allocated for this thread
     return "";
   }
+}
+
+// How Compute reads input shapes: "lent" (ORT >= 1.24's shape reference) or "copied" (API 21), as set by
+// the latest registration.
+ONNX_HYBRID_EXPORT const char* onnx_hybrid_input_shapes(void) {
+  return TheLentShapeReader().load() ? "lent" : "copied";
 }
 
 // Which variant of the CPU building blocks this process runs ("avx512", "avx2" or "generic").
