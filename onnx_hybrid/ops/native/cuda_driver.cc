@@ -2,13 +2,13 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace onnx_hybrid {
@@ -120,10 +120,12 @@ struct ContextModule {
   DeviceInfo device{};
   std::mutex mutex;
   struct Function {
+    std::string name;
     CUfunction handle;
     int smem_limit;  // dynamic shared memory the function has been allowed
   };
-  std::unordered_map<std::string, Function> functions;
+  // A dozen kernels at most, looked up on every launch: a scan by name allocates nothing.
+  std::vector<Function> functions;
 };
 
 namespace {
@@ -166,19 +168,20 @@ ContextModule* ModuleFor(const Driver& d, CUcontext context) {
 
 CUfunction FunctionFor(const Driver& d, ContextModule& m, const char* name, int smem) {
   std::lock_guard<std::mutex> lock(m.mutex);
-  auto found = m.functions.find(name);
+  auto found = std::find_if(m.functions.begin(), m.functions.end(),
+                            [&](const ContextModule::Function& f) { return f.name == name; });
   if (found == m.functions.end()) {
     CUfunction f = nullptr;
     const CUresult r = d.cuModuleGetFunction(&f, m.module, name);
     if (r != 0) Check(r, (std::string("cuModuleGetFunction(") + name + ")").c_str());
-    found = m.functions.emplace(name, ContextModule::Function{f, kDefaultSharedMemoryLimit}).first;
+    found = m.functions.insert(m.functions.end(), ContextModule::Function{name, f, kDefaultSharedMemoryLimit});
   }
-  if (smem > found->second.smem_limit) {
-    Check(d.cuFuncSetAttribute(found->second.handle, kFuncAttrMaxDynamicSharedSizeBytes, smem),
+  if (smem > found->smem_limit) {
+    Check(d.cuFuncSetAttribute(found->handle, kFuncAttrMaxDynamicSharedSizeBytes, smem),
           "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
-    found->second.smem_limit = smem;
+    found->smem_limit = smem;
   }
-  return found->second.handle;
+  return found->handle;
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 #include "cuda_plan.h"
 
 #include <atomic>
+#include <charconv>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 
 #include "cuda_plan_generated.h"
@@ -41,6 +43,22 @@ int RecRowGroups(const GdnGeometry& geo, int rows) {
 
 }  // namespace
 
+KernelName::KernelName(const char* prefix, ElemType type) { Append(prefix).Append(Suffix(type)); }
+
+KernelName& KernelName::Append(const char* text) {
+  const size_t n = std::strlen(text);
+  if (size_ + n >= sizeof text_) throw std::length_error(std::string("kernel name too long: ") + text_ + text);
+  std::memcpy(text_ + size_, text, n + 1);
+  size_ += n;
+  return *this;
+}
+
+KernelName& KernelName::Append(int value) {
+  char digits[12] = {};
+  std::to_chars(digits, digits + sizeof digits - 1, value);
+  return Append(digits);
+}
+
 void SetGdnCudaEngine(GdnCudaEngine engine) { g_gdn_engine.store(engine); }
 GdnCudaEngine GetGdnCudaEngine() { return g_gdn_engine.load(); }
 
@@ -76,15 +94,14 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
   const bool use_chunked = GdnUsesChunked(geo, type, params, arch, smem_optin, engine);
   std::vector<CudaLaunch<GdnParams>> launches;
   if (use_chunked) {
-    const std::string suffix = std::string(Suffix(type)) + "_d" + std::to_string(cp::kChunkD);
     // plan.chunk_prep_blocks: the chunk count of well-formed offsets; the kernel strides over any excess.
     const int64_t prep_blocks = (geo.total_tokens + (cp::kChunkTokens - 1) * geo.batch) / cp::kChunkTokens;
-    launches.push_back({"gdn_chunk_prep_" + suffix,
+    launches.push_back({KernelName("gdn_chunk_prep_", type).Append("_d").Append(cp::kChunkD),
                         {U(prep_blocks), U(geo.num_heads_v), 1},
                         {U(cp::kChunkThreads), 1, 1},
                         cp::kChunkPrepSmemBytes,
                         params});
-    launches.push_back({"gdn_chunked_" + suffix,
+    launches.push_back({KernelName("gdn_chunked_", type).Append("_d").Append(cp::kChunkD),
                         {U(geo.head_size_v / cp::kChunkVt), U(geo.num_heads_v), U(geo.batch)},
                         {U(cp::kChunkThreads), 1, 1},
                         cp::kChunkSmemBytes,
@@ -96,8 +113,8 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
   const int rows = RecRowGroups(geo, large) > 1 ? large : cp::kRecRowsSmall[key];
   rec.row_groups = RecRowGroups(geo, rows);
   const int64_t rows_per_block = int64_t(cp::kRecWarps) * rows * rec.row_groups;
-  launches.push_back({std::string("gdn_recurrent_") + Suffix(type) + "_k" + std::to_string(cp::kRecKeySizes[key]) +
-                          "_r" + std::to_string(rows),
+  launches.push_back({KernelName("gdn_recurrent_", type).Append("_k").Append(cp::kRecKeySizes[key]).Append("_r").Append(
+                          rows),
                       {U(CeilDiv(geo.head_size_v, rows_per_block)), U(geo.num_heads_v), U(geo.batch)},
                       {U(cp::kRecWarps * 32), 1, 1},
                       0,
@@ -109,13 +126,13 @@ std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType t
   const unsigned cx = U(CeilDiv(geo.channels, cp::kConvThreads));
   const cuda::Dim3 block{U(cp::kConvThreads), 1, 1};
   if (geo.total_tokens <= int64_t(cp::kConvRowTokens) * geo.batch)  // short rows: both passes in one launch
-    return {{std::string("conv_rows_") + Suffix(type), {cx, U(geo.batch), 1}, block, 0, params}};
+    return {{KernelName("conv_rows_", type), {cx, U(geo.batch), 1}, block, 0, params}};
   // plan.py's conv_tokens_per_block: one token per thread for short calls.
   const int64_t tokens_per_block = geo.total_tokens <= cp::kConvShortTokens ? 1 : cp::kConvTokens;
   return {
-      {std::string("conv_output_") + Suffix(type), {cx, U(CeilDiv(geo.total_tokens, tokens_per_block)), 1}, block, 0,
+      {KernelName("conv_output_", type), {cx, U(CeilDiv(geo.total_tokens, tokens_per_block)), 1}, block, 0,
        params},
-      {std::string("conv_state_") + Suffix(type), {cx, U(geo.batch), 1}, block, 0, params},
+      {KernelName("conv_state_", type), {cx, U(geo.batch), 1}, block, 0, params},
   };
 }
 

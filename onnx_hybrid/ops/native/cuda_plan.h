@@ -15,9 +15,23 @@
 
 namespace onnx_hybrid {
 
+// A kernel's extern "C" name, built in place: plans are made on every Compute call, and on a GPU EP that
+// call's host time is the node's whole cost.
+class KernelName {
+ public:
+  KernelName(const char* prefix, ElemType type);  // e.g. ("gdn_recurrent_", kFloat16): "gdn_recurrent_f16"
+  KernelName& Append(const char* text);
+  KernelName& Append(int value);
+  const char* c_str() const { return text_; }
+
+ private:
+  char text_[48] = {};
+  size_t size_ = 0;
+};
+
 template <class Params>
 struct CudaLaunch {
-  std::string kernel;
+  KernelName kernel;
   cuda::Dim3 grid, block;
   int smem;
   Params params;

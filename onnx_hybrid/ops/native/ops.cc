@@ -483,7 +483,7 @@ std::string StructLayout(const std::string& name) {
 
 #undef ONNX_HYBRID_FIELD
 
-std::string Describe(const std::string& kernel, cuda::Dim3 grid, cuda::Dim3 block, int smem, int tail_only,
+std::string Describe(const KernelName& kernel, cuda::Dim3 grid, cuda::Dim3 block, int smem, int tail_only,
                      int row_groups) {
   char line[256];
   std::snprintf(line, sizeof line, "%s %u %u %u %u %u %u %d %d %d\n", kernel.c_str(), grid.x, grid.y, grid.z,
