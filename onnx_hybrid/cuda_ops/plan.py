@@ -68,7 +68,7 @@ REC_ROWS_SMALL = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
 REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks
 
 CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
-CHUNK_SMEM_BYTES = 151040  # the scan (gdn_chunked_*), the larger of the two
+CHUNK_SMEM_BYTES = 159232  # the scan (gdn_chunked_*), the larger of the two
 CHUNK_PREP_SMEM_BYTES = 106496
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
 CONV_THREADS, CONV_TOKENS = 128, 16
