@@ -143,7 +143,8 @@ def gdn_uses_chunked(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: i
                      engine: str = "auto") -> bool:
     """Whether ``gdn_plan`` launches the chunked kernels (which then need ``params.workspace`` to hold
     ``chunk_workspace_bytes(geo)`` bytes). ``engine``: ``auto`` takes them when the shape allows it and the
-    batch averages at least 32 tokens per row (ORT's rule: T >= 32 B); ``chunked`` whatever the token count
+    batch averages at least 32 tokens per row (ORT's rule: T >= 32 B; on an H200 the chunked engine is the
+    faster one from 1 x 32 up, BENCHMARKS.md "GPU kernels"); ``chunked`` whatever the token count
     (PlanError where the shape does not allow it); ``recurrent`` never."""
     if engine not in ("auto", "chunked", "recurrent"):
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
