@@ -18,7 +18,7 @@ import statistics
 import torch
 
 from onnx_hybrid import cuda_ops
-from onnx_hybrid.cuda_ops import plan
+from onnx_hybrid.cuda_ops import launch, plan
 from onnx_hybrid.ops import contract
 
 HK, HV, D = 16, 48, 128
@@ -89,12 +89,12 @@ def make_workspace(feeds, capacity):
     return torch.empty(-(-nbytes // 4), dtype=torch.int32, device="cuda")
 
 
-def ours_fn(feeds, outs, capacity, workspace, rows=None, groups=None):
+def ours_fn(feeds, outs, capacity, workspace, rows=None, groups=None, engine="auto"):
     attrs = dict(ATTRS, state_update_capacity=capacity)
 
     def run():
         cuda_ops.gated_delta_net(feeds, outputs=outs, stream=torch.cuda.current_stream().cuda_stream,
-                                 workspace=workspace, rec_rows=rows, rec_groups=groups, **attrs)
+                                 workspace=workspace, rec_rows=rows, rec_groups=groups, engine=engine, **attrs)
         return outs["output"]
     return run
 
@@ -109,6 +109,18 @@ def fla_fn(fla, tokens_per_row):
                  initial_state=fla["h0"], output_final_state=True, use_qk_l2norm_in_kernel=True,
                  cu_seqlens=fla["cu"], **extra)
         return o[0]
+    return run
+
+
+def only_kernels(fn, prefixes):
+    """fn, launching only the kernels whose names start with one of ``prefixes`` (per-kernel timing)."""
+    def run():
+        full = launch.run
+        launch.run = lambda launches, *a: full([ln for ln in launches if ln.kernel.startswith(prefixes)], *a)
+        try:
+            return fn()
+        finally:
+            launch.run = full
     return run
 
 
@@ -142,6 +154,9 @@ CASES = [
     ("verify 4 tok B=32 cap", [4] * 32, 4), ("verify 4 tok B=32", [4] * 32, 0),
     ("prefill 1x4096", [4096], 0), ("prefill 1x8192", [8192], 0), ("prefill 1x16384", [16384], 0),
     ("prefill 8x2048", [2048] * 8, 0),
+    # short prompts: where the two launches and the prep's latency of the chunked engine cost most
+    ("prefill 1x32", [32], 0), ("prefill 1x64", [64], 0), ("prefill 1x128", [128], 0), ("prefill 1x512", [512], 0),
+    ("prefill 4x256", [256] * 4, 0), ("prefill 16x64", [64] * 16, 0),
 ]
 
 
@@ -152,6 +167,8 @@ def main() -> None:
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--once", action="store_true", help="run each case twice without graphs or timing (profilers)")
     ap.add_argument("--rows", default="", help="also time the recurrent kernel with these rows:groups per warp")
+    ap.add_argument("--engines", default="", help="also time prefill cases with these engines (chunked, recurrent)")
+    ap.add_argument("--split", action="store_true", help="also time the chunked engine's prep, and prep + scan")
     args = ap.parse_args()
     dtypes = ["float16", "bfloat16"] if args.dtype == "both" else [args.dtype]
     rate = copy_rate()
@@ -198,6 +215,14 @@ def main() -> None:
                     t_rows = graph_time([ours_fn(f, o, capacity, workspace, rows, groups) for f, o, _ in inputs])
                     print(f"#   rows/warp {rows}, groups/warp {groups}: {t_rows * 1e6:.1f} us "
                           f"({floor * ours_t / t_rows:.1%} of floor)")
+            if lengths[0] > 8 and args.engines:
+                for engine in args.engines.split(","):
+                    t_eng = graph_time([ours_fn(f, o, capacity, workspace, engine=engine) for f, o, _ in inputs])
+                    print(f"#   engine {engine}: {t_eng * 1e6:.1f} us")
+            if lengths[0] > 8 and args.split:
+                for label, kernels in (("prep", ("gdn_chunk_prep",)), ("prep + scan", ("gdn_chunk_prep", "gdn_chunked"))):
+                    t_k = graph_time([only_kernels(fn, kernels) for fn in ours])
+                    print(f"#   {label}: {t_k * 1e6:.1f} us")
             del inputs, ours, workspace
             torch.cuda.empty_cache()
 

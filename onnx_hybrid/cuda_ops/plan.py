@@ -68,7 +68,7 @@ REC_ROWS_SMALL = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
 REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks
 
 CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
-CHUNK_SMEM_BYTES = 151040  # the scan (gdn_chunked_*), the larger of the two
+CHUNK_SMEM_BYTES = 159232  # the scan (gdn_chunked_*), the larger of the two
 CHUNK_PREP_SMEM_BYTES = 106496
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
 CONV_THREADS, CONV_TOKENS = 128, 16
@@ -143,7 +143,8 @@ def gdn_uses_chunked(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: i
                      engine: str = "auto") -> bool:
     """Whether ``gdn_plan`` launches the chunked kernels (which then need ``params.workspace`` to hold
     ``chunk_workspace_bytes(geo)`` bytes). ``engine``: ``auto`` takes them when the shape allows it and the
-    batch averages at least 32 tokens per row (ORT's rule: T >= 32 B); ``chunked`` whatever the token count
+    batch averages at least 32 tokens per row (ORT's rule: T >= 32 B; on an H200 the chunked engine is the
+    faster one from 1 x 32 up, BENCHMARKS.md "GPU kernels"); ``chunked`` whatever the token count
     (PlanError where the shape does not allow it); ``recurrent`` never."""
     if engine not in ("auto", "chunked", "recurrent"):
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")

@@ -10,7 +10,8 @@
 //   U~ into the workspace (U~ is staged in the output rows, which the scan overwrites with O).
 // * gdn_chunked, one CTA per (request, value head, 64 value columns), walks the chunks in order with the
 //   fp32 state in registers; per chunk only three products depend on the state (W S0 and Q S0, then P U
-//   and K^T U), with the next chunk's operands arriving through cp.async meanwhile.
+//   and K^T U), with the next chunk's operands arriving meanwhile (cp.async for the shared-memory operands,
+//   plain loads into registers for this thread's U~ values).
 // Only decay ratios e^{g_t-g_s} <= 1 are formed, never k e^{-g}. Every product runs on mma.sync.m16n8k16
 // (fp16 operands, fp32 accumulation); bf16 activations are converted to fp16 operands on load.
 //
@@ -46,20 +47,20 @@ constexpr int P_OFF_VEC = P_OFF_SOL + RHS * LDT * 2;  // gamma, beta, beta e^gam
 constexpr int PREP_SMEM_BYTES = P_OFF_VEC + 3 * BT * 4;
 static_assert(WARPS * 32 * LDD * 2 <= BT * LDH * 2, "solve scratch fits in the Q region");
 
-// Scan kernel. W, K, P and gamma have two buffers: the next chunk's arrive during the whole current chunk.
-// Q and this CTA's U~ columns, read only in the first step of a chunk, have one, refilled right after it.
-constexpr int LDU = VT + 8;                            // halves per U~ slice row
+// Scan kernel. Every operand read from the workspace has two buffers, so the next chunk's arrive during the
+// whole current chunk and no load is waited for on the chain of a chunk. (U~ bypasses shared memory: each
+// thread reads its own 16 values, one chunk ahead, into registers.) 159 KB: fits sm_80's 163 KB opt-in.
 constexpr int S_STAGE_W = 0;                           // W, fp16 [BT][LDH]
 constexpr int S_STAGE_K = S_STAGE_W + BT * LDH * 2;    // K, fp16 [BT][LDH]
-constexpr int S_STAGE_P = S_STAGE_K + BT * LDH * 2;    // P, fp16 [BT][LDT]
+constexpr int S_STAGE_Q = S_STAGE_K + BT * LDH * 2;    // Q, fp16 [BT][LDH]
+constexpr int S_STAGE_P = S_STAGE_Q + BT * LDH * 2;    // P, fp16 [BT][LDT]
 constexpr int S_STAGE_G = S_STAGE_P + BT * LDT * 2;    // gamma, fp32 [BT]
 constexpr int S_STAGE_BYTES = S_STAGE_G + BT * 4;
-constexpr int S_OFF_Q = 2 * S_STAGE_BYTES;             // Q, fp16 [BT][LDH]
-constexpr int S_OFF_U = S_OFF_Q + BT * LDH * 2;        // U~ columns of this CTA, fp16 [BT][LDU]
-constexpr int S_OFF_SH = S_OFF_U + BT * LDU * 2;       // state operand copy, fp16 [VT c][LDH r]
+constexpr int S_OFF_SH = 2 * S_STAGE_BYTES;            // state operand copy, fp16 [VT c][LDH r]
 constexpr int S_OFF_UT = S_OFF_SH + VT * LDH * 2;      // U^T, fp16 [VT c][LDT s]
 constexpr int S_OFF_UTD = S_OFF_UT + VT * LDT * 2;     // (diag(e^{g_L-g}) U)^T, fp16 [VT][LDT]
 constexpr int SMEM_BYTES = S_OFF_UTD + VT * LDT * 2;
+static_assert(SMEM_BYTES <= 163 * 1024, "the scan fits sm_80's opt-in shared memory per block");
 
 }  // namespace chunk
 
@@ -125,6 +126,7 @@ __device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* p, float a,
 }
 
 constexpr int kPrepRows = chunk::BT / chunk::WARPS;  // chunk rows each prep warp loads and normalises
+static_assert(2 * kPrepRows <= 32, "one lane per row for the gate, one for beta");
 
 __device__ __forceinline__ int chunks_of(int len) { return (len + chunk::BT - 1) / chunk::BT; }
 
@@ -214,23 +216,42 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
     const size_t tok0 = (size_t)span.start + t0;
 
     // 1. Inputs: normalised q/k and v as fp16 operands, log gates, beta. Rows past the request are zero.
-    //    Each warp issues all loads of its rows before using any, so their latencies overlap.
+    //    Each warp issues all loads of its rows before using any, so their latencies overlap. The gate and
+    //    beta are per-row scalars: lane j < kPrepRows computes row j's gate and lane kPrepRows + j its beta,
+    //    once, instead of every lane computing every row's.
     uint2 rq[kPrepRows], rk[kPrepRows], rv[kPrepRows];
-    float rd[kPrepRows], rb[kPrepRows];
 #pragma unroll
     for (int j = 0; j < kPrepRows; ++j) {
       const int t = warp * kPrepRows + j;
       rq[j] = rk[j] = rv[j] = make_uint2(0u, 0u);
-      rd[j] = rb[j] = 0.f;
       if (t < L) {
         const size_t tok = tok0 + t;
         rq[j] = *reinterpret_cast<const uint2*>(qb + tok * p.q_stride + lane * 4);
         rk[j] = *reinterpret_cast<const uint2*>(kb + tok * p.k_stride + lane * 4);
         rv[j] = *reinterpret_cast<const uint2*>(vb + tok * p.v_stride + lane * 4);
-        if (p.has_decay) rd[j] = p.decay[tok * p.hv + h];
-        if (p.has_delta) rb[j] = p.beta[tok * p.hv + h];
       }
     }
+    const int scalar_row = warp * kPrepRows + lane % kPrepRows;
+    const bool gate_lane = lane < kPrepRows, beta_lane = !gate_lane && lane < 2 * kPrepRows;
+    float scalar = 0.f;  // rows past the request: gate 0, beta 0
+    if (scalar_row < L) {
+      const size_t idx = (tok0 + scalar_row) * p.hv + h;
+      if (gate_lane && p.has_decay) {
+        scalar = p.decay[idx];
+        if (p.gate_qwen) {
+          const float z = scalar + dt_bias;
+          scalar = neg_a * (z > 20.0f ? z : log1pf(expf(z)));
+        }
+      } else if (beta_lane) {
+        scalar = 1.f;
+        if (p.has_delta) {
+          scalar = p.beta[idx];
+          if (p.beta_sigmoid) scalar = 1.0f / (1.0f + expf(-scalar));
+        }
+      }
+    }
+    if (gate_lane) gam[scalar_row] = scalar;
+    if (beta_lane) bet[scalar_row] = scalar;
 #pragma unroll
     for (int j = 0; j < kPrepRows; ++j) {
       const int t = warp * kPrepRows + j;
@@ -238,22 +259,13 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
       unpack4<T>(rq[j], qv);
       unpack4<T>(rk[j], kv);
       unpack4<T>(rv[j], vv);
-      float g = 0.f, be = 0.f;
-      if (t < L) {
-        if (p.l2norm) {
-          float sq = 0.f, sk = 0.f;
+      if (p.l2norm) {  // padding rows are zero and stay zero
+        float sq = 0.f, sk = 0.f;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) { sq = fmaf(qv[i], qv[i], sq); sk = fmaf(kv[i], kv[i], sk); }
-          const float iq = rsqrtf(warp_sum(sq) + 1e-12f), ik = rsqrtf(warp_sum(sk) + 1e-12f);
+        for (int i = 0; i < 4; ++i) { sq = fmaf(qv[i], qv[i], sq); sk = fmaf(kv[i], kv[i], sk); }
+        const float iq = rsqrtf(warp_sum(sq) + 1e-12f), ik = rsqrtf(warp_sum(sk) + 1e-12f);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) { qv[i] *= iq; kv[i] *= ik; }
-        }
-        g = rd[j];
-        if (p.has_decay && p.gate_qwen) {
-          const float z = g + dt_bias;
-          g = neg_a * (z > 20.0f ? z : log1pf(expf(z)));
-        }
-        be = p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-rb[j])) : rb[j]) : 1.f;
+        for (int i = 0; i < 4; ++i) { qv[i] *= iq; kv[i] *= ik; }
       }
       const uint2 qh = pack4_half(qv), kh = pack4_half(kv);
       *reinterpret_cast<uint2*>(Qh + t * LDH + lane * 4) = qh;
@@ -264,7 +276,6 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
         *reinterpret_cast<uint2*>(ws.q + row * D + lane * 4) = qh;
         *reinterpret_cast<uint2*>(ws.k + row * D + lane * 4) = kh;
       }
-      if (lane == 0) { gam[t] = g; bet[t] = be; }
     }
     __syncthreads();
 
@@ -326,12 +337,13 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
         }
       }
     }
-    __syncthreads();
 
-    // 4. Exact inverses of the unit lower-triangular diagonal blocks of (I + M), one warp per block,
-    //    lane j < 16 solving column j by forward substitution.
-    if (warp < BT / 16) {
-      const int i0 = warp * 16;
+    // 4. Exact inverses of the unit lower-triangular diagonal blocks of (I + M), lane j < 16 solving column j
+    //    by forward substitution. Block wm is inverted by the warp that just wrote it (the one whose 32
+    //    columns hold it), without waiting for the other warps.
+    if (wn == wm >> 1) {
+      __syncwarp();
+      const int i0 = wm * 16;
       const int j = lane & 15;
       float xv[16];
 #pragma unroll
@@ -425,6 +437,7 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
 struct ScanStage {
   __half* w;
   __half* k;
+  __half* q;
   __half* p;
   float* g;
 };
@@ -433,42 +446,78 @@ __device__ __forceinline__ ScanStage scan_stage(unsigned char* smem, int s) {
   using namespace chunk;
   unsigned char* base = smem + s * S_STAGE_BYTES;
   return {reinterpret_cast<__half*>(base + S_STAGE_W), reinterpret_cast<__half*>(base + S_STAGE_K),
-          reinterpret_cast<__half*>(base + S_STAGE_P), reinterpret_cast<float*>(base + S_STAGE_G)};
+          reinterpret_cast<__half*>(base + S_STAGE_Q), reinterpret_cast<__half*>(base + S_STAGE_P),
+          reinterpret_cast<float*>(base + S_STAGE_G)};
 }
 
-// W, K, P and gamma of the chunk at token tok0 with L rows (the rest zero-filled).
-__device__ __forceinline__ void scan_load_stage(const GdnParams& p, const ChunkWorkspace& ws, const ScanStage& st,
-                                                size_t tok0, int L, int h, int hk, int tid) {
+// This thread's share of loading W, K, Q, P and gamma into a stage: fixed slots, so each chunk costs only
+// one address per slot. W, K, Q: rows row + 16 j (j < 4) at column col; P: rows prow + 32 j (j < 2) at
+// column pcol; gamma: row tid (tid < BT).
+struct ScanCopy {
+  const __half* w;  // token 0's row of each operand, at this thread's column (this head)
+  const __half* k;
+  const __half* q;
+  const __half* p;
+  const float* g;
+  unsigned w_stride, k_stride, p_stride, g_stride;  // elements per token
+  int row, col, prow, pcol, tid;
+};
+
+__device__ __forceinline__ ScanCopy scan_copy(const GdnParams& p, const ChunkWorkspace& ws, int h, int hk, int tid) {
   using namespace chunk;
-  for (int i = tid; i < BT * (D / 8); i += THREADS) {
-    const int t = i / (D / 8), c = (i % (D / 8)) * 8;
-    const bool ok = t < L;
-    const size_t tok = ok ? tok0 + t : tok0;
-    cp_async16(st.w + t * LDH + c, ws.w + (tok * p.hv + h) * D + c, ok);
-    cp_async16(st.k + t * LDH + c, ws.k + (tok * p.hk + hk) * D + c, ok);
-  }
-  for (int i = tid; i < BT * (BT / 8); i += THREADS) {
-    const int t = i / (BT / 8), c = (i % (BT / 8)) * 8;
-    const bool ok = t < L;
-    cp_async16(st.p + t * LDT + c, ws.p + ((ok ? tok0 + t : tok0) * p.hv + h) * BT + c, ok);
-  }
-  if (tid < BT) cp_async4(st.g + tid, ws.g + ((tid < L ? tok0 + tid : tok0) * p.hv + h), tid < L);
+  ScanCopy c;
+  c.row = tid / (D / 8);
+  c.col = tid % (D / 8) * 8;
+  c.prow = tid / (BT / 8);
+  c.pcol = tid % (BT / 8) * 8;
+  c.tid = tid;
+  c.w = ws.w + (size_t)h * D + c.col;
+  c.k = ws.k + (size_t)hk * D + c.col;
+  c.q = ws.q + (size_t)hk * D + c.col;
+  c.p = ws.p + (size_t)h * BT + c.pcol;
+  c.g = ws.g + h;
+  c.w_stride = (unsigned)p.hv * D;
+  c.k_stride = (unsigned)p.hk * D;
+  c.p_stride = (unsigned)p.hv * BT;
+  c.g_stride = (unsigned)p.hv;
+  return c;
 }
 
-// Q and this CTA's U~ columns of the chunk.
-__device__ __forceinline__ void scan_load_qu(const GdnParams& p, const ChunkWorkspace& ws, __half* Qs, __half* Us,
-                                             size_t tok0, int L, int h, int hk, int c0, int tid) {
+// The chunk at token tok0 with L rows (the rest zero-filled, without reading).
+__device__ __forceinline__ void scan_load_stage(const ScanCopy& c, const ScanStage& st, unsigned tok0, int L) {
   using namespace chunk;
-  const __half* ub = static_cast<const __half*>(p.out) + (size_t)h * D + c0;
-  for (int i = tid; i < BT * (D / 8); i += THREADS) {
-    const int t = i / (D / 8), c = (i % (D / 8)) * 8;
+  static_assert(BT * (D / 8) == 4 * THREADS && BT * (BT / 8) == 2 * THREADS, "fixed copy slots");
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int t = c.row + 16 * j;
     const bool ok = t < L;
-    cp_async16(Qs + t * LDH + c, ws.q + ((ok ? tok0 + t : tok0) * p.hk + hk) * D + c, ok);
+    const unsigned tok = tok0 + (ok ? t : 0);
+    cp_async16(st.w + t * LDH + c.col, c.w + (size_t)tok * c.w_stride, ok);
+    cp_async16(st.k + t * LDH + c.col, c.k + (size_t)tok * c.k_stride, ok);
+    cp_async16(st.q + t * LDH + c.col, c.q + (size_t)tok * c.k_stride, ok);
   }
-  for (int i = tid; i < BT * (VT / 8); i += THREADS) {
-    const int t = i / (VT / 8), c = (i % (VT / 8)) * 8;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int t = c.prow + 32 * j;
     const bool ok = t < L;
-    cp_async16(Us + t * LDU + c, ub + (ok ? tok0 + t : tok0) * p.hv * D + c, ok);
+    cp_async16(st.p + t * LDT + c.pcol, c.p + (size_t)(tok0 + (ok ? t : 0)) * c.p_stride, ok);
+  }
+  if (c.tid < BT) {
+    const bool ok = c.tid < L;
+    cp_async4(st.g + c.tid, c.g + (size_t)(tok0 + (ok ? c.tid : 0)) * c.g_stride, ok);
+  }
+}
+
+// This thread's U~ values of the chunk at token tok0 with L rows, as fp16 pairs (zero past L): rows
+// row0 + {0, 8}, columns col0 + nt*8 + {0, 1} of the CTA's slice `ub` (rows `stride` halves apart).
+__device__ __forceinline__ void scan_load_u(unsigned (&u)[2][4], const __half* ub, size_t stride, size_t tok0, int L,
+                                            int row0, int col0) {
+#pragma unroll
+  for (int half_row = 0; half_row < 2; ++half_row) {
+    const int t = row0 + half_row * 8;
+    const __half* src = ub + (tok0 + t) * stride + col0;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) u[half_row][nt] = t < L ? *reinterpret_cast<const unsigned*>(src + nt * 8) : 0u;
   }
 }
 
@@ -476,8 +525,6 @@ template <typename T>
 __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
   using namespace chunk;
   extern __shared__ __align__(16) unsigned char smem[];
-  __half* Qs = reinterpret_cast<__half*>(smem + S_OFF_Q);
-  __half* Us = reinterpret_cast<__half*>(smem + S_OFF_U);
   __half* Sh = reinterpret_cast<__half*>(smem + S_OFF_SH);
   __half* Ut = reinterpret_cast<__half*>(smem + S_OFF_UT);
   __half* Utd = reinterpret_cast<__half*>(smem + S_OFF_UTD);
@@ -516,6 +563,15 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
   const int q2 = (lane & 3) * 2;
   const int n = chunks_of(span.len);
 
+  // U~ is staged in the output rows (this CTA's 64 columns); each thread holds its values of one chunk.
+  const __half* ub = static_cast<const __half*>(p.out) + (size_t)h * D + c0;
+  const size_t out_stride = (size_t)p.hv * D;
+  unsigned un[2][4];
+  scan_load_u(un, ub, out_stride, span.start, min(BT, span.len), wm * 16 + g8, wn * 32 + q2);
+  const ScanCopy copy = scan_copy(p, ws, h, hk, tid);
+  scan_load_stage(copy, scan_stage(smem, 0), span.start, min(BT, span.len));
+  cp_async_commit();
+
   // The fp32 state lives in registers: this warp owns state rows c0 + wm*16 + {g8, g8+8}, key columns
   // wn*64 + nt*8 + q2 + {0, 1} (the accumulator layout of the update product).
   float s[8][4];
@@ -532,21 +588,18 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
       store_half2(Sh + c * LDH + r, x.x, x.y);
     }
   }
-
-  scan_load_stage(p, ws, scan_stage(smem, 0), span.start, min(BT, span.len), h, hk, tid);
-  scan_load_qu(p, ws, Qs, Us, span.start, min(BT, span.len), h, hk, c0, tid);
-  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
   T* ob = static_cast<T*>(p.out) + (size_t)h * D + c0;
 
+  // Per chunk: two barriers, and the only loads waited for were issued a whole chunk earlier.
   for (int ci = 0; ci < n; ++ci) {
     const int t0 = ci * BT;
     const int L = min(BT, span.len - t0);
     const size_t next = (size_t)span.start + t0 + BT;
     const int next_len = min(BT, span.len - t0 - BT);
-    if (ci + 1 < n) scan_load_stage(p, ws, scan_stage(smem, (ci + 1) & 1), next, next_len, h, hk, tid);
+    if (ci + 1 < n) scan_load_stage(copy, scan_stage(smem, (ci + 1) & 1), next, next_len);
     cp_async_commit();
-    cp_async_wait<1>();  // everything but the prefetch just issued
-    __syncthreads();
     const ScanStage st = scan_stage(smem, ci & 1);
     const float gL = st.g[L - 1];
 
@@ -562,7 +615,7 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
       for (int kstep = 0; kstep < D / 16; ++kstep) {
         unsigned aw[4], aq[4];
         ldmatrix_a(aw, st.w + wm * 16 * LDH + kstep * 16, LDH, lane);
-        ldmatrix_a(aq, Qs + wm * 16 * LDH + kstep * 16, LDH, lane);
+        ldmatrix_a(aq, st.q + wm * 16 * LDH + kstep * 16, LDH, lane);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           unsigned bs[2];
@@ -577,11 +630,12 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
         const float eg = expf(st.g[t]), tail = expf(gL - st.g[t]);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
+          const float2 ut = __half22float2(*reinterpret_cast<const __half2*>(&un[half_row][nt]));
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const int e = half_row * 2 + j;
             const int col = wn * 32 + nt * 8 + q2 + j;
-            const float u = __half2float(Us[t * LDU + col]) - wsum[nt][e];
+            const float u = (j == 0 ? ut.x : ut.y) - wsum[nt][e];
             Ut[col * LDT + t] = __float2half_rn(u);
             Utd[col * LDT + t] = __float2half_rn(u * tail);
             o[nt][e] *= eg;
@@ -589,10 +643,8 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
         }
       }
     }
+    if (ci + 1 < n) scan_load_u(un, ub, out_stride, next, next_len, wm * 16 + g8, wn * 32 + q2);
     __syncthreads();
-    // Q and U~ are done with: the next chunk's arrive during the rest of this one.
-    if (ci + 1 < n) scan_load_qu(p, ws, Qs, Us, next, next_len, h, hk, c0, tid);
-    cp_async_commit();
 
     // 2. O = scale (diag(e^g) Q S0 + P U); P is lower triangular, so k blocks past the diagonal are skipped.
     for (int kb2 = 0; kb2 <= wm; ++kb2) {
@@ -637,9 +689,9 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
         store_half2(Sh + (c + 8) * LDH + r, s[nt][2], s[nt][3]);
       }
     }
-    __syncthreads();  // Sh, U^T and this chunk's buffer are reused by the next chunk
+    cp_async_wait<0>();
+    __syncthreads();  // the next chunk's operands have landed; Sh, U^T and this chunk's buffer are free
   }
-  cp_async_wait<0>();
 
   if (p.state_out != nullptr) {
 #pragma unroll
