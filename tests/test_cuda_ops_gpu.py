@@ -59,7 +59,7 @@ def poisoned(shape, dtype):
     return torch.full(tuple(shape), float("nan"), dtype=dtype, device="cuda")
 
 
-def run_gdn(case, engine="auto", feeds=None):
+def run_gdn(case, engine="auto", feeds=None, **knobs):
     feeds = dict(case.feeds if feeds is None else feeds)
     attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, case.attributes)
     geo = contract.resolve_gdn({k: (None if v is None else np.shape(v)) for k, v in feeds.items()}, attrs)
@@ -68,7 +68,7 @@ def run_gdn(case, engine="auto", feeds=None):
     outs = {"output": poisoned(geo.output_shape, act),
             "final_state": poisoned(geo.state_shape, torch.float32),
             "state_update": poisoned((geo.batch, geo.capsule_width), torch.float32)}
-    out, state, capsule = cuda_ops.gated_delta_net(dev, outputs=outs, engine=engine, **case.attributes)
+    out, state, capsule = cuda_ops.gated_delta_net(dev, outputs=outs, engine=engine, **knobs, **case.attributes)
     torch.cuda.synchronize()
     return to_host(out).astype(np.float64), to_host(state), to_host(capsule)
 
@@ -235,6 +235,25 @@ def test_decode_row_in_mixed_batch_is_bitwise_alone():
     decode["initial_state"] = case2.feeds["initial_state"][[0, 2, 3]]
     d_out, d_state, _ = run_gdn(type(case2)(feeds=decode, attributes=case2.attributes, lengths=[1, 1, 1]))
     assert np.array_equal(out2[rows], d_out) and np.array_equal(state2[[0, 2, 3]], d_state)
+
+
+# Recurrent launch shapes (value rows per warp, row groups per warp): one group per warp, and warps that walk
+# several groups with the next group's state loaded ahead.
+REC_SHAPES = [(4, 1), (8, 4), (8, 2), (4, 4), (2, 8), (1, 16)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_recurrent_launch_shape_does_not_change_results(dtype):
+    """Output, state and capsule are bitwise the same whatever the recurrent kernel's launch shape (decode,
+    verify and longer rows, with capture; Dv = 128, so warps walk several row groups)."""
+    case = random_gdn_case(np.random.default_rng(21), lengths=(1, 4, 4, 9, 0, 3), capacity=4,
+                           capture=(1, 4, 2, 4, 0, 3), dtype=dtype, **D128)
+    runs = [run_gdn(case, engine="recurrent", rec_rows=r, rec_groups=g) for r, g in REC_SHAPES]
+    ref_out, ref_state, _ = reference.gated_delta_net(case.feeds, **case.attributes)
+    tol = 5e-3 if dtype == "float16" else 2e-2
+    assert rel_err(runs[0][0], ref_out) <= tol and rel_err(runs[0][1], ref_state) <= tol
+    for shape, run in zip(REC_SHAPES[1:], runs[1:]):
+        assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(runs[0], run)), shape
 
 
 def test_in_place_state_and_two_call_continuation():
