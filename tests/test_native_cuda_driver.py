@@ -2,7 +2,7 @@
 host without a GPU: a small C++ program drives cuda::Launcher the way a CUDA Compute does, and the stub
 driver prints every call it receives. Checked: the lazy dlopen and its error, context push/pop balanced
 on every path, one module load per context, the image chosen by compute capability (same major, minor not
-above the device's), function lookups and the >48 KB shared-memory attribute cached, the launch
+above the device's), function lookups and the shared-memory attribute (static + dynamic > 48 KB) cached, the launch
 configuration and by-value parameters passed through, driver errors carrying the driver's text, grids
 beyond CUDA's limits refused with their sizes."""
 
@@ -39,6 +39,10 @@ int cuModuleGetFunction(void** f, void* module, const char* name) {
   if (strcmp(name, "absent") == 0) return 500;
   printf("lookup %s\n", name);
   *f = strdup(name);
+  return 0;
+}
+int cuFuncGetAttribute(int* v, int attr, void* f) {  /* kernels named "static..." have 16 KB of static smem */
+  *v = attr == 1 && strncmp((const char*)f, "static", 6) == 0 ? 16384 : 0;
   return 0;
 }
 int cuFuncSetAttribute(void* f, int attr, int value) { printf("attr %s %d %d\n", (char*)f, attr, value); return 0; }
@@ -81,6 +85,7 @@ int main(int argc, char** argv) {
   Attempt(0x10, "k", 0);
   Attempt(0x10, "k", 100000);  // > 48 KB: the attribute is set once
   Attempt(0x10, "k", 100000);
+  Attempt(0x10, "static", 40000);  // 16 KB static + 40000 dynamic > 48 KB: the attribute is needed too
   Attempt(0x10, "k", 0, 0);    // an empty grid launches nothing
   Attempt(0x10, "k", 0, 2, 65536);  // a grid beyond CUDA's limits is refused with the sizes
   Attempt(0x20, "k", 0);       // another context loads the image again
@@ -128,6 +133,8 @@ def test_launch_sequence(programs):
         "push 0x10", "load sm90", "device 90 232448", "lookup k", "launch k 2 3 4 128 1 1 0 0x10 42 7", "pop",
         "push 0x10", "device 90 232448", "attr k 8 100000", "launch k 2 3 4 128 1 1 100000 0x10 42 7", "pop",
         "push 0x10", "device 90 232448", "launch k 2 3 4 128 1 1 100000 0x10 42 7", "pop",
+        "push 0x10", "device 90 232448", "lookup static", "attr static 8 40000",
+        "launch static 2 3 4 128 1 1 40000 0x10 42 7", "pop",
         "push 0x10", "device 90 232448", "pop",
         "push 0x10", "device 90 232448", "pop",
         "error onnx_hybrid: k needs a grid of 2 x 3 x 65536 blocks, beyond CUDA's limit of 2147483647 x 65535 x 65535; "

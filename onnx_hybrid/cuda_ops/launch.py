@@ -29,7 +29,7 @@ class _Image:
             self.module = driver.moduleLoadData(compile_image(self.arch))
         self.device = device
         self.functions: dict[str, int] = {}
-        self.smem_set: dict[str, int] = {}
+        self.smem_allowed: dict[str, int] = {}  # dynamic shared memory each function may take now
 
     def function(self, name: str, smem: int) -> int:
         from cupy_backends.cuda.api import driver
@@ -37,9 +37,12 @@ class _Image:
         f = self.functions.get(name)
         if f is None:
             f = self.functions[name] = driver.moduleGetFunction(self.module, name)
-        if smem > _SMEM_DEFAULT_LIMIT and self.smem_set.get(name, 0) < smem:
+            # Without the opt-in, static and dynamic shared memory together stay within 48 KB.
+            static = driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f)
+            self.smem_allowed[name] = _SMEM_DEFAULT_LIMIT - static
+        if smem > self.smem_allowed[name]:
             driver.funcSetAttribute(f, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-            self.smem_set[name] = smem
+            self.smem_allowed[name] = smem
         return f
 
 

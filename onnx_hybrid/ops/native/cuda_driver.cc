@@ -23,6 +23,7 @@ using CUmodule = struct CUmod_st*;
 constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
 constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
+constexpr int kFuncAttrSharedSizeBytes = 1;  // static shared memory
 constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8;
 constexpr int kDefaultSharedMemoryLimit = 48 * 1024;
 constexpr unsigned kMaxGridX = 2147483647, kMaxGridYZ = 65535;  // every architecture since sm_30
@@ -43,6 +44,7 @@ struct Driver {
   CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuFuncGetAttribute)(int*, int, CUfunction);
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void**, void**);
@@ -74,6 +76,7 @@ Driver LoadDriver() {
   Resolve(handle, "cuDeviceGetAttribute", &d.cuDeviceGetAttribute, &d.error);
   Resolve(handle, "cuModuleLoadData", &d.cuModuleLoadData, &d.error);
   Resolve(handle, "cuModuleGetFunction", &d.cuModuleGetFunction, &d.error);
+  Resolve(handle, "cuFuncGetAttribute", &d.cuFuncGetAttribute, &d.error);
   Resolve(handle, "cuFuncSetAttribute", &d.cuFuncSetAttribute, &d.error);
   Resolve(handle, "cuLaunchKernel", &d.cuLaunchKernel, &d.error);
   return d;
@@ -122,7 +125,7 @@ struct ContextModule {
   struct Function {
     std::string name;
     CUfunction handle;
-    int smem_limit;  // dynamic shared memory the function has been allowed
+    int smem_limit;  // dynamic shared memory the function may take now
   };
   // A dozen kernels at most, looked up on every launch: a scan by name allocates nothing.
   std::vector<Function> functions;
@@ -174,7 +177,11 @@ CUfunction FunctionFor(const Driver& d, ContextModule& m, const char* name, int 
     CUfunction f = nullptr;
     const CUresult r = d.cuModuleGetFunction(&f, m.module, name);
     if (r != 0) Check(r, (std::string("cuModuleGetFunction(") + name + ")").c_str());
-    found = m.functions.insert(m.functions.end(), ContextModule::Function{name, f, kDefaultSharedMemoryLimit});
+    // Without the opt-in, static and dynamic shared memory together stay within 48 KB.
+    int static_smem = 0;
+    Check(d.cuFuncGetAttribute(&static_smem, kFuncAttrSharedSizeBytes, f), "cuFuncGetAttribute(SHARED_SIZE_BYTES)");
+    found = m.functions.insert(m.functions.end(),
+                               ContextModule::Function{name, f, kDefaultSharedMemoryLimit - static_smem});
   }
   if (smem > found->smem_limit) {
     Check(d.cuFuncSetAttribute(found->handle, kFuncAttrMaxDynamicSharedSizeBytes, smem),
