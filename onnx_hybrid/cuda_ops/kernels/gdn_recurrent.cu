@@ -79,8 +79,30 @@ __device__ __forceinline__ void load_head(const T* base, int lane, int dk, float
   for (int i = 0; i < NPL; ++i) x[i] = (r0 + i < dk) ? to_f32(base[r0 + i]) : 0.0f;
 }
 
+// Whole 16-byte key rows (dk == 32 NPL, aligned base): a row group that lies inside the head then loads
+// and stores through one base address, with one check for the group instead of one per row.
+template <int NPL>
+__device__ __forceinline__ bool vector_rows(const float* base, int dk) {
+  return NPL % 4 == 0 && dk == 32 * NPL && base != nullptr && (reinterpret_cast<size_t>(base) & 15) == 0;
+}
+
 template <int NPL, int ROWS>
-__device__ __forceinline__ void load_rows(const GdnParams& p, size_t head_base, int c0, int lane, float (&S)[ROWS][NPL]) {
+__device__ __forceinline__ void load_rows(const GdnParams& p, bool vec, size_t head_base, int c0, int lane,
+                                          float (&S)[ROWS][NPL]) {
+  if constexpr (NPL % 4 == 0) {
+    if (vec && c0 + ROWS <= p.dv) {
+      constexpr int kDk = 32 * NPL;
+      const float* base = p.state_in + (head_base + c0) * kDk + lane * NPL;
+#pragma unroll
+      for (int j = 0; j < ROWS; ++j)
+#pragma unroll
+        for (int i = 0; i < NPL; i += 4) {
+          const float4 x = __ldcs(reinterpret_cast<const float4*>(base + j * kDk + i));
+          S[j][i] = x.x; S[j][i + 1] = x.y; S[j][i + 2] = x.z; S[j][i + 3] = x.w;
+        }
+      return;
+    }
+  }
 #pragma unroll
   for (int j = 0; j < ROWS; ++j) {
     if (p.state_in != nullptr && c0 + j < p.dv) {
@@ -92,6 +114,26 @@ __device__ __forceinline__ void load_rows(const GdnParams& p, size_t head_base, 
   }
 }
 
+template <int NPL, int ROWS>
+__device__ __forceinline__ void store_rows(const GdnParams& p, bool vec, size_t head_base, int c0, int lane,
+                                           const float (&S)[ROWS][NPL]) {
+  if constexpr (NPL % 4 == 0) {
+    if (vec && c0 + ROWS <= p.dv) {
+      constexpr int kDk = 32 * NPL;
+      float* base = p.state_out + (head_base + c0) * kDk + lane * NPL;
+#pragma unroll
+      for (int j = 0; j < ROWS; ++j)
+#pragma unroll
+        for (int i = 0; i < NPL; i += 4)
+          __stcs(reinterpret_cast<float4*>(base + j * kDk + i), make_float4(S[j][i], S[j][i + 1], S[j][i + 2], S[j][i + 3]));
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < ROWS; ++j)
+    if (c0 + j < p.dv) store_state_row<NPL>(p.state_out + (head_base + c0 + j) * p.dk, lane, p.dk, S[j]);
+}
+
 // A warp's per-token values that do not depend on the state, for up to kTokens tokens. Each lane reads back
 // only what it wrote (its own key columns), laid out so a warp's access is one contiguous span per vector.
 template <int NPL>
@@ -101,7 +143,9 @@ struct RecStash {
   // within 4 KB per warp.
   static constexpr int kTokens = NPL >= 16 ? 1 : (NPL >= 8 ? 2 : 4);
   static constexpr int kVec = NPL % 4 == 0 ? 4 : NPL;       // floats per shared-memory access
-  float vec[kTokens][2][NPL / kVec][32][kVec];              // [token][q, k][part][lane][element]
+  // [token][kept, sent][part][lane][element]: lanes 0-15 keep k and send q in the reduction's first step,
+  // lanes 16-31 the reverse (transposed_warp_sum_kept), so each lane stores the two in its own order.
+  float vec[kTokens][2][NPL / kVec][32][kVec];
   float scalar[kTokens][4];                                 // decay (scalar rules), beta, q.k
 };
 
@@ -178,6 +222,15 @@ __device__ __forceinline__ float transposed_warp_sum(float* x, int lane) {
   }
 }
 
+// The same sum when the caller already holds, in x[0, N/2), the values this lane keeps in the first step
+// (lane offset 16) and in x[N/2, N) those it sends: that step then needs no selects.
+template <int N>
+__device__ __forceinline__ float transposed_warp_sum_kept(float* x, int lane) {
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) x[j] += __shfl_xor_sync(0xffffffffu, x[j + N / 2], 16);
+  return transposed_warp_sum<N / 2, 8>(x, lane);
+}
+
 __host__ __device__ constexpr int log2_int(int n) { return n <= 1 ? 0 : 1 + log2_int(n / 2); }
 
 // Per-head gate constants (qwen: g = -exp(a_log) * softplus(x + dt_bias)).
@@ -226,8 +279,8 @@ __device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<NPL>
       }
       alpha = expf(g);
     }
-    stash_put<NPL>(st.vec[t][0], lane, q);
-    stash_put<NPL>(st.vec[t][1], lane, k);
+    stash_put<NPL>(st.vec[t][lane >> 4], lane, k);
+    stash_put<NPL>(st.vec[t][1 - (lane >> 4)], lane, q);
     if (lane == 0) {
       st.scalar[t][0] = alpha;
       st.scalar[t][1] = p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-cur.beta)) : cur.beta) : 1.0f;
@@ -271,14 +324,16 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const int slot = lane >> kShift;                            // which reduced value this lane holds
   const bool first_copy = (lane & ((1 << kShift) - 1)) == 0;  // the lane that writes it
   const int my_row = slot % ROWS;
+  const bool vec_in = vector_rows<NPL>(p.state_in, dk);
+  const bool vec_out = vector_rows<NPL>(p.state_out, dk);
 
   // Every load whose address does not depend on the offsets goes out before them: the first two groups'
   // state, the gate constants, and the inputs of token b * T / B, where row b starts when every row has the
   // same length (decode); they are loaded again only when the offsets say otherwise.
   const size_t head_base = ((size_t)b * p.hv + h) * p.dv;
   float S[ROWS][NPL], Sn[ROWS][NPL];
-  load_rows<NPL, ROWS>(p, head_base, c_warp, lane, S);
-  if (p.row_groups > 1 && c_warp + ROWS < p.dv) load_rows<NPL, ROWS>(p, head_base, c_warp + ROWS, lane, Sn);
+  load_rows<NPL, ROWS>(p, vec_in, head_base, c_warp, lane, S);
+  if (p.row_groups > 1 && c_warp + ROWS < p.dv) load_rows<NPL, ROWS>(p, vec_in, head_base, c_warp + ROWS, lane, Sn);
   const HeadGate gate = {p.gate_qwen ? -expf(p.a_log[h]) : 0.0f, p.gate_qwen ? p.dt_bias[h] : 0.0f};
   const int hk = h / (p.hv / p.hk);
   const T* qb = static_cast<const T*>(p.q) + (size_t)hk * dk;
@@ -312,8 +367,10 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     }
     v[0] = v_first;
 #pragma unroll
-    for (int t = 1; t < kTokens; ++t)
-      v[t] = (t < span.len && row0_ok) ? to_f32(vh[(size_t)(span.start + t) * p.v_stride + c_warp]) : 0.0f;
+    for (int t = 1; t < kTokens; ++t) {
+      if (t >= span.len) break;  // a branch, not predicated loads: decode issues none of them
+      v[t] = row0_ok ? to_f32(vh[(size_t)(span.start + t) * p.v_stride + c_warp]) : 0.0f;
+    }
     token_prologue<T, NPL>(p, stash, first, span.start, 0, span.len, h, hk, gate, lane, qb, kb, m, cap,
                            capture_decay, capture_key);
   }
@@ -322,7 +379,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     const int c0 = c_warp + rg * ROWS;
     if (c0 >= p.dv) break;
     const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
-    if (more && rg > 0) load_rows<NPL, ROWS>(p, head_base, c0 + ROWS, lane, Sn);
+    if (more && rg > 0) load_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, Sn);
     const bool row_ok = c0 + my_row < p.dv;
     T* ob = static_cast<T*>(p.out) + (size_t)h * p.dv + c0 + my_row;
     float* delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
@@ -338,40 +395,48 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       }
       if (!one_chunk || rg > 0) {
 #pragma unroll
-        for (int t = 0; t < kTokens; ++t)
-          v[t] = (t < n && row_ok) ? to_f32(vh[(size_t)(span.start + t0 + t) * p.v_stride + c0]) : 0.0f;
+        for (int t = 0; t < kTokens; ++t) {
+          if (t >= n) break;
+          v[t] = row_ok ? to_f32(vh[(size_t)(span.start + t0 + t) * p.v_stride + c0]) : 0.0f;
+        }
       }
 
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) {
         if (t >= n) break;
         const int tok = span.start + t0 + t;
-        float q[NPL], k[NPL], alpha[NPL];
-        stash_get<NPL>(stash.vec[t][0], lane, q);
-        stash_get<NPL>(stash.vec[t][1], lane, k);
+        float kept[NPL], sent[NPL], alpha[NPL];
+        stash_get<NPL>(stash.vec[t][0], lane, kept);
+        stash_get<NPL>(stash.vec[t][1], lane, sent);
         const float alpha_head = stash.scalar[t][0];
         const float beta = stash.scalar[t][1];
         const float qk = stash.scalar[t][2];
+        if (p.decay_per_key) {  // one uniform branch: the per-element test cost ~8 instructions per key column
 #pragma unroll
-        for (int i = 0; i < NPL; ++i) {
-          const int r = lane * NPL + i;
-          alpha[i] = (p.decay_per_key && r < dk) ? expf(gdn_log_gate(p, tok, h, r)) : alpha_head;
+          for (int i = 0; i < NPL; ++i) {
+            const int r = lane * NPL + i;
+            alpha[i] = r < dk ? expf(gdn_log_gate(p, tok, h, r)) : alpha_head;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < NPL; ++i) alpha[i] = alpha_head;
         }
 
+        // red[j] is what this lane keeps of row j (S'.k in lanes 0-15, S'.q in 16-31), red[ROWS + j] the other.
         float red[2 * ROWS];
 #pragma unroll
         for (int j = 0; j < ROWS; ++j) {
-          float dot_k = 0.0f, dot_q = 0.0f;
+          float dot_kept = 0.0f, dot_sent = 0.0f;
 #pragma unroll
           for (int i = 0; i < NPL; ++i) {
             S[j][i] = __fmul_rn(S[j][i], alpha[i]);
-            dot_k = fmaf(S[j][i], k[i], dot_k);
-            dot_q = fmaf(S[j][i], q[i], dot_q);
+            dot_kept = fmaf(S[j][i], kept[i], dot_kept);
+            dot_sent = fmaf(S[j][i], sent[i], dot_sent);
           }
-          red[j] = dot_k;
-          red[ROWS + j] = dot_q;
+          red[j] = dot_kept;
+          red[ROWS + j] = dot_sent;
         }
-        const float x = transposed_warp_sum<2 * ROWS>(red, lane);
+        const float x = transposed_warp_sum_kept<2 * ROWS>(red, lane);
         // Lanes 0-15: the delta of their row; lanes 16-31 take their row's delta from lane l - 16.
         const float u_mine = p.has_delta ? beta * (v[t] - x) : v[t];
         const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, 16);
@@ -382,6 +447,9 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
             delta_cap[(size_t)(t0 + t) * p.hv * p.dv] = u_mine;
           }
         }
+        float k[NPL];
+#pragma unroll
+        for (int i = 0; i < NPL; ++i) k[i] = lane >= 16 ? sent[i] : kept[i];
 #pragma unroll
         for (int j = 0; j < ROWS; ++j) {
           const float u = __shfl_sync(0xffffffffu, u_mine, j << kShift);
@@ -400,12 +468,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         if (lane < 16 && first_copy && row_ok) delta_cap[(size_t)t * p.hv * p.dv] = 0.0f;
       }
     }
-
-    if (p.state_out != nullptr) {
-#pragma unroll
-      for (int j = 0; j < ROWS; ++j)
-        if (c0 + j < p.dv) store_state_row<NPL>(p.state_out + (head_base + c0 + j) * dk, lane, dk, S[j]);
-    }
+    if (p.state_out != nullptr) store_rows<NPL, ROWS>(p, vec_out, head_base, c0, lane, S);
     if (more) {
 #pragma unroll
       for (int j = 0; j < ROWS; ++j)
