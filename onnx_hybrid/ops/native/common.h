@@ -50,7 +50,7 @@ class Shape {
   friend bool operator!=(const Shape& a, const Shape& b) { return !(a == b); }
 
  private:
-  int64_t dims_[kMaxRank];
+  int64_t dims_[kMaxRank] = {};
   size_t size_ = 0;
 };
 
