@@ -49,7 +49,7 @@ static_assert(WARPS * 32 * LDD * 2 <= BT * LDH * 2, "solve scratch fits in the Q
 
 // Scan kernel. Every operand read from the workspace has two buffers, so the next chunk's arrive during the
 // whole current chunk and no load is waited for on the chain of a chunk. (U~ bypasses shared memory: each
-// thread reads its own 16 values, one chunk ahead, into registers.) 159 KB: fits sm_80's 163 KB opt-in.
+// thread reads its own 16 values, one chunk ahead, into registers.) 155.5 KiB: fits sm_80's 163 KiB opt-in.
 constexpr int S_STAGE_W = 0;                           // W, fp16 [BT][LDH]
 constexpr int S_STAGE_K = S_STAGE_W + BT * LDH * 2;    // K, fp16 [BT][LDH]
 constexpr int S_STAGE_Q = S_STAGE_K + BT * LDH * 2;    // Q, fp16 [BT][LDH]
