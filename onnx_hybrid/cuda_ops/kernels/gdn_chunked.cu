@@ -459,7 +459,7 @@ struct ScanCopy {
   const __half* q;
   const __half* p;
   const float* g;
-  unsigned w_stride, k_stride, p_stride, g_stride;  // elements per token
+  unsigned w_stride, k_stride, p_stride, g_stride;  // elements per token (Q shares K's: both [Hk][D])
   int row, col, prow, pcol, tid;
 };
 
