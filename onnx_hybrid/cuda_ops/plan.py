@@ -131,8 +131,8 @@ def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int) 
 
 
 def chunked_aligned(params: GdnParams) -> bool:
-    """The chunked kernels' vector accesses: 8-byte q/k/v, 16-byte output rows (cp.async of the staged U~)
-    and state rows."""
+    """The chunked kernels' vector accesses: 8-byte q/k/v; 16-byte output and state rows, more than the
+    kernels now need (they access the output 4 and the state 8 bytes at a time), kept as cuda_plan.cc has it."""
     def ok(ptr, n):
         return ptr is None or ptr % n == 0
     return (ok(params.q, 8) and ok(params.k, 8) and ok(params.v, 8) and ok(params.out, 16)
