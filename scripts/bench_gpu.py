@@ -202,25 +202,27 @@ def main() -> None:
                 except Exception as exc:  # report and keep our number
                     print(f"# FLA failed on {name}: {type(exc).__name__}: {str(exc)[:200]}")
             tokens = sum(lengths)
-            if lengths[0] <= 8:
+            prefill = lengths[0] > 8  # else decode or verify: measured against the byte floor
+            if not prefill:
                 bytes_moved = state_bytes + len(lengths) * capacity * (HV + HK * D + HV * D) * 4
                 floor = bytes_moved / rate / ours_t
             else:
                 floor = CHUNK_FLOP_PER_TOKEN_HEAD * tokens * HV / MATMUL_RATE / ours_t
             print(f"{name:24s} {dtype_name:9s} {ours_t * 1e6:9.1f} {fla_t * 1e6:9.1f} {fla_t / ours_t:9.2f} "
                   f"{floor:7.1%} {err:8.1e}", flush=True)
-            if lengths[0] <= 8 and args.rows:
+            if not prefill and args.rows:
                 for variant in args.rows.split(","):
                     rows, groups = (int(x) for x in variant.split(":"))
                     t_rows = graph_time([ours_fn(f, o, capacity, workspace, rows, groups) for f, o, _ in inputs])
                     print(f"#   rows/warp {rows}, groups/warp {groups}: {t_rows * 1e6:.1f} us "
                           f"({floor * ours_t / t_rows:.1%} of floor)")
-            if lengths[0] > 8 and args.engines:
+            if prefill and args.engines:
                 for engine in args.engines.split(","):
                     t_eng = graph_time([ours_fn(f, o, capacity, workspace, engine=engine) for f, o, _ in inputs])
                     print(f"#   engine {engine}: {t_eng * 1e6:.1f} us")
-            if lengths[0] > 8 and args.split:
-                for label, kernels in (("prep", ("gdn_chunk_prep",)), ("prep + scan", ("gdn_chunk_prep", "gdn_chunked"))):
+            if prefill and args.split:
+                for label, kernels in (("prep", ("gdn_chunk_prep",)),
+                                       ("prep + scan", ("gdn_chunk_prep", "gdn_chunked"))):
                     t_k = graph_time([only_kernels(fn, kernels) for fn in ours])
                     print(f"#   {label}: {t_k * 1e6:.1f} us")
             del inputs, ours, workspace
