@@ -79,8 +79,8 @@ __device__ __forceinline__ void load_head(const T* base, int lane, int dk, float
   for (int i = 0; i < NPL; ++i) x[i] = (r0 + i < dk) ? to_f32(base[r0 + i]) : 0.0f;
 }
 
-// Whole 16-byte key rows (dk == 32 NPL, aligned base): a row group that lies inside the head then loads
-// and stores through one base address, with one check for the group instead of one per row.
+// Whole 16-byte key rows (dk == 32 NPL, 16-byte aligned base, so every row is aligned too): tested once per
+// warp; a row group that lies inside the head then loads and stores through one base address, untested per row.
 template <int NPL>
 __device__ __forceinline__ bool vector_rows(const float* base, int dk) {
   return NPL % 4 == 0 && dk == 32 * NPL && base != nullptr && (reinterpret_cast<size_t>(base) & 15) == 0;
