@@ -447,7 +447,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
             delta_cap[(size_t)(t0 + t) * p.hv * p.dv] = u_mine;
           }
         }
-        float k[NPL];
+        float k[NPL];  // the update's key: kept in lanes 0-15, sent in 16-31 (RecStash::vec)
 #pragma unroll
         for (int i = 0; i < NPL; ++i) k[i] = lane >= 16 ? sent[i] : kept[i];
 #pragma unroll
