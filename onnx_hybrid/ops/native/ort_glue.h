@@ -127,16 +127,13 @@ struct Inputs : InputShapes<N> {
     Ort::ThrowOnError(api.GetTensorTypeAndShape(value, &info));
     size_t rank = 0;
     OrtStatus* status = api.GetDimensionsCount(info, &rank);
-    if (!status && rank > Shape::kMaxRank) {
-      api.ReleaseTensorTypeAndShapeInfo(info);
-      CheckRank(rank, name);
-    }
-    if (!status) {
+    if (!status && rank <= Shape::kMaxRank) {
       shape->resize(rank);
       status = api.GetDimensions(info, shape->data(), rank);
     }
     api.ReleaseTensorTypeAndShapeInfo(info);
     Ort::ThrowOnError(status);
+    CheckRank(rank, name);
   }
 };
 
