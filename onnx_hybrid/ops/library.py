@@ -49,8 +49,8 @@ def register(session_options) -> None:
 
     Where a CUDA session could run (an ORT with the CUDA EP and a visible GPU, or $ONNX_HYBRID_CUDA_IMAGES
     set), also prepares the CUDA kernels (:func:`prepare_cuda`; once per process and GPU architecture), so
-    that a plain ``InferenceSession(..., providers=["CUDAExecutionProvider"])`` works. Without the variable, a failure to
-    prepare them is a warning: CPU sessions do not need them.
+    that a plain ``InferenceSession(..., providers=["CUDAExecutionProvider"])`` works. Without the variable,
+    a failure to prepare them is a warning: CPU sessions do not need them.
     """
     path = library_path()
     try:

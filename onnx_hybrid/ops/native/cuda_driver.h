@@ -32,8 +32,8 @@ struct DeviceInfo {
 };
 
 // One Compute call's view of the driver: makes the stream's context current for the call (pushed on
-// construction and popped on destruction, every path, errors included, unless it is current already). Every failure throws std::runtime_error with the driver's
-// own text; nothing here synchronises with the host.
+// construction and popped on destruction, every path, errors included, unless it is current already).
+// Every failure throws std::runtime_error with the driver's own text; nothing here synchronises with the host.
 class Launcher {
  public:
   explicit Launcher(void* ort_stream);

@@ -113,8 +113,9 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
   const int rows = RecRowGroups(geo, large) > 1 ? large : cp::kRecRowsSmall[key];
   rec.row_groups = RecRowGroups(geo, rows);
   const int64_t rows_per_block = int64_t(cp::kRecWarps) * rows * rec.row_groups;
-  launches.push_back({KernelName("gdn_recurrent_", type).Append("_k").Append(cp::kRecKeySizes[key]).Append("_r").Append(
-                          rows),
+  KernelName recurrent("gdn_recurrent_", type);
+  recurrent.Append("_k").Append(cp::kRecKeySizes[key]).Append("_r").Append(rows);
+  launches.push_back({recurrent,
                       {U(CeilDiv(geo.head_size_v, rows_per_block)), U(geo.num_heads_v), U(geo.batch)},
                       {U(cp::kRecWarps * 32), 1, 1},
                       0,

@@ -461,7 +461,8 @@ std::string StructLayout(const std::string& name) {
            ONNX_HYBRID_FIELD(S, beta) + ONNX_HYBRID_FIELD(S, state_in) + ONNX_HYBRID_FIELD(S, a_log) +
            ONNX_HYBRID_FIELD(S, dt_bias) + ONNX_HYBRID_FIELD(S, capture_count) + ONNX_HYBRID_FIELD(S, out) +
            ONNX_HYBRID_FIELD(S, state_out) + ONNX_HYBRID_FIELD(S, capsule) + ONNX_HYBRID_FIELD(S, workspace) +
-           ONNX_HYBRID_FIELD(S, q_stride) + ONNX_HYBRID_FIELD(S, k_stride) + ONNX_HYBRID_FIELD(S, v_stride) + ONNX_HYBRID_FIELD(S, batch) +
+           ONNX_HYBRID_FIELD(S, q_stride) + ONNX_HYBRID_FIELD(S, k_stride) + ONNX_HYBRID_FIELD(S, v_stride) +
+           ONNX_HYBRID_FIELD(S, batch) +
            ONNX_HYBRID_FIELD(S, total_tokens) + ONNX_HYBRID_FIELD(S, uniform_len) + ONNX_HYBRID_FIELD(S, hk) +
            ONNX_HYBRID_FIELD(S, hv) + ONNX_HYBRID_FIELD(S, dk) + ONNX_HYBRID_FIELD(S, dv) +
            ONNX_HYBRID_FIELD(S, has_decay) + ONNX_HYBRID_FIELD(S, has_delta) + ONNX_HYBRID_FIELD(S, gate_qwen) +
@@ -514,8 +515,8 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_struct_layout(const char* name, char* ou
 // The launch plan the CUDA variant would enqueue, without a device: one line per kernel, "name gx gy gz bx
 // by bz smem tail_only row_groups". op "gdn": dims = {batch, total_tokens, hv, dk, dv, per_key_decay,
 // aligned} (Hq = Hk = Hv); op "gdn_workspace": the same dims, one line with the workspace bytes the plan
-// needs (0 without the chunked kernels); op "conv": dims = {batch, total_tokens, channels}. type: 0 float, 1 float16, 2 bfloat16;
-// engine: 0 auto, 1 chunked, 2 recurrent. Returns the text's length, or -1 with onnx_hybrid_last_error().
+// needs (0 without the chunked kernels); op "conv": dims = {batch, total_tokens, channels}. type: 0 float,
+// 1 float16, 2 bfloat16; engine: 0 auto, 1 chunked, 2 recurrent. Returns the text's length, or -1 with onnx_hybrid_last_error().
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int64_t* dims, int n_dims, int arch,
                                              int smem_optin, int engine, char* out, size_t size) {
   return Guarded("onnx_hybrid_cuda_plan", [&] {
