@@ -16,35 +16,38 @@ def gpu(x):
     return None if x is None else torch.from_numpy(np.ascontiguousarray(x)).cuda()
 
 
+def device_feeds(case, offsets_name, cu):
+    """The case's feeds on the GPU with ``cu`` as its offsets and initial_state resized to len(cu) - 1 rows."""
+    b = len(cu) - 1
+    state = case.feeds["initial_state"]
+    feeds = {k: gpu(v) for k, v in case.feeds.items()}
+    feeds[offsets_name] = gpu(np.asarray(cu, np.int32))
+    feeds["initial_state"] = gpu(np.resize(state, (b,) + state.shape[1:]))
+    return feeds
+
+
 def main():
     rng = np.random.default_rng(0)
     for cu in MALFORMED:
         b = len(cu) - 1
         for kw, engine in ((dict(), "recurrent"), (dict(dtype="float16", **D128), "chunked")):
             case = random_gdn_case(rng, lengths=(6, 6), capacity=4, **kw)
-            feeds = {k: gpu(v) for k, v in case.feeds.items()}
-            feeds["cu_seqlens"] = gpu(np.asarray(cu, np.int32))
+            feeds = device_feeds(case, "cu_seqlens", cu)
             feeds["capture_count"] = gpu(np.full(b, 4, np.int32))
-            feeds["initial_state"] = gpu(np.resize(case.feeds["initial_state"], (b,) + case.feeds["initial_state"].shape[1:]))
             cuda_ops.gated_delta_net(feeds, engine=engine, **case.attributes)
             state = feeds["initial_state"]
             cuda_ops.replay_gdn(state, cuda_ops.gated_delta_net(feeds, engine=engine, **case.attributes)[2],
                                 [9, -1] + [2] * (b - 2), 4)
         conv = random_conv_case(rng, lengths=(6, 6), capacity=2, capture=(1, 1))
-        feeds = {k: gpu(v) for k, v in conv.feeds.items()}
-        feeds["cumulative_sequence_length"] = gpu(np.asarray(cu, np.int32))
+        feeds = device_feeds(conv, "cumulative_sequence_length", cu)
         feeds["capture_count"] = gpu(np.ones(b, np.int32))
-        feeds["initial_state"] = gpu(np.resize(conv.feeds["initial_state"], (b,) + conv.feeds["initial_state"].shape[1:]))
         _, st, cap = cuda_ops.varlen_causal_conv(feeds, **conv.attributes)
         cuda_ops.replay_conv(st, cap, [5] + [1] * (b - 1))
     # the chunked kernels on long rows: a well-formed mixed batch (full, partial and short rows), then
     # overlapping rows (more chunks than the prep grid's bound)
     for cu in ([0, 130, 170, 175, 239], [0, 140, 0, 140]):
-        b = len(cu) - 1
         case = random_gdn_case(rng, lengths=(max(cu),), dtype="float16", **D128)
-        feeds = {k: gpu(v) for k, v in case.feeds.items()}
-        feeds["cu_seqlens"] = gpu(np.asarray(cu, np.int32))
-        feeds["initial_state"] = gpu(np.resize(case.feeds["initial_state"], (b,) + case.feeds["initial_state"].shape[1:]))
+        feeds = device_feeds(case, "cu_seqlens", cu)
         cuda_ops.gated_delta_net(feeds, engine="chunked", **case.attributes)
     torch.cuda.synchronize()
     print("gpu_check: all kernels ran on malformed offsets without a CUDA error")
