@@ -188,7 +188,8 @@ def main() -> None:
     print(f"# {datetime.date.today()} {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}  "
           f"onnxruntime {ort.__version__}; times in us (median of {args.reps})")
     print(f"{'case':24s} {'kernel':>7s} | {'ours run':>8s} {'graph':>7s} {'r-g':>6s} {'node':>6s} | "
-          f"{'ORT run':>8s} {'graph':>7s} {'r-g':>6s} {'node':>6s} | {'run ratio':>9s} {'node diff':>9s} {'diff range':>13s}")
+          f"{'ORT run':>8s} {'graph':>7s} {'r-g':>6s} {'node':>6s} | "
+          f"{'run ratio':>9s} {'node diff':>9s} {'diff range':>13s}")
     for name, op, lengths, capacity in CASES:
         if args.cases and not any(c in name for c in args.cases.split(",")):
             continue
