@@ -125,7 +125,8 @@ __device__ __forceinline__ void store_rows(const GdnParams& p, bool vec, size_t 
       for (int j = 0; j < ROWS; ++j)
 #pragma unroll
         for (int i = 0; i < NPL; i += 4)
-          __stcs(reinterpret_cast<float4*>(base + j * kDk + i), make_float4(S[j][i], S[j][i + 1], S[j][i + 2], S[j][i + 3]));
+          __stcs(reinterpret_cast<float4*>(base + j * kDk + i),
+                 make_float4(S[j][i], S[j][i + 1], S[j][i + 2], S[j][i + 3]));
       return;
     }
   }
