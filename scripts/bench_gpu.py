@@ -5,7 +5,9 @@ beta, in-kernel L2 norm. FLA gets q/k already expanded to Hv heads and g / sigmo
 (outside the timed region: that is less work for FLA than for us). Each case first checks our output
 against FLA's, then times graph replays with CUDA events (median), rotating input sets so that the working
 set exceeds L2. Prints ours, FLA, ratio, and the fraction of the byte floor (decode, verify) or of the
-FLOP floor (prefill) reached by our kernel.
+FLOP floor (prefill) reached by our kernel. Our kernels use programmatic dependent launch on sm_90+ unless
+``--pdl off``; ``--pdl both`` also times them without it, ``--neighbour`` after a small torch kernel (which,
+like most of a model's kernels, does not opt in).
 """
 
 from __future__ import annotations
@@ -124,6 +126,22 @@ def only_kernels(fn, prefixes):
     return run
 
 
+def after_neighbour(fn, scratch):
+    """fn after a small torch kernel: a neighbour that does not opt in to programmatic launch."""
+    def run():
+        scratch.add_(1.0)
+        return fn()
+    return run
+
+
+def time_without_pdl(fns, default: bool) -> float:
+    launch.set_programmatic_launch(False)
+    try:
+        return graph_time(fns)
+    finally:
+        launch.set_programmatic_launch(default)
+
+
 def graph_time(fns, reps=20) -> float:
     """Seconds per call: one graph replays every fn (one per rotated input set) once."""
     s = torch.cuda.Stream()
@@ -169,10 +187,17 @@ def main() -> None:
     ap.add_argument("--rows", default="", help="also time the recurrent kernel with these rows:groups per warp")
     ap.add_argument("--engines", default="", help="also time prefill cases with these engines (chunked, recurrent)")
     ap.add_argument("--split", action="store_true", help="also time the chunked engine's prep, and prep + scan")
+    ap.add_argument("--pdl", choices=["on", "off", "both"], default="on",
+                    help="programmatic dependent launch of our kernels (sm_90+); both: also time them without it")
+    ap.add_argument("--neighbour", action="store_true",
+                    help="also time each of our calls after a small torch kernel (one that does not opt in)")
     args = ap.parse_args()
+    launch.set_programmatic_launch(args.pdl != "off")
     dtypes = ["float16", "bfloat16"] if args.dtype == "both" else [args.dtype]
     rate = copy_rate()
-    print(f"# {datetime.date.today()} {torch.cuda.get_device_name()}  copy rate {rate / 1e12:.2f} TB/s")
+    pdl = launch.programmatic_launch(torch.cuda.current_device())
+    print(f"# {datetime.date.today()} {torch.cuda.get_device_name()}  copy rate {rate / 1e12:.2f} TB/s  "
+          f"programmatic launch {'on' if pdl else 'off'}")
     print(f"{'case':24s} {'dtype':9s} {'ours us':>9s} {'FLA us':>9s} {'FLA/ours':>9s} {'floor':>7s} {'max err':>8s}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     for dtype_name in dtypes:
@@ -192,6 +217,16 @@ def main() -> None:
                 continue
             ours_out = ours[0]().float()
             ours_t = graph_time(ours)
+            notes = []
+            if args.pdl == "both":
+                notes.append(f"without PDL: {time_without_pdl(ours, True) * 1e6:.1f} us")
+            if args.neighbour:
+                scratch = torch.zeros(256, device="cuda")
+                pairs = [after_neighbour(fn, scratch) for fn in ours]
+                alone = graph_time([lambda: scratch.add_(1.0)] * len(ours))
+                with_pdl = "" if args.pdl == "off" else f"{graph_time(pairs) * 1e6:.1f} us with PDL, "
+                without = "" if args.pdl == "on" else f"{time_without_pdl(pairs, args.pdl != 'off') * 1e6:.1f} us without"
+                notes.append(f"after a torch kernel ({alone * 1e6:.1f} us alone): {with_pdl}{without}".rstrip(", "))
             fla_t, err = float("nan"), float("nan")
             if not args.no_fla:
                 try:
@@ -210,6 +245,8 @@ def main() -> None:
                 floor = CHUNK_FLOP_PER_TOKEN_HEAD * tokens * HV / MATMUL_RATE / ours_t
             print(f"{name:24s} {dtype_name:9s} {ours_t * 1e6:9.1f} {fla_t * 1e6:9.1f} {fla_t / ours_t:9.2f} "
                   f"{floor:7.1%} {err:8.1e}", flush=True)
+            for note in notes:
+                print(f"#   {note}")
             if not prefill and args.rows:
                 for variant in args.rows.split(","):
                     rows, groups = (int(x) for x in variant.split(":"))

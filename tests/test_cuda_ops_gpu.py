@@ -279,6 +279,50 @@ def test_in_place_state_and_two_call_continuation():
     assert rel_err(to_host(state), ref_state) <= 3e-2
 
 
+def test_programmatic_chain_in_a_graph_is_bitwise_plain():
+    """A 64-token prefill (chunked engine: prep, scan, tail pass) and six decode steps, chained through one
+    in-place state and captured into a CUDA graph with programmatic dependent launch (the default on sm_90+),
+    give bitwise what plain launches give outside a graph: each kernel waits for what the one before wrote."""
+    device = torch.cuda.current_device()
+    assert launch.programmatic_launch(device) == (launch.device_arch(device) >= launch.PROGRAMMATIC_MIN_ARCH)
+    rng = np.random.default_rng(41)
+    steps = [random_gdn_case(rng, lengths=(64, 64), dtype="float16", **D128)]
+    steps += [random_gdn_case(rng, lengths=(1, 1), dtype="float16", **D128) for _ in range(6)]
+    attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, steps[0].attributes)
+    geo = contract.resolve_gdn({k: (None if v is None else np.shape(v)) for k, v in steps[0].feeds.items()}, attrs)
+    workspace = torch.empty(plan.chunk_workspace_bytes(geo), dtype=torch.uint8, device="cuda")
+
+    def chain(in_graph):
+        state = to_gpu(steps[0].feeds["initial_state"])
+        feeds = [{k: to_gpu(v) for k, v in c.feeds.items() if k != "initial_state"} for c in steps]
+        outs = [poisoned(f["value"].shape, torch.float16) for f in feeds]
+
+        def run():
+            for i, (case, f, out) in enumerate(zip(steps, feeds, outs)):
+                cuda_ops.gated_delta_net(dict(f, initial_state=state), outputs={"output": out, "final_state": state},
+                                         stream=torch.cuda.current_stream().cuda_stream, workspace=workspace,
+                                         engine="chunked" if i == 0 else "recurrent", **case.attributes)
+        if in_graph:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run()
+            state.copy_(to_gpu(steps[0].feeds["initial_state"]))
+            graph.replay()
+        else:
+            run()
+        torch.cuda.synchronize()
+        return [to_host(x) for x in outs + [state]]
+
+    in_graph = chain(True)
+    launch.set_programmatic_launch(False)
+    try:
+        plain = chain(False)
+    finally:
+        launch.set_programmatic_launch(True)
+    assert all(np.array_equal(a, b) for a, b in zip(in_graph, plain))
+    assert np.isfinite(in_graph[-1]).all()
+
+
 MALFORMED = [[0, 5, 3, 12], [-4, 6, 12], [0, 40, 12], [3, 6, 12], [0, 6, 9], [0, 2**30, -2**30, 12]]
 
 

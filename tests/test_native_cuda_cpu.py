@@ -185,6 +185,13 @@ def test_cuda_gdn_engine_option():
         library.set_option("cuda_gdn_engine", "fast")
 
 
+def test_cuda_programmatic_launch_option():
+    library.set_option("cuda_programmatic_launch", "off")
+    library.set_option("cuda_programmatic_launch", "auto")
+    with pytest.raises(ValueError, match=r"cuda_programmatic_launch = auto\|off"):
+        library.set_option("cuda_programmatic_launch", "on")
+
+
 @pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider' is not in available provider names")
 def test_cuda_session_request_falls_back_to_our_cpu_kernels():
     """On a CPU-only ORT the CUDA variants are registered but never chosen; the CPU kernels run."""

@@ -4,15 +4,25 @@ driver prints every call it receives. Checked: the lazy dlopen and its error, co
 on every path, one module load per context, the image chosen by compute capability (same major, minor not
 above the device's), function lookups and the shared-memory attribute (static + dynamic > 48 KB) cached, the launch
 configuration and by-value parameters passed through, driver errors carrying the driver's text, grids
-beyond CUDA's limits refused with their sizes."""
+beyond CUDA's limits refused with their sizes.
 
+Programmatic dependent launch, in both launchers (this one and the Python one, cuda_ops/launch.py): the stub's
+cuLaunchKernelEx is compiled against CUDA's own cuda.h, so the launchers' copies of CUlaunchConfig and
+CUlaunchAttribute are checked against the real layout; cuLaunchKernel is the fallback below sm_90, with a
+driver older than CUDA 12.3 or without cuLaunchKernelEx, and when the option turns it off."""
+
+import ctypes
 import os
 import shutil
 import subprocess
 
 import pytest
 
+from onnx_hybrid.cuda_ops import launch as py_launch
+
 NATIVE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "onnx_hybrid", "ops", "native")
+CUDA_INCLUDE = next((d for d in (os.path.join(os.environ.get("CUDA_PATH", "/nonexistent"), "include"),
+                                 "/usr/local/cuda/include") if os.path.isfile(os.path.join(d, "cuda.h"))), None)
 
 STUB_DRIVER = r"""
 #include <stdio.h>
@@ -20,7 +30,9 @@ STUB_DRIVER = r"""
 #include <string.h>
 static int cc(int which) { const char* v = getenv("STUB_CC"); int n = v ? atoi(v) : 90; return which ? n % 10 : n / 10; }
 int cuInit(unsigned flags) { return 0; }
+int cuDriverGetVersion(int* v) { const char* e = getenv("STUB_DRIVER_VERSION"); *v = e ? atoi(e) : 13000; return 0; }
 int cuGetErrorString(int r, const char** s) { *s = "CUDA_ERROR_NOT_FOUND (stub)"; return 0; }
+int cuGetErrorName(int r, const char** s) { *s = "CUDA_ERROR_NOT_FOUND"; return 0; }
 int cuStreamGetCtx(void* stream, void** ctx) { *ctx = stream; return 0; }  /* one context per stream here */
 int cuCtxGetCurrent(void** ctx) {  /* STUB_CURRENT: the context current on the calling thread */
   const char* v = getenv("STUB_CURRENT");
@@ -49,13 +61,40 @@ int cuFuncSetAttribute(void* f, int attr, int value) { printf("attr %s %d %d\n",
 int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                    unsigned smem, void* stream, void** params, void** extra) {
   const int* p = (const int*)params[0];
+  if (strcmp((const char*)f, "failing") == 0) return 500;
   printf("launch %s %u %u %u %u %u %u %u %p %d %d\n", (char*)f, gx, gy, gz, bx, by, bz, smem, stream, p[0], p[1]);
+  fflush(stdout);
   return 0;
+}
+"""
+
+# cuLaunchKernelEx, read through cuda.h's own structs; stub_layout reports their sizes and offsets.
+STUB_LAUNCH_EX = r"""
+#include <cuda.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
+  const int* p = (const int*)params[0];
+  if (strcmp((const char*)f, "failing") == 0) return CUDA_ERROR_NOT_FOUND;
+  printf("launch_ex %s %u %u %u %u %u %u %u %p", (const char*)f, c->gridDimX, c->gridDimY, c->gridDimZ,
+         c->blockDimX, c->blockDimY, c->blockDimZ, c->sharedMemBytes, (void*)c->hStream);
+  for (unsigned i = 0; i < c->numAttrs; ++i)
+    printf(" attr %d=%d", (int)c->attrs[i].id, c->attrs[i].value.programmaticStreamSerializationAllowed);
+  printf(" %d %d%s\n", p[0], p[1], extra ? " extra" : "");
+  fflush(stdout);
+  return CUDA_SUCCESS;
+}
+void stub_layout(size_t* out) {
+  out[0] = sizeof(CUlaunchAttribute); out[1] = offsetof(CUlaunchAttribute, value);
+  out[2] = sizeof(CUlaunchConfig); out[3] = offsetof(CUlaunchConfig, hStream);
+  out[4] = offsetof(CUlaunchConfig, attrs); out[5] = offsetof(CUlaunchConfig, numAttrs);
 }
 """
 
 HARNESS = r"""
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include "cuda_driver.h"
@@ -74,6 +113,7 @@ static void Attempt(unsigned long stream, const char* kernel, int smem, unsigned
 }
 
 int main(int argc, char** argv) {
+  if (std::getenv("HARNESS_PLAIN")) SetProgrammaticLaunch(false);
   Attempt(0x10, "k", 0);  // no image yet
   std::string error;
   for (int i = 1; i < argc; ++i) {  // images "sm80" ... given as arguments
@@ -102,22 +142,33 @@ def programs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cuda-driver")
     (folder / "stub.c").write_text(STUB_DRIVER)
     (folder / "harness.cc").write_text(HARNESS)
-    driver_dir = folder / "driver"
-    driver_dir.mkdir()
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(driver_dir / "libcuda.so.1"), str(folder / "stub.c")],
-                   check=True)
+    (folder / "stub_ex.c").write_text(STUB_LAUNCH_EX)
+    drivers = {}  # the stub without cuLaunchKernelEx (a pre-11.8 driver), and with it where cuda.h is at hand
+    for name, extra in (("plain", []), ("ex", [str(folder / "stub_ex.c"), f"-I{CUDA_INCLUDE}"])):
+        if extra and not CUDA_INCLUDE:
+            continue
+        drivers[name] = folder / name
+        drivers[name].mkdir()
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(drivers[name] / "libcuda.so.1"), str(folder / "stub.c"),
+                        *extra], check=True)
     subprocess.run(["g++", "-std=c++17", "-O1", f"-I{NATIVE}", str(folder / "harness.cc"),
                     os.path.join(NATIVE, "cuda_driver.cc"), "-ldl", "-o", str(folder / "harness")], check=True)
-    return folder / "harness", driver_dir
+    return folder / "harness", drivers
 
 
-def run(programs, *images, cc="90", with_driver=True, current=None):
-    harness, driver_dir = programs
-    env = dict(os.environ, STUB_CC=cc)
+def stub_with_launch_ex(programs):
+    if "ex" not in programs[1]:
+        pytest.skip("needs CUDA's cuda.h (CUDA_PATH or /usr/local/cuda) to build the stub's cuLaunchKernelEx")
+    return programs[1]["ex"] / "libcuda.so.1"
+
+
+def run(programs, *images, cc="90", with_driver=True, current=None, driver="plain", env_extra=None):
+    harness, drivers = programs
+    env = dict(os.environ, STUB_CC=cc, **(env_extra or {}))
     if current:
         env["STUB_CURRENT"] = current
     if with_driver:
-        env["LD_LIBRARY_PATH"] = str(driver_dir)
+        env["LD_LIBRARY_PATH"] = str(drivers[driver])
     done = subprocess.run([str(harness), *images], capture_output=True, text=True, env=env, timeout=60, check=True)
     return done.stdout.splitlines()
 
@@ -170,3 +221,74 @@ def test_missing_driver_is_a_clear_error(programs):
     lines = run(programs, "sm90", with_driver=False)
     assert lines[0].startswith("error onnx_hybrid: the CUDA driver (libcuda.so.1) cannot be loaded: ")
     assert all(line.startswith(("error onnx_hybrid: the CUDA driver", "images")) for line in lines)
+
+
+def test_programmatic_launch_on_sm90(programs):
+    stub_with_launch_ex(programs)
+    lines = run(programs, "sm80", "sm90", cc="90", driver="ex")
+    assert "launch_ex k 2 3 4 128 1 1 0 0x10 attr 6=1 42 7" in lines
+    assert "launch_ex static 2 3 4 128 1 1 40000 0x10 attr 6=1 42 7" in lines
+    assert not any(line.startswith("launch ") for line in lines)
+
+
+@pytest.mark.parametrize("cc, env", [("86", {}), ("90", {"STUB_DRIVER_VERSION": "12020"}),
+                                     ("90", {"HARNESS_PLAIN": "1"})],
+                         ids=["sm86", "driver-12.2", "option-off"])
+def test_plain_launch_where_programmatic_does_not_apply(programs, cc, env):
+    stub_with_launch_ex(programs)
+    lines = run(programs, "sm80", "sm90", cc=cc, driver="ex", env_extra=env)
+    assert "launch k 2 3 4 128 1 1 0 0x10 42 7" in lines
+    assert not any(line.startswith("launch_ex") for line in lines)
+
+
+def test_plain_launch_without_the_ex_entry_point(programs):
+    lines = run(programs, "sm90", cc="90", driver="plain")
+    assert "launch k 2 3 4 128 1 1 0 0x10 42 7" in lines
+
+
+def test_python_launch_structs_match_cuda_h(programs):
+    stub = ctypes.CDLL(str(stub_with_launch_ex(programs)))
+    layout = (ctypes.c_size_t * 6)()
+    stub.stub_layout(layout)
+    cfg = py_launch.LaunchConfig
+    assert list(layout) == [ctypes.sizeof(py_launch.LaunchAttribute), py_launch.LaunchAttribute.value.offset,
+                            ctypes.sizeof(cfg), cfg.stream.offset, cfg.attrs.offset, cfg.num_attrs.offset]
+
+
+@pytest.fixture
+def py_driver(programs, monkeypatch):
+    """cuda_ops.launch.Driver over the stub with cuLaunchKernelEx; the module's switch restored afterwards."""
+    def make(version="13000"):
+        monkeypatch.setenv("STUB_DRIVER_VERSION", version)
+        return py_launch.Driver(ctypes.CDLL(str(stub_with_launch_ex(programs))))
+    yield make
+    py_launch.set_programmatic_launch(True)
+
+
+def launch_python(driver, name, arch):
+    params = (ctypes.c_int * 2)(42, 7)
+    function = ctypes.c_char_p(name.encode())
+    driver.launch(ctypes.cast(function, ctypes.c_void_p).value, (2, 3, 4), (128, 1, 1), 1024, 0x10,
+                  ctypes.addressof(params), programmatic=driver.programmatic(arch), name=name)
+
+
+def test_python_launcher_programmatic_and_fallbacks(py_driver, capfd):
+    driver = py_driver()
+    launch_python(driver, "k", 90)
+    launch_python(driver, "k", 80)
+    py_launch.set_programmatic_launch(False)
+    launch_python(driver, "k", 90)
+    py_launch.set_programmatic_launch(True)
+    launch_python(py_driver(version="12020"), "k", 90)
+    assert capfd.readouterr().out.splitlines() == [
+        "launch_ex k 2 3 4 128 1 1 1024 0x10 attr 6=1 42 7",
+        "launch k 2 3 4 128 1 1 1024 0x10 42 7",
+        "launch k 2 3 4 128 1 1 1024 0x10 42 7",
+        "launch k 2 3 4 128 1 1 1024 0x10 42 7",
+    ]
+
+
+@pytest.mark.parametrize("arch, entry", [(80, "cuLaunchKernel"), (90, "cuLaunchKernelEx")])
+def test_python_launcher_reports_driver_errors(py_driver, arch, entry):
+    with pytest.raises(RuntimeError, match=rf"^{entry}\(failing\) failed: CUDA_ERROR_NOT_FOUND \(CUresult 500\)$"):
+        launch_python(py_driver(), "failing", arch)

@@ -102,8 +102,9 @@ def control() -> ctypes.CDLL:
 
 def set_option(key: str, value: str) -> None:
     """Set a library option (``register_com_microsoft`` = 0|1, ``cpu_engine`` = auto|sequential|chunked,
-    ``cuda_gdn_engine`` = auto|chunked|recurrent, ``input_shapes`` = auto|copied: how kernels read input
-    shapes from the next registration on, for every session of the process; a test knob)."""
+    ``cuda_gdn_engine`` = auto|chunked|recurrent, ``cuda_programmatic_launch`` = auto|off (programmatic
+    dependent launch on sm_90+, from the next launch on), ``input_shapes`` = auto|copied: how kernels read
+    input shapes from the next registration on, for every session of the process; a test knob)."""
     lib = control()
     if lib.onnx_hybrid_set_option(key.encode(), value.encode()) != 0:
         raise ValueError(lib.onnx_hybrid_last_error().decode())

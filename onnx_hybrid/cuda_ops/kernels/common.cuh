@@ -22,6 +22,24 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// Programmatic dependent launch (sm_90+; the launchers set the attribute, BENCHMARKS.md). Under it a kernel
+// may start while the kernel before it in the stream still runs, so every kernel calls wait_for_inputs()
+// first, in every thread, before any early return: a grid whose threads all returned without waiting could
+// complete before its predecessor, and the kernel after it would then wait on nothing. Only index arithmetic
+// may precede it. allow_dependents() lets the next kernel's blocks launch (and reach their own wait) while
+// this one finishes. Under a plain launch, and below sm_90, both do nothing.
+__device__ __forceinline__ void wait_for_inputs() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 struct RowSpan {
   int start;
   int len;

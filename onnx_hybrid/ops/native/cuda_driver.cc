@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -27,6 +29,34 @@ constexpr int kFuncAttrSharedSizeBytes = 1;  // static shared memory
 constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8;
 constexpr int kDefaultSharedMemoryLimit = 48 * 1024;
 constexpr unsigned kMaxGridX = 2147483647, kMaxGridYZ = 65535;  // every architecture since sm_30
+constexpr int kLaunchAttributeProgrammaticStreamSerialization = 6;
+constexpr int kProgrammaticMinArch = 90;
+constexpr int kProgrammaticMinDriver = 12030;  // stream capture of programmatic launches into CUDA graphs
+
+// cuda.h's CUlaunchAttribute and CUlaunchConfig (the stub-driver test reads them through cuda.h itself).
+struct LaunchAttribute {
+  int id;
+  union Value {
+    char pad[64];
+    int programmatic_stream_serialization_allowed;
+    void* pointer_alignment;  // some members are pointers
+  } value;
+};
+static_assert(sizeof(LaunchAttribute) == 72 && offsetof(LaunchAttribute, value) == 8, "CUlaunchAttribute");
+
+struct LaunchConfig {
+  unsigned grid_x, grid_y, grid_z;
+  unsigned block_x, block_y, block_z;
+  unsigned shared_mem_bytes;
+  CUstream stream;
+  const LaunchAttribute* attrs;
+  unsigned num_attrs;
+};
+static_assert(sizeof(LaunchConfig) == 56 && offsetof(LaunchConfig, stream) == 32 &&
+                  offsetof(LaunchConfig, attrs) == 40 && offsetof(LaunchConfig, num_attrs) == 48,
+              "CUlaunchConfig");
+
+std::atomic<bool> g_programmatic_launch{true};
 
 constexpr char kNotLoaded[] =
     "onnx_hybrid: CUDA kernels are not loaded; call onnx_hybrid.ops.library.prepare_cuda() before running a CUDA "
@@ -35,6 +65,7 @@ constexpr char kNotLoaded[] =
 // The entry points the launcher uses, resolved once from libcuda.so.1.
 struct Driver {
   CUresult (*cuInit)(unsigned);
+  CUresult (*cuDriverGetVersion)(int*);
   CUresult (*cuGetErrorString)(CUresult, const char**);
   CUresult (*cuStreamGetCtx)(CUstream, CUcontext*);
   CUresult (*cuCtxGetCurrent)(CUcontext*);
@@ -48,6 +79,8 @@ struct Driver {
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void**, void**);
+  CUresult (*cuLaunchKernelEx)(const LaunchConfig*, CUfunction, void**, void**);  // null before CUDA 11.8
+  bool can_capture_programmatic = false;  // cuLaunchKernelEx, and a driver that captures its launches
   std::string error;  // why the driver is unusable; empty when every entry point resolved
 };
 
@@ -79,6 +112,11 @@ Driver LoadDriver() {
   Resolve(handle, "cuFuncGetAttribute", &d.cuFuncGetAttribute, &d.error);
   Resolve(handle, "cuFuncSetAttribute", &d.cuFuncSetAttribute, &d.error);
   Resolve(handle, "cuLaunchKernel", &d.cuLaunchKernel, &d.error);
+  Resolve(handle, "cuDriverGetVersion", &d.cuDriverGetVersion, &d.error);
+  d.cuLaunchKernelEx = reinterpret_cast<decltype(d.cuLaunchKernelEx)>(dlsym(handle, "cuLaunchKernelEx"));
+  int version = 0;
+  if (d.error.empty() && d.cuLaunchKernelEx && d.cuDriverGetVersion(&version) == 0)
+    d.can_capture_programmatic = version >= kProgrammaticMinDriver;
   return d;
 }
 
@@ -121,6 +159,7 @@ std::string ListLocked(const Images& images) {
 struct ContextModule {
   CUmodule module = nullptr;
   DeviceInfo device{};
+  bool programmatic = false;  // the device and driver support programmatic dependent launch
   std::mutex mutex;
   struct Function {
     std::string name;
@@ -164,6 +203,7 @@ ContextModule* ModuleFor(const Driver& d, CUcontext context) {
   auto entry = std::make_unique<ContextModule>();
   Check(d.cuModuleLoadData(&entry->module, ImageFor(major, minor).data()), "cuModuleLoadData");
   entry->device = DeviceInfo{10 * major + minor, smem};
+  entry->programmatic = entry->device.arch >= kProgrammaticMinArch && d.can_capture_programmatic;
   ContextModule* module = entry.release();
   (*modules)[context] = module;
   return module;
@@ -213,6 +253,8 @@ bool SetImage(int cc_major, int cc_minor, const void* data, size_t size, std::st
   return false;
 }
 
+void SetProgrammaticLaunch(bool enabled) { g_programmatic_launch.store(enabled); }
+
 std::string ImageList() {
   Images& images = TheImages();
   std::lock_guard<std::mutex> lock(images.mutex);
@@ -258,6 +300,16 @@ void Launcher::Launch(const char* kernel, Dim3 grid, Dim3 block, int smem, const
   const Driver& d = TheDriver();
   CUfunction f = FunctionFor(d, *module_, kernel, smem);
   void* args[] = {const_cast<void*>(params)};
+  if (module_->programmatic && g_programmatic_launch.load(std::memory_order_relaxed)) {
+    LaunchAttribute attr{};
+    attr.id = kLaunchAttributeProgrammaticStreamSerialization;
+    attr.value.programmatic_stream_serialization_allowed = 1;
+    const LaunchConfig config{grid.x, grid.y, grid.z, block.x, block.y, block.z, static_cast<unsigned>(smem),
+                              stream_, &attr, 1};
+    const CUresult r = d.cuLaunchKernelEx(&config, f, args, nullptr);
+    if (r != 0) Check(r, (std::string("cuLaunchKernelEx(") + kernel + ")").c_str());
+    return;
+  }
   const CUresult r = d.cuLaunchKernel(f, grid.x, grid.y, grid.z, block.x, block.y, block.z,
                                       static_cast<unsigned>(smem), stream_, args, nullptr);
   if (r != 0) Check(r, (std::string("cuLaunchKernel(") + kernel + ")").c_str());

@@ -22,6 +22,12 @@ struct Dim3 {
 // loaded from the first one may be live in some context, and two sources of truth would be a bug.
 bool SetImage(int cc_major, int cc_minor, const void* data, size_t size, std::string* error);
 
+// Programmatic dependent launch (on by default): launches carry CUDA's programmatic stream serialization
+// attribute where the device is sm_90+ and the driver captures such launches into graphs (CUDA >= 12.3), so a
+// kernel's blocks may start while the kernel before it finishes (each kernel waits for its inputs first).
+// False launches every kernel plainly. Applies from the next launch on, in every context.
+void SetProgrammaticLaunch(bool enabled);
+
 // The compute capabilities that have an image, as "sm_80, sm_90" (empty when none).
 std::string ImageList();
 

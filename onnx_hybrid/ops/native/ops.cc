@@ -399,13 +399,18 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_set_option(const char* key, const char* value
                                                                             : GdnCudaEngine::kRecurrent);
       return 0;
     }
+    if (k == "cuda_programmatic_launch" && (v == "auto" || v == "off")) {
+      cuda::SetProgrammaticLaunch(v == "auto");
+      return 0;
+    }
     if (k == "input_shapes" && (v == "auto" || v == "copied")) {
       g_lend_input_shapes.store(v == "auto");  // takes effect at the next registration
       return 0;
     }
     LastError() = "onnx_hybrid_set_option: unknown key or value: '" + k + "' = '" + v +
                    "'; known: register_com_microsoft = 0|1, cpu_engine = auto|sequential|chunked, "
-                   "cuda_gdn_engine = auto|chunked|recurrent, input_shapes = auto|copied";
+                   "cuda_gdn_engine = auto|chunked|recurrent, cuda_programmatic_launch = auto|off, "
+                   "input_shapes = auto|copied";
     return -1;
   });
 }
