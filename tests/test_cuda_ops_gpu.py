@@ -290,7 +290,7 @@ def test_programmatic_chain_in_a_graph_is_bitwise_plain():
     steps += [random_gdn_case(rng, lengths=(1, 1), dtype="float16", **D128) for _ in range(6)]
     attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, steps[0].attributes)
     geo = contract.resolve_gdn({k: (None if v is None else np.shape(v)) for k, v in steps[0].feeds.items()}, attrs)
-    workspace = torch.empty(plan.chunk_workspace_bytes(geo), dtype=torch.uint8, device="cuda")
+    workspace = torch.empty(-(-plan.chunk_workspace_bytes(geo) // 4), dtype=torch.int32, device="cuda")
 
     def chain(in_graph):
         state = to_gpu(steps[0].feeds["initial_state"])

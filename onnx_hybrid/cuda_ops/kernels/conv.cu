@@ -133,7 +133,6 @@ constexpr int kReplayThreads = 256;
 // GDN replay (spec/ops.md §2.10): thread = one state element; CUDA rounding S = fma(key, delta, S * decay).
 extern "C" __global__ void __launch_bounds__(kReplayThreads) gdn_replay_f32(const GdnReplayParams p) {
   ohk::wait_for_inputs();
-  ohk::allow_dependents();
   const size_t per_row = (size_t)p.hv * p.dv * p.dk;
   const size_t i = (size_t)blockIdx.x * kReplayThreads + threadIdx.x;
   if (i >= per_row * p.batch) return;
@@ -158,22 +157,18 @@ extern "C" __global__ void __launch_bounds__(kReplayThreads) gdn_replay_f32(cons
 #define OHK_CONV(TNAME, T)                                                                                   \
   extern "C" __global__ void __launch_bounds__(ohk::kConvThreads) conv_output_##TNAME(const ConvParams p) { \
     ohk::wait_for_inputs();                                                                                  \
-    ohk::allow_dependents();                                                                                 \
     ohk::conv_output<T>(p);                                                                                  \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(ohk::kConvThreads) conv_state_##TNAME(const ConvParams p) {  \
     ohk::wait_for_inputs();                                                                                  \
-    ohk::allow_dependents();                                                                                 \
     ohk::conv_state<T>(p);                                                                                   \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(ohk::kConvThreads) conv_rows_##TNAME(const ConvParams p) {   \
     ohk::wait_for_inputs();                                                                                  \
-    ohk::allow_dependents();                                                                                 \
     ohk::conv_rows<T>(p);                                                                                    \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(ohk::kConvThreads) conv_replay_##TNAME(const ConvReplayParams p) { \
     ohk::wait_for_inputs();                                                                                  \
-    ohk::allow_dependents();                                                                                 \
     ohk::conv_replay<T>(p);                                                                                  \
   }
 

@@ -714,21 +714,17 @@ extern "C" __constant__ int gdn_chunk_prep_smem_bytes = ohk::chunk::PREP_SMEM_BY
 
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2) gdn_chunk_prep_f16_d128(const GdnParams p) {
   ohk::wait_for_inputs();
-  ohk::allow_dependents();
   ohk::gdn_chunk_prep<__half>(p);
 }
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2) gdn_chunk_prep_bf16_d128(const GdnParams p) {
   ohk::wait_for_inputs();
-  ohk::allow_dependents();
   ohk::gdn_chunk_prep<__nv_bfloat16>(p);
 }
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 1) gdn_chunked_f16_d128(const GdnParams p) {
   ohk::wait_for_inputs();
-  ohk::allow_dependents();
   ohk::gdn_chunk_scan<__half>(p);
 }
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 1) gdn_chunked_bf16_d128(const GdnParams p) {
   ohk::wait_for_inputs();
-  ohk::allow_dependents();
   ohk::gdn_chunk_scan<__nv_bfloat16>(p);
 }

@@ -485,7 +485,6 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   extern "C" __global__ void __launch_bounds__(ohk::kRecWarps * 32, ohk::rec_min_blocks(NPL, ROWS))  \
       gdn_recurrent_##TNAME##_k##KMAX##_r##ROWS(const GdnParams p) {                              \
     ohk::wait_for_inputs();                                                                        \
-    ohk::allow_dependents();                                                                       \
     ohk::gdn_recurrent<T, NPL, ROWS>(p);                                                           \
   }
 
