@@ -256,6 +256,62 @@ def test_recurrent_launch_shape_does_not_change_results(dtype):
         assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(runs[0], run)), shape
 
 
+PREFIX_LENGTHS = (8, 5, 1, 7, 3, 8, 0, 4)
+PREFIX_CASES = [(d, per_key, cap) for d in ("float16", "bfloat16")
+                for per_key, cap in ((False, True), (False, False), (True, False))]
+
+
+def _capsule_slots(capsule_row, capacity, hv, hk, dk, dv, n):
+    """The first n slots of one capsule row: decay [n, Hv], key [n, Hk, Dk], delta [n, Hv, Dv]."""
+    c = capacity
+    decay = capsule_row[:c * hv].reshape(c, hv)
+    key = capsule_row[c * hv:c * (hv + hk * dk)].reshape(c, hk, dk)
+    delta = capsule_row[c * (hv + hk * dk):].reshape(c, hv, dv)
+    return decay[:n], key[:n], delta[:n]
+
+
+@pytest.mark.parametrize("dtype,per_key,capture", PREFIX_CASES,
+                         ids=[f"{d}-{'perkey' if k else 'scalar'}-{'capture' if c else 'nocapture'}"
+                              for d, k, c in PREFIX_CASES])
+def test_recurrent_prefix_is_bitwise(dtype, per_key, capture):
+    """A row's first n outputs and its state after n tokens are bitwise the same whether the call holds n or
+    more of the row's tokens (n = 1..8): the recurrent kernel takes a row's tokens in chunks (one prologue per
+    chunk of up to 4), and a token's results must depend only on the row's earlier tokens, whatever the chunk
+    holds. GVA (3 value heads per key head), Dk = Dv = 128; the state after n < length tokens comes from
+    replaying the longer call's capsule, and with capture the shorter call's capsule slots match the longer
+    call's."""
+    capacity = 8 if capture else 0
+    geo = dict(num_heads_q=2, num_heads_v=6, head_size_k=128, head_size_v=128)
+    case = random_gdn_case(np.random.default_rng(31), lengths=PREFIX_LENGTHS, dtype=dtype, per_key_decay=per_key,
+                           capacity=capacity, capture=PREFIX_LENGTHS if capture else None, **geo)
+    out, state, capsule = run_gdn(case, engine="recurrent")
+    cu = offsets(PREFIX_LENGTHS)
+    for n in range(1, 9):
+        feeds, attrs = _prefix_case(case, n)
+        kept = [min(n, length) for length in PREFIX_LENGTHS]
+        if capture:
+            feeds["capture_count"] = np.asarray(kept, np.int32)
+            attrs["state_update_capacity"] = capacity
+        short = type(case)(feeds=feeds, attributes=attrs, lengths=kept)
+        s_out, s_state, s_capsule = run_gdn(short, engine="recurrent")
+        s_cu = offsets(kept)
+        if capture:
+            replayed = to_gpu(case.feeds["initial_state"].copy())
+            cuda_ops.replay_gdn(replayed, to_gpu(capsule), kept, capacity)
+            torch.cuda.synchronize()
+            replayed = to_host(replayed)
+        for b, length in enumerate(PREFIX_LENGTHS):
+            m = kept[b]
+            assert np.array_equal(s_out[s_cu[b]:s_cu[b] + m], out[cu[b]:cu[b] + m]), f"row {b}, n {n}: output"
+            if n >= length:
+                assert np.array_equal(s_state[b], state[b]), f"row {b}, n {n}: state"
+            if capture:
+                assert np.array_equal(replayed[b], s_state[b]), f"row {b}, n {n}: state after n tokens"
+                for got, want in zip(_capsule_slots(s_capsule[b], capacity, 6, 2, 128, 128, m),
+                                     _capsule_slots(capsule[b], capacity, 6, 2, 128, 128, m)):
+                    assert np.array_equal(got, want), f"row {b}, n {n}: capsule"
+
+
 def test_in_place_state_and_two_call_continuation():
     rng = np.random.default_rng(5)
     case = random_gdn_case(rng, lengths=(128,), dtype="float16", **D128)
