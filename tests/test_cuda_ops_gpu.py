@@ -261,15 +261,6 @@ PREFIX_CASES = [(d, per_key, cap) for d in ("float16", "bfloat16")
                 for per_key, cap in ((False, True), (False, False), (True, False))]
 
 
-def _capsule_slots(capsule_row, capacity, hv, hk, dk, dv, n):
-    """The first n slots of one capsule row: decay [n, Hv], key [n, Hk, Dk], delta [n, Hv, Dv]."""
-    c = capacity
-    decay = capsule_row[:c * hv].reshape(c, hv)
-    key = capsule_row[c * hv:c * (hv + hk * dk)].reshape(c, hk, dk)
-    delta = capsule_row[c * (hv + hk * dk):].reshape(c, hv, dv)
-    return decay[:n], key[:n], delta[:n]
-
-
 @pytest.mark.parametrize("dtype,per_key,capture", PREFIX_CASES,
                          ids=[f"{d}-{'perkey' if k else 'scalar'}-{'capture' if c else 'nocapture'}"
                               for d, k, c in PREFIX_CASES])
@@ -285,6 +276,8 @@ def test_recurrent_prefix_is_bitwise(dtype, per_key, capture):
     case = random_gdn_case(np.random.default_rng(31), lengths=PREFIX_LENGTHS, dtype=dtype, per_key_decay=per_key,
                            capacity=capacity, capture=PREFIX_LENGTHS if capture else None, **geo)
     out, state, capsule = run_gdn(case, engine="recurrent")
+    layout = contract.GdnCapsuleLayout(capacity, geo["num_heads_v"], geo["num_heads_q"], geo["head_size_k"],
+                                       geo["head_size_v"])
     cu = offsets(PREFIX_LENGTHS)
     for n in range(1, 9):
         feeds, attrs = _prefix_case(case, n)
@@ -307,9 +300,8 @@ def test_recurrent_prefix_is_bitwise(dtype, per_key, capture):
                 assert np.array_equal(s_state[b], state[b]), f"row {b}, n {n}: state"
             if capture:
                 assert np.array_equal(replayed[b], s_state[b]), f"row {b}, n {n}: state after n tokens"
-                for got, want in zip(_capsule_slots(s_capsule[b], capacity, 6, 2, 128, 128, m),
-                                     _capsule_slots(capsule[b], capacity, 6, 2, 128, 128, m)):
-                    assert np.array_equal(got, want), f"row {b}, n {n}: capsule"
+                for got, want in zip(layout.split(s_capsule[b]), layout.split(capsule[b])):
+                    assert np.array_equal(got[:m], want[:m]), f"row {b}, n {n}: capsule"
 
 
 def test_in_place_state_and_two_call_continuation():
