@@ -225,7 +225,8 @@ def main() -> None:
                 pairs = [after_neighbour(fn, scratch) for fn in ours]
                 alone = graph_time([lambda: scratch.add_(1.0)] * len(ours))
                 with_pdl = "" if args.pdl == "off" else f"{graph_time(pairs) * 1e6:.1f} us with PDL, "
-                without = "" if args.pdl == "on" else f"{time_without_pdl(pairs, args.pdl != 'off') * 1e6:.1f} us without"
+                without = ("" if args.pdl == "on"
+                           else f"{time_without_pdl(pairs, args.pdl != 'off') * 1e6:.1f} us without")
                 notes.append(f"after a torch kernel ({alone * 1e6:.1f} us alone): {with_pdl}{without}".rstrip(", "))
             fla_t, err = float("nan"), float("nan")
             if not args.no_fla:

@@ -521,7 +521,8 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_struct_layout(const char* name, char* ou
 // by bz smem tail_only row_groups". op "gdn": dims = {batch, total_tokens, hv, dk, dv, per_key_decay,
 // aligned} (Hq = Hk = Hv); op "gdn_workspace": the same dims, one line with the workspace bytes the plan
 // needs (0 without the chunked kernels); op "conv": dims = {batch, total_tokens, channels}. type: 0 float,
-// 1 float16, 2 bfloat16; engine: 0 auto, 1 chunked, 2 recurrent. Returns the text's length, or -1 with onnx_hybrid_last_error().
+// 1 float16, 2 bfloat16; engine: 0 auto, 1 chunked, 2 recurrent. Returns the text's length, or -1 with
+// onnx_hybrid_last_error().
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int64_t* dims, int n_dims, int arch,
                                              int smem_optin, int engine, char* out, size_t size) {
   return Guarded("onnx_hybrid_cuda_plan", [&] {
