@@ -4,7 +4,8 @@
 // of the warp's rows stays in registers across the request's tokens.
 //
 // Per token a warp first runs a prologue that does not depend on the state (normalised q and k, decay,
-// beta, q.k), once for all its row groups, into a per-warp stash in shared memory. Each row group then needs
+// beta, q.k), once for all its row groups, into a per-warp stash in shared memory (decode, one token per row,
+// keeps it in registers and runs a loop of its own, without the chunk bookkeeping). Each row group then needs
 // one reduction per token: with S' = S * decay, the retrieval S'.k and the pre-update output S'.q reduce
 // together, and the output follows as S'.q + u (k.q), because the update adds k u.
 //
@@ -239,6 +240,63 @@ struct HeadGate {
   float neg_a, dt_bias;
 };
 
+// One token's values that do not depend on the state: normalised k and q, the head's decay, beta and q.k.
+// The scalars come out of butterfly sums, so every lane holds the same bits.
+template <int NPL>
+struct TokenValues {
+  float k[NPL], q[NPL];
+  float alpha, beta, qk;
+};
+
+template <int NPL>
+__device__ __forceinline__ void token_values(const GdnParams& p, const TokenInputs<NPL>& cur, HeadGate gate,
+                                             TokenValues<NPL>& tv) {
+  float sq = 0.0f, sk = 0.0f, sqk = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) {
+    sq = fmaf(cur.q[i], cur.q[i], sq);
+    sk = fmaf(cur.k[i], cur.k[i], sk);
+    sqk = fmaf(cur.q[i], cur.k[i], sqk);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    sq += __shfl_xor_sync(0xffffffffu, sq, off);
+    sk += __shfl_xor_sync(0xffffffffu, sk, off);
+    sqk += __shfl_xor_sync(0xffffffffu, sqk, off);
+  }
+  const float inv_k = p.l2norm ? rsqrtf(sk + 1e-12f) : 1.0f;
+  const float q_scale = p.scale * (p.l2norm ? rsqrtf(sq + 1e-12f) : 1.0f);
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) {
+    tv.k[i] = p.l2norm ? cur.k[i] * inv_k : cur.k[i];
+    tv.q[i] = cur.q[i] * q_scale;
+  }
+  tv.alpha = 1.0f;
+  if (p.has_decay && !p.decay_per_key) {
+    float g = cur.decay;
+    if (p.gate_qwen) {
+      const float z = g + gate.dt_bias;
+      g = gate.neg_a * (z > 20.0f ? z : log1pf(expf(z)));
+    }
+    tv.alpha = expf(g);
+  }
+  tv.beta = p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-cur.beta)) : cur.beta) : 1.0f;
+  tv.qk = sqk * inv_k * q_scale;
+}
+
+// The captured decay and key of the token in slot `slot` (spec/ops.md §2.9).
+template <int NPL>
+__device__ __forceinline__ void capture_token(const GdnParams& p, const TokenValues<NPL>& tv, int slot, int h,
+                                              int hk, int lane, float* cap, bool capture_decay, bool capture_key) {
+  if (capture_decay && lane == 0) cap[(size_t)slot * p.hv + h] = tv.alpha;
+  if (capture_key) {
+    float* key = cap + gdn_capsule_key(p) + ((size_t)slot * p.hk + hk) * p.dk;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i)
+      if (lane * NPL + i < p.dk) key[lane * NPL + i] = tv.k[i];
+  }
+}
+
 // The prologue of tokens [t0, t0 + n) of a row (1 <= n <= kTokens) into the warp's stash; `cur` holds token
 // t0's inputs on entry. With `capture_decay` / `capture_key` (the warp holding value row 0, on its first row
 // group) it also writes the captured decay and key slots.
@@ -250,55 +308,93 @@ __device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<NPL>
   TokenInputs<NPL> nxt;
   for (int t = 0; t < n; ++t) {
     if (t + 1 < n) load_token<T, NPL>(p, start + t0 + t + 1, h, lane, qb, kb, nxt);
-    float sq = 0.0f, sk = 0.0f, sqk = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NPL; ++i) {
-      sq = fmaf(cur.q[i], cur.q[i], sq);
-      sk = fmaf(cur.k[i], cur.k[i], sk);
-      sqk = fmaf(cur.q[i], cur.k[i], sqk);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      sq += __shfl_xor_sync(0xffffffffu, sq, off);
-      sk += __shfl_xor_sync(0xffffffffu, sk, off);
-      sqk += __shfl_xor_sync(0xffffffffu, sqk, off);
-    }
-    const float inv_k = p.l2norm ? rsqrtf(sk + 1e-12f) : 1.0f;
-    const float q_scale = p.scale * (p.l2norm ? rsqrtf(sq + 1e-12f) : 1.0f);
-    float k[NPL], q[NPL];
-#pragma unroll
-    for (int i = 0; i < NPL; ++i) {
-      k[i] = p.l2norm ? cur.k[i] * inv_k : cur.k[i];
-      q[i] = cur.q[i] * q_scale;
-    }
-    float alpha = 1.0f;
-    if (p.has_decay && !p.decay_per_key) {
-      float g = cur.decay;
-      if (p.gate_qwen) {
-        const float z = g + gate.dt_bias;
-        g = gate.neg_a * (z > 20.0f ? z : log1pf(expf(z)));
-      }
-      alpha = expf(g);
-    }
-    stash_put<NPL>(st.vec[t][lane >> 4], lane, k);
-    stash_put<NPL>(st.vec[t][1 - (lane >> 4)], lane, q);
+    TokenValues<NPL> tv;
+    token_values<NPL>(p, cur, gate, tv);
+    stash_put<NPL>(st.vec[t][lane >> 4], lane, tv.k);
+    stash_put<NPL>(st.vec[t][1 - (lane >> 4)], lane, tv.q);
     if (lane == 0) {
-      st.scalar[t][0] = alpha;
-      st.scalar[t][1] = p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-cur.beta)) : cur.beta) : 1.0f;
-      st.scalar[t][2] = sqk * inv_k * q_scale;
+      st.scalar[t][0] = tv.alpha;
+      st.scalar[t][1] = tv.beta;
+      st.scalar[t][2] = tv.qk;
     }
-    if (t0 + t < m) {
-      if (capture_decay && lane == 0) cap[(size_t)(t0 + t) * p.hv + h] = alpha;
-      if (capture_key) {
-        float* key = cap + gdn_capsule_key(p) + ((size_t)(t0 + t) * p.hk + hk) * p.dk;
-#pragma unroll
-        for (int i = 0; i < NPL; ++i)
-          if (lane * NPL + i < p.dk) key[lane * NPL + i] = k[i];
-      }
-    }
+    if (t0 + t < m) capture_token<NPL>(p, tv, t0 + t, h, hk, lane, cap, capture_decay, capture_key);
     if (t + 1 < n) cur = nxt;
   }
   __syncwarp();  // the scalars lane 0 wrote are read by every lane
+}
+
+// The decay of the token at `tok` per key column (per-key rules) or the head's (scalar rules).
+template <int NPL>
+__device__ __forceinline__ void token_decay(const GdnParams& p, int tok, int h, int lane, float alpha_head,
+                                            float (&alpha)[NPL]) {
+  if (p.decay_per_key) {  // one uniform branch: the per-element test cost ~8 instructions per key column
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int r = lane * NPL + i;
+      alpha[i] = r < p.dk ? expf(gdn_log_gate(p, tok, h, r)) : alpha_head;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) alpha[i] = alpha_head;
+  }
+}
+
+// Decays a group's rows (S' = S * decay) and reduces S'.k and S'.q of every row together; returns the value this
+// lane holds afterwards (gdn_recurrent's kShift). `kept` / `sent`: k and q in this lane's order (RecStash::vec).
+template <int NPL, int ROWS>
+__device__ __forceinline__ float decay_and_reduce(float (&S)[ROWS][NPL], const float (&alpha)[NPL],
+                                                  const float (&kept)[NPL], const float (&sent)[NPL], int lane) {
+  // red[j] is what this lane keeps of row j (S'.k in lanes 0-15, S'.q in 16-31), red[ROWS + j] the other.
+  float red[2 * ROWS];
+#pragma unroll
+  for (int j = 0; j < ROWS; ++j) {
+    float dot_kept = 0.0f, dot_sent = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      S[j][i] = __fmul_rn(S[j][i], alpha[i]);
+      dot_kept = fmaf(S[j][i], kept[i], dot_kept);
+      dot_sent = fmaf(S[j][i], sent[i], dot_sent);
+    }
+    red[j] = dot_kept;
+    red[ROWS + j] = dot_sent;
+  }
+  return transposed_warp_sum_kept<2 * ROWS>(red, lane);
+}
+
+// S += k u for every row of the group; row j's delta u is held by lane j << kShift.
+template <int NPL, int ROWS, int kShift>
+__device__ __forceinline__ void update_rows(float (&S)[ROWS][NPL], const float (&k)[NPL], float u_mine) {
+#pragma unroll
+  for (int j = 0; j < ROWS; ++j) {
+    const float u = __shfl_sync(0xffffffffu, u_mine, j << kShift);
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) S[j][i] = __fmaf_rn(k[i], u, S[j][i]);
+  }
+}
+
+// After a group's tokens: capsule slots beyond the captured prefix are zero (project rule, spec/ops.md §2.9;
+// the decay and key slots by the first group of the warps that capture them, the delta slots by every group),
+// the group's state goes out, and the prefetched next group moves in.
+template <int NPL, int ROWS>
+__device__ __forceinline__ void finish_group(const GdnParams& p, float* cap, float* delta_cap, int m, int h, int hk,
+                                             int lane, bool zero_decay, bool zero_key, bool zero_delta, bool vec_out,
+                                             size_t head_base, int c0, bool more, float (&S)[ROWS][NPL],
+                                             const float (&Sn)[ROWS][NPL]) {
+  if (cap != nullptr) {
+    for (int t = m; t < p.capacity; ++t) {
+      if (zero_decay && lane == 0) cap[(size_t)t * p.hv + h] = 0.0f;
+      if (zero_key)
+        for (int r = lane; r < p.dk; r += 32) cap[gdn_capsule_key(p) + ((size_t)t * p.hk + hk) * p.dk + r] = 0.0f;
+      if (zero_delta) delta_cap[(size_t)t * p.hv * p.dv] = 0.0f;
+    }
+  }
+  if (p.state_out != nullptr) store_rows<NPL, ROWS>(p, vec_out, head_base, c0, lane, S);
+  if (more) {
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j)
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) S[j][i] = Sn[j][i];
+  }
 }
 
 // A warp serves p.row_groups consecutive groups of ROWS value rows of one (request, head), loading the next
@@ -358,7 +454,55 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const bool capture_decay = c_warp == 0;
   const bool capture_key = capture_decay && (h % (p.hv / p.hk) == 0);
 
-  // Rows of at most kTokens tokens (decode, verify) run the prologue once, for every row group.
+  if (span.len == 1) {
+    // Decode: the token's values stay in registers across the row groups (no stash), and its value, output
+    // and delta pointers step by ROWS per group. The arithmetic is the general loop's, in the same order.
+    if (span.start != guess) {
+      load_token<T, NPL>(p, span.start, h, lane, qb, kb, first);
+      if (row0_ok) v_first = to_f32(vh[(size_t)span.start * p.v_stride + c_warp]);
+    }
+    TokenValues<NPL> tv;
+    token_values<NPL>(p, first, gate, tv);
+    if (m > 0) capture_token<NPL>(p, tv, 0, h, hk, lane, cap, capture_decay, capture_key);
+    float kept[NPL], sent[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      kept[i] = lane < 16 ? tv.k[i] : tv.q[i];
+      sent[i] = lane < 16 ? tv.q[i] : tv.k[i];
+    }
+    const T* vg = vh + (size_t)span.start * p.v_stride + c_warp;
+    T* og = static_cast<T*>(p.out) + (size_t)span.start * p.hv * p.dv + (size_t)h * p.dv + c_warp + my_row;
+    float* dg = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c_warp + my_row : nullptr;
+    float v = v_first;
+    for (int rg = 0; rg < p.row_groups; ++rg) {
+      const int g = rg * ROWS;  // the group's first row, counted from the warp's
+      const int c0 = c_warp + g;
+      if (c0 >= p.dv) break;
+      const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
+      if (more && rg > 0) load_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, Sn);
+      const bool row_ok = c0 + my_row < p.dv;
+      if (rg > 0) v = row_ok ? to_f32(vg[g]) : 0.0f;
+      float alpha[NPL];  // per group, as in the general loop: held across groups it costs registers
+      token_decay<NPL>(p, span.start, h, lane, tv.alpha, alpha);
+      const float x = decay_and_reduce<NPL, ROWS>(S, alpha, kept, sent, lane);
+      // Lanes 0-15: the delta of their row; lanes 16-31 take their row's delta from lane l - 16.
+      const float u_mine = p.has_delta ? tv.beta * (v - x) : v;
+      const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, 16);
+      if (first_copy && row_ok) {
+        if (lane >= 16) {
+          og[g] = from_f32<T>(fmaf(u_pair, tv.qk, x));
+        } else if (m > 0) {
+          dg[g] = u_mine;
+        }
+      }
+      update_rows<NPL, ROWS, kShift>(S, tv.k, u_mine);
+      finish_group<NPL, ROWS>(p, cap, cap != nullptr ? dg + g : nullptr, m, h, hk, lane, rg == 0 && capture_decay, rg == 0 && capture_key,
+                              lane < 16 && first_copy && row_ok, vec_out, head_base, c0, more, S, Sn);
+    }
+    return;
+  }
+
+  // Rows of at most kTokens tokens (verify) run the prologue once, for every row group.
   const bool one_chunk = span.len <= kTokens;
   float v[kTokens];
   if (one_chunk && span.len > 0) {
@@ -409,35 +553,10 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         float kept[NPL], sent[NPL], alpha[NPL];
         stash_get<NPL>(stash.vec[t][0], lane, kept);
         stash_get<NPL>(stash.vec[t][1], lane, sent);
-        const float alpha_head = stash.scalar[t][0];
         const float beta = stash.scalar[t][1];
         const float qk = stash.scalar[t][2];
-        if (p.decay_per_key) {  // one uniform branch: the per-element test cost ~8 instructions per key column
-#pragma unroll
-          for (int i = 0; i < NPL; ++i) {
-            const int r = lane * NPL + i;
-            alpha[i] = r < dk ? expf(gdn_log_gate(p, tok, h, r)) : alpha_head;
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < NPL; ++i) alpha[i] = alpha_head;
-        }
-
-        // red[j] is what this lane keeps of row j (S'.k in lanes 0-15, S'.q in 16-31), red[ROWS + j] the other.
-        float red[2 * ROWS];
-#pragma unroll
-        for (int j = 0; j < ROWS; ++j) {
-          float dot_kept = 0.0f, dot_sent = 0.0f;
-#pragma unroll
-          for (int i = 0; i < NPL; ++i) {
-            S[j][i] = __fmul_rn(S[j][i], alpha[i]);
-            dot_kept = fmaf(S[j][i], kept[i], dot_kept);
-            dot_sent = fmaf(S[j][i], sent[i], dot_sent);
-          }
-          red[j] = dot_kept;
-          red[ROWS + j] = dot_sent;
-        }
-        const float x = transposed_warp_sum_kept<2 * ROWS>(red, lane);
+        token_decay<NPL>(p, tok, h, lane, stash.scalar[t][0], alpha);
+        const float x = decay_and_reduce<NPL, ROWS>(S, alpha, kept, sent, lane);
         // Lanes 0-15: the delta of their row; lanes 16-31 take their row's delta from lane l - 16.
         const float u_mine = p.has_delta ? beta * (v[t] - x) : v[t];
         const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, 16);
@@ -451,31 +570,11 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         float k[NPL];  // the update's key: kept in lanes 0-15, sent in 16-31 (RecStash::vec)
 #pragma unroll
         for (int i = 0; i < NPL; ++i) k[i] = lane >= 16 ? sent[i] : kept[i];
-#pragma unroll
-        for (int j = 0; j < ROWS; ++j) {
-          const float u = __shfl_sync(0xffffffffu, u_mine, j << kShift);
-#pragma unroll
-          for (int i = 0; i < NPL; ++i) S[j][i] = __fmaf_rn(k[i], u, S[j][i]);
-        }
+        update_rows<NPL, ROWS, kShift>(S, k, u_mine);
       }
     }
-
-    // Slots beyond the captured prefix are zero (project rule, spec/ops.md §2.9).
-    if (cap != nullptr) {
-      for (int t = m; t < p.capacity; ++t) {
-        if (rg == 0 && capture_decay && lane == 0) cap[(size_t)t * p.hv + h] = 0.0f;
-        if (rg == 0 && capture_key)
-          for (int r = lane; r < dk; r += 32) cap[gdn_capsule_key(p) + ((size_t)t * p.hk + hk) * dk + r] = 0.0f;
-        if (lane < 16 && first_copy && row_ok) delta_cap[(size_t)t * p.hv * p.dv] = 0.0f;
-      }
-    }
-    if (p.state_out != nullptr) store_rows<NPL, ROWS>(p, vec_out, head_base, c0, lane, S);
-    if (more) {
-#pragma unroll
-      for (int j = 0; j < ROWS; ++j)
-#pragma unroll
-        for (int i = 0; i < NPL; ++i) S[j][i] = Sn[j][i];
-    }
+    finish_group<NPL, ROWS>(p, cap, delta_cap, m, h, hk, lane, rg == 0 && capture_decay, rg == 0 && capture_key,
+                            lane < 16 && first_copy && row_ok, vec_out, head_base, c0, more, S, Sn);
   }
 }
 

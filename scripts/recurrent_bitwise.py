@@ -1,0 +1,96 @@
+"""Bitwise comparison of two trees' recurrent kernels on one GPU.
+
+    PYTHONPATH=<tree> python3 scripts/recurrent_bitwise.py dump OUT.npz     # run the cases with that tree
+    python3 scripts/recurrent_bitwise.py compare A.npz B.npz                # every array bitwise equal?
+
+Each tree is loaded in its own process (one `onnx_hybrid` per interpreter). The cases are drawn from fixed
+seeds, so both dumps see the same inputs: decode and verify at the 27B geometry, ragged rows with capture, every
+update rule, per-key decay, key sizes 32..256 and several launch shapes (rows:groups per warp).
+"""
+
+import sys
+
+import numpy as np
+
+G27 = dict(num_heads_q=16, num_heads_v=48, head_size_k=128, head_size_v=128)
+D128 = dict(num_heads_q=2, num_heads_v=4, head_size_k=128, head_size_v=128)
+SHAPES = (None, (8, 4), (4, 1), (2, 8), (8, 2), (1, 16))
+
+
+def cases():
+    """(name, random_gdn_case kwargs, launch shapes)."""
+    for dtype in ("float16", "bfloat16"):
+        yield f"27b-decode32-{dtype}", dict(lengths=(1,) * 32, capacity=4, capture=(1,) * 32, dtype=dtype,
+                                             **G27), SHAPES[:4]
+        yield f"27b-decode128-{dtype}", dict(lengths=(1,) * 128, dtype=dtype, **G27), SHAPES[:2]
+        yield f"27b-verify32-{dtype}", dict(lengths=(4,) * 32, capacity=4, capture=(4,) * 32, dtype=dtype,
+                                             **G27), SHAPES[:3]
+        yield f"ragged-capture-{dtype}", dict(lengths=(1, 4, 4, 9, 0, 3), capacity=4, capture=(1, 4, 2, 4, 0, 3),
+                                               dtype=dtype, **D128), SHAPES
+        yield f"perkey-{dtype}", dict(lengths=(1, 1, 4, 6), per_key_decay=True, dtype=dtype, **D128), SHAPES[:3]
+    yield "f32-decode", dict(lengths=(1,) * 8, **D128), SHAPES[:3]
+    yield "linear", dict(lengths=(1, 3, 5), update_rule="linear", gate_activation="none", dtype="float16",
+                         **D128), SHAPES[:2]
+    yield "delta", dict(lengths=(1, 3, 5), update_rule="delta", gate_activation="none", dtype="float16",
+                        **D128), SHAPES[:2]
+    yield "gated", dict(lengths=(1, 3, 5), update_rule="gated", dtype="float16", **D128), SHAPES[:2]
+    yield "no-l2norm", dict(lengths=(1, 2, 6), qk_l2_norm=0, dtype="float16", **D128), SHAPES[:2]
+    for dk, dv in ((32, 16), (40, 24), (64, 32), (256, 64), (512, 40)):
+        yield f"dk{dk}-dv{dv}", dict(lengths=(1, 4, 7, 1), num_heads_q=2, num_heads_v=6, head_size_k=dk,
+                                     head_size_v=dv, capacity=4, capture=(1, 4, 4, 1), dtype="float16"), SHAPES[:1]
+
+
+def dump(path):
+    import ml_dtypes
+    import torch
+
+    from onnx_hybrid import cuda_ops
+    from onnx_hybrid.ops import contract
+    from onnx_hybrid.ops.testing import random_gdn_case
+
+    def to_gpu(x):
+        x = np.ascontiguousarray(x)
+        if x.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
+        return torch.from_numpy(x).cuda()
+
+    def to_host(t):
+        t = t.detach().cpu()
+        return t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+    saved = {}
+    for i, (name, kwargs, shapes) in enumerate(cases()):
+        case = random_gdn_case(np.random.default_rng(100 + i), **kwargs)
+        attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, case.attributes)
+        geo = contract.resolve_gdn({k: (None if v is None else np.shape(v)) for k, v in case.feeds.items()}, attrs)
+        dev = {k: to_gpu(v) for k, v in case.feeds.items()}
+        act = dev["query"].dtype
+        for shape in shapes:
+            outs = {"output": torch.full(geo.output_shape, float("nan"), dtype=act, device="cuda"),
+                    "final_state": torch.full(geo.state_shape, float("nan"), device="cuda"),
+                    "state_update": torch.full((geo.batch, geo.capsule_width), float("nan"), device="cuda")}
+            knobs = {} if shape is None else dict(rec_rows=shape[0], rec_groups=shape[1])
+            results = cuda_ops.gated_delta_net(dev, outputs=outs, engine="recurrent", **knobs, **case.attributes)
+            torch.cuda.synchronize()
+            tag = "plan" if shape is None else f"{shape[0]}x{shape[1]}"
+            for part, t in zip(("out", "state", "capsule"), results):
+                saved[f"{name}/{tag}/{part}"] = to_host(t)
+    np.savez(path, **saved)
+    print(f"{path}: {len(saved)} arrays")
+
+
+def compare(a_path, b_path):
+    a, b = np.load(a_path), np.load(b_path)
+    assert sorted(a.files) == sorted(b.files), "different case lists"
+    differ = [k for k in a.files if a[k].tobytes() != b[k].tobytes()]
+    print(f"bitwise: {len(a.files) - len(differ)} of {len(a.files)} arrays equal")
+    for k in differ:
+        print("  DIFFERS:", k)
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "dump":
+        dump(sys.argv[2])
+    else:
+        sys.exit(compare(sys.argv[2], sys.argv[3]))
