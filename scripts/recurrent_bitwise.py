@@ -66,8 +66,8 @@ def dump(path):
         dev = {k: to_gpu(v) for k, v in case.feeds.items()}
         act = dev["query"].dtype
         for shape in shapes:
-            outs = {"output": torch.full(geo.output_shape, float("nan"), dtype=act, device="cuda"),
-                    "final_state": torch.full(geo.state_shape, float("nan"), device="cuda"),
+            outs = {"output": torch.full(tuple(geo.output_shape), float("nan"), dtype=act, device="cuda"),
+                    "final_state": torch.full(tuple(geo.state_shape), float("nan"), device="cuda"),
                     "state_update": torch.full((geo.batch, geo.capsule_width), float("nan"), device="cuda")}
             knobs = {} if shape is None else dict(rec_rows=shape[0], rec_groups=shape[1])
             results = cuda_ops.gated_delta_net(dev, outputs=outs, engine="recurrent", **knobs, **case.attributes)
@@ -76,7 +76,7 @@ def dump(path):
             for part, t in zip(("out", "state", "capsule"), results):
                 saved[f"{name}/{tag}/{part}"] = to_host(t)
     np.savez(path, **saved)
-    print(f"{path}: {len(saved)} arrays")
+    print(f"{path}: {len(saved)} arrays from {cuda_ops.__file__}")
 
 
 def compare(a_path, b_path):
