@@ -50,11 +50,13 @@ def python_gdn_plan(dims, dtype, arch, smem, engine):
 
 def gdn_geometries():
     rng = np.random.default_rng(7)
-    fixed = [  # decode and prefill of the real models, odd sizes, the chunked threshold, big batches
+    fixed = [  # decode and prefill of the real models, odd sizes, the chunked threshold, big batches, fewer
+        # tokens than rows
         (1, 1, 32, 128, 128, 0, 1), (64, 64, 48, 128, 128, 0, 1), (4, 4096, 32, 128, 128, 0, 1),
         (3, 95, 16, 128, 128, 0, 1), (3, 96, 16, 128, 128, 0, 1), (2, 200, 8, 128, 128, 0, 0),
         (2, 200, 8, 128, 128, 1, 1), (5, 17, 3, 96, 80, 0, 1), (1, 8, 2, 512, 64, 0, 1), (7, 7, 5, 33, 31, 1, 1),
         (512, 512, 64, 128, 128, 0, 1), (256, 256, 32, 256, 256, 0, 1), (2, 0, 4, 64, 64, 0, 1),
+        (3, 2, 4, 512, 64, 0, 1),
     ]
     drawn = [(int(rng.integers(1, 300)), 0, int(rng.integers(1, 65)), int(rng.choice([16, 64, 100, 128, 256, 300])),
               int(rng.integers(1, 257)), int(rng.integers(0, 2)), int(rng.integers(0, 2))) for _ in range(25)]

@@ -65,6 +65,9 @@ REC_ROW_VARIANTS = {32: (1, 2, 4, 8), 64: (1, 2, 4, 8), 128: (1, 2, 4, 8), 256: 
 # the small-batch choice (measured on an H200, 27B geometry: BENCHMARKS.md "GPU kernels").
 REC_ROWS_LARGE = {32: 8, 64: 8, 128: 8, 256: 4, 512: 2}
 REC_ROWS_SMALL = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
+# Calls of at most one token per row (decode) take the `_decode` instantiation, which gives such rows a loop
+# of their own (bitwise the same results); it exists only for the default rows per warp.
+REC_DECODE_ROWS = {k: tuple(sorted({REC_ROWS_LARGE[k], REC_ROWS_SMALL[k]})) for k in REC_KEY_SIZES}
 REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks
 
 CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
@@ -166,7 +169,8 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
     Where ``gdn_uses_chunked``: the chunked engine's prep kernel (state-independent work of every chunk into
     ``params.workspace``) and scan kernel (the state recurrence), then a recurrent tail pass over the same
     grid for the rows they skip (captured rows, rows under 32 tokens; decided on the device from cu_seqlens
-    and capture_count). Otherwise the recurrent kernel runs every row sequentially.
+    and capture_count). Otherwise the recurrent kernel runs every row sequentially; a call of at most one token
+    per row takes its decode instantiation (``REC_DECODE_ROWS``).
     ``rec_rows`` / ``rec_groups`` override the recurrent kernel's value rows per warp and row groups per warp
     (tuning knobs for benchmarks).
     """
@@ -192,7 +196,8 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
         raise ValueError(f"rec_rows {rows} is not instantiated for key size {kmax}: {REC_ROW_VARIANTS[kmax]}")
     rec.row_groups = rec_groups or rec_row_groups(geo, rows)
     rows_per_block = REC_WARPS * rows * rec.row_groups
-    launches.append(Launch(f"gdn_recurrent_{TYPE_SUFFIX[dtype]}_k{kmax}_r{rows}",
+    decode = geo.total_tokens <= geo.batch and rows in REC_DECODE_ROWS[kmax]
+    launches.append(Launch(f"gdn_recurrent_{TYPE_SUFFIX[dtype]}_k{kmax}_r{rows}" + ("_decode" if decode else ""),
                            (_ceil(geo.head_size_v, rows_per_block), geo.num_heads_v, geo.batch),
                            (REC_WARPS * 32, 1, 1), 0, rec))
     return launches
@@ -232,6 +237,7 @@ def kernel_names() -> list[str]:
     names = []
     for sfx in TYPE_SUFFIX.values():
         names += [f"gdn_recurrent_{sfx}_k{k}_r{r}" for k, rows in REC_ROW_VARIANTS.items() for r in rows]
+        names += [f"gdn_recurrent_{sfx}_k{k}_r{r}_decode" for k, rows in REC_DECODE_ROWS.items() for r in rows]
         names += [f"conv_output_{sfx}", f"conv_state_{sfx}", f"conv_rows_{sfx}", f"conv_replay_{sfx}"]
     names += [f"gdn_{kind}_{sfx}_d128" for kind in ("chunk_prep", "chunked") for sfx in ("f16", "bf16")]
     names += ["gdn_replay_f32"]

@@ -4,10 +4,15 @@
 // of the warp's rows stays in registers across the request's tokens.
 //
 // Per token a warp first runs a prologue that does not depend on the state (normalised q and k, decay,
-// beta, q.k), once for all its row groups, into a per-warp stash in shared memory (decode, one token per row,
-// keeps it in registers and runs a loop of its own, without the chunk bookkeeping). Each row group then needs
+// beta, q.k), once for all its row groups, into a per-warp stash in shared memory. Each row group then needs
 // one reduction per token: with S' = S * decay, the retrieval S'.k and the pre-update output S'.q reduce
 // together, and the output follows as S'.q + u (k.q), because the update adds k u.
+//
+// The decode instantiations (DECODE_LOOP) give rows of one token a loop of their own: the token's values stay
+// in registers (no stash) and the chunk bookkeeping goes. In one kernel with the general loop that made ptxas
+// recompute predicates and addresses inside the verify loop (BENCHMARKS.md), so the general instantiations
+// leave it out and plan.py picks a decode one only for calls of at most one token per row. The decode loop
+// runs the general loop's operations in the same order: a row's bits do not depend on the choice.
 //
 // State rounding is the CUDA rule of spec/ops.md §2.10: S' = __fmul_rn(S, decay), S = __fmaf_rn(key, delta, S').
 // The capsule stores exactly the decay, key and delta used here, so a replay is bit-exact.
@@ -245,8 +250,18 @@ struct HeadGate {
 template <int NPL>
 struct TokenValues {
   float k[NPL], q[NPL];
-  float alpha, beta, qk;
+  float alpha;
+  // q.k = sqk * inv_k * q_scale, and beta (token_beta), are formed where they are used: the prologue forms
+  // them in lane 0 only; formed in every lane here, they changed the general loop's code (ptxas, sm_90).
+  float sqk, inv_k, q_scale;
+  __device__ __forceinline__ float qk() const { return sqk * inv_k * q_scale; }
 };
+
+// The token's beta (delta rules), from its raw input.
+template <int NPL>
+__device__ __forceinline__ float token_beta(const GdnParams& p, const TokenInputs<NPL>& cur) {
+  return p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-cur.beta)) : cur.beta) : 1.0f;
+}
 
 template <int NPL>
 __device__ __forceinline__ void token_values(const GdnParams& p, const TokenInputs<NPL>& cur, HeadGate gate,
@@ -280,8 +295,9 @@ __device__ __forceinline__ void token_values(const GdnParams& p, const TokenInpu
     }
     tv.alpha = expf(g);
   }
-  tv.beta = p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-cur.beta)) : cur.beta) : 1.0f;
-  tv.qk = sqk * inv_k * q_scale;
+  tv.sqk = sqk;
+  tv.inv_k = inv_k;
+  tv.q_scale = q_scale;
 }
 
 // The captured decay and key of the token in slot `slot` (spec/ops.md §2.9).
@@ -314,8 +330,8 @@ __device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<NPL>
     stash_put<NPL>(st.vec[t][1 - (lane >> 4)], lane, tv.q);
     if (lane == 0) {
       st.scalar[t][0] = tv.alpha;
-      st.scalar[t][1] = tv.beta;
-      st.scalar[t][2] = tv.qk;
+      st.scalar[t][1] = token_beta<NPL>(p, cur);
+      st.scalar[t][2] = tv.qk();
     }
     if (t0 + t < m) capture_token<NPL>(p, tv, t0 + t, h, hk, lane, cap, capture_decay, capture_key);
     if (t + 1 < n) cur = nxt;
@@ -323,15 +339,16 @@ __device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<NPL>
   __syncwarp();  // the scalars lane 0 wrote are read by every lane
 }
 
-// The decay of the token at `tok` per key column (per-key rules) or the head's (scalar rules).
+// The decay of the token at `tok` per key column (per-key rules) or the head's (scalar rules). `dk` is the
+// kernel's copy of p.dk: reading p.dk here (and in finish_group) changed the general loop's code (ptxas, sm_90).
 template <int NPL>
-__device__ __forceinline__ void token_decay(const GdnParams& p, int tok, int h, int lane, float alpha_head,
+__device__ __forceinline__ void token_decay(const GdnParams& p, int dk, int tok, int h, int lane, float alpha_head,
                                             float (&alpha)[NPL]) {
   if (p.decay_per_key) {  // one uniform branch: the per-element test cost ~8 instructions per key column
 #pragma unroll
     for (int i = 0; i < NPL; ++i) {
       const int r = lane * NPL + i;
-      alpha[i] = r < p.dk ? expf(gdn_log_gate(p, tok, h, r)) : alpha_head;
+      alpha[i] = r < dk ? expf(gdn_log_gate(p, tok, h, r)) : alpha_head;
     }
   } else {
 #pragma unroll
@@ -374,17 +391,17 @@ __device__ __forceinline__ void update_rows(float (&S)[ROWS][NPL], const float (
 
 // After a group's tokens: capsule slots beyond the captured prefix are zero (project rule, spec/ops.md §2.9;
 // the decay and key slots by the first group of the warps that capture them, the delta slots by every group),
-// the group's state goes out, and the prefetched next group moves in.
+// the group's state goes out, and the prefetched next group moves in. `dk`: as in token_decay.
 template <int NPL, int ROWS>
-__device__ __forceinline__ void finish_group(const GdnParams& p, float* cap, float* delta_cap, int m, int h, int hk,
-                                             int lane, bool zero_decay, bool zero_key, bool zero_delta, bool vec_out,
-                                             size_t head_base, int c0, bool more, float (&S)[ROWS][NPL],
+__device__ __forceinline__ void finish_group(const GdnParams& p, int dk, float* cap, float* delta_cap, int m, int h,
+                                             int hk, int lane, bool zero_decay, bool zero_key, bool zero_delta,
+                                             bool vec_out, size_t head_base, int c0, bool more, float (&S)[ROWS][NPL],
                                              const float (&Sn)[ROWS][NPL]) {
   if (cap != nullptr) {
     for (int t = m; t < p.capacity; ++t) {
       if (zero_decay && lane == 0) cap[(size_t)t * p.hv + h] = 0.0f;
       if (zero_key)
-        for (int r = lane; r < p.dk; r += 32) cap[gdn_capsule_key(p) + ((size_t)t * p.hk + hk) * p.dk + r] = 0.0f;
+        for (int r = lane; r < dk; r += 32) cap[gdn_capsule_key(p) + ((size_t)t * p.hk + hk) * dk + r] = 0.0f;
       if (zero_delta) delta_cap[(size_t)t * p.hv * p.dv] = 0.0f;
     }
   }
@@ -401,7 +418,7 @@ __device__ __forceinline__ void finish_group(const GdnParams& p, float* cap, flo
 // group's state while it computes the current one, so its memory traffic does not wait on its arithmetic.
 // Everything it computes for a value row is independent of ROWS and row_groups (the reduction pairs lanes in
 // one fixed order), so a row's result does not depend on the launch shape or the batch.
-template <typename T, int NPL, int ROWS>
+template <typename T, int NPL, int ROWS, bool DECODE_LOOP>
 __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   using Stash = RecStash<NPL>;
   constexpr int kTokens = Stash::kTokens;
@@ -454,7 +471,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const bool capture_decay = c_warp == 0;
   const bool capture_key = capture_decay && (h % (p.hv / p.hk) == 0);
 
-  if (span.len == 1) {
+  if (DECODE_LOOP && span.len == 1) {  // only decode instantiations hold this loop (see the file's head)
     // Decode: the token's values stay in registers across the row groups (no stash), and its value, output
     // and delta pointers step by ROWS per group. The arithmetic is the general loop's, in the same order.
     if (span.start != guess) {
@@ -463,6 +480,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     }
     TokenValues<NPL> tv;
     token_values<NPL>(p, first, gate, tv);
+    const float beta = token_beta<NPL>(p, first);
+    const float qk = tv.qk();
     if (m > 0) capture_token<NPL>(p, tv, 0, h, hk, lane, cap, capture_decay, capture_key);
     float kept[NPL], sent[NPL];
 #pragma unroll
@@ -483,26 +502,27 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       const bool row_ok = c0 + my_row < p.dv;
       if (rg > 0) v = row_ok ? to_f32(vg[g]) : 0.0f;
       float alpha[NPL];  // per group, as in the general loop: held across groups it costs registers
-      token_decay<NPL>(p, span.start, h, lane, tv.alpha, alpha);
+      token_decay<NPL>(p, dk, span.start, h, lane, tv.alpha, alpha);
       const float x = decay_and_reduce<NPL, ROWS>(S, alpha, kept, sent, lane);
       // Lanes 0-15: the delta of their row; lanes 16-31 take their row's delta from lane l - 16.
-      const float u_mine = p.has_delta ? tv.beta * (v - x) : v;
+      const float u_mine = p.has_delta ? beta * (v - x) : v;
       const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, 16);
       if (first_copy && row_ok) {
         if (lane >= 16) {
-          og[g] = from_f32<T>(fmaf(u_pair, tv.qk, x));
+          og[g] = from_f32<T>(fmaf(u_pair, qk, x));
         } else if (m > 0) {
           dg[g] = u_mine;
         }
       }
       update_rows<NPL, ROWS, kShift>(S, tv.k, u_mine);
-      finish_group<NPL, ROWS>(p, cap, cap != nullptr ? dg + g : nullptr, m, h, hk, lane, rg == 0 && capture_decay, rg == 0 && capture_key,
-                              lane < 16 && first_copy && row_ok, vec_out, head_base, c0, more, S, Sn);
+      finish_group<NPL, ROWS>(p, dk, cap, cap != nullptr ? dg + g : nullptr, m, h, hk, lane,
+                              rg == 0 && capture_decay, rg == 0 && capture_key, lane < 16 && first_copy && row_ok,
+                              vec_out, head_base, c0, more, S, Sn);
     }
     return;
   }
 
-  // Rows of at most kTokens tokens (verify) run the prologue once, for every row group.
+  // Rows of at most kTokens tokens (decode, verify) run the prologue once, for every row group.
   const bool one_chunk = span.len <= kTokens;
   float v[kTokens];
   if (one_chunk && span.len > 0) {
@@ -555,7 +575,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         stash_get<NPL>(stash.vec[t][1], lane, sent);
         const float beta = stash.scalar[t][1];
         const float qk = stash.scalar[t][2];
-        token_decay<NPL>(p, tok, h, lane, stash.scalar[t][0], alpha);
+        token_decay<NPL>(p, dk, tok, h, lane, stash.scalar[t][0], alpha);
         const float x = decay_and_reduce<NPL, ROWS>(S, alpha, kept, sent, lane);
         // Lanes 0-15: the delta of their row; lanes 16-31 take their row's delta from lane l - 16.
         const float u_mine = p.has_delta ? beta * (v[t] - x) : v[t];
@@ -573,34 +593,43 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         update_rows<NPL, ROWS, kShift>(S, k, u_mine);
       }
     }
-    finish_group<NPL, ROWS>(p, cap, delta_cap, m, h, hk, lane, rg == 0 && capture_decay, rg == 0 && capture_key,
+    finish_group<NPL, ROWS>(p, dk, cap, delta_cap, m, h, hk, lane, rg == 0 && capture_decay, rg == 0 && capture_key,
                             lane < 16 && first_copy && row_ok, vec_out, head_base, c0, more, S, Sn);
   }
 }
 
 }  // namespace ohk
-// Instantiations: gdn_recurrent_<type>_k<max key size>_r<value rows per warp>; plan.py picks one.
-#define OHK_GDN_RECURRENT(TNAME, T, NPL, KMAX, ROWS)                                                \
+// Instantiations: gdn_recurrent_<type>_k<max key size>_r<value rows per warp>[_decode]; plan.py picks one.
+#define OHK_GDN_RECURRENT_KERNEL(NAME, T, NPL, ROWS, DECODE_LOOP)                                   \
   extern "C" __global__ void __launch_bounds__(ohk::kRecWarps * 32, ohk::rec_min_blocks(NPL, ROWS))  \
-      gdn_recurrent_##TNAME##_k##KMAX##_r##ROWS(const GdnParams p) {                              \
+      NAME(const GdnParams p) {                                                                    \
     ohk::wait_for_inputs();                                                                        \
-    ohk::gdn_recurrent<T, NPL, ROWS>(p);                                                           \
+    ohk::gdn_recurrent<T, NPL, ROWS, DECODE_LOOP>(p);                                              \
   }
+#define OHK_GDN_RECURRENT(TNAME, T, NPL, KMAX, ROWS) \
+  OHK_GDN_RECURRENT_KERNEL(gdn_recurrent_##TNAME##_k##KMAX##_r##ROWS, T, NPL, ROWS, false)
+// Only the rows per warp plan.py picks for decode (REC_DECODE_ROWS: REC_ROWS_LARGE and REC_ROWS_SMALL).
+#define OHK_GDN_RECURRENT_DECODE(TNAME, T, NPL, KMAX, ROWS) \
+  OHK_GDN_RECURRENT_KERNEL(gdn_recurrent_##TNAME##_k##KMAX##_r##ROWS##_decode, T, NPL, ROWS, true)
 
 #define OHK_GDN_RECURRENT_ROWS(TNAME, T, NPL, KMAX) \
   OHK_GDN_RECURRENT(TNAME, T, NPL, KMAX, 1)         \
   OHK_GDN_RECURRENT(TNAME, T, NPL, KMAX, 2)         \
   OHK_GDN_RECURRENT(TNAME, T, NPL, KMAX, 4)         \
-  OHK_GDN_RECURRENT(TNAME, T, NPL, KMAX, 8)
+  OHK_GDN_RECURRENT(TNAME, T, NPL, KMAX, 8)         \
+  OHK_GDN_RECURRENT_DECODE(TNAME, T, NPL, KMAX, 4)  \
+  OHK_GDN_RECURRENT_DECODE(TNAME, T, NPL, KMAX, 8)
 
-#define OHK_GDN_RECURRENT_ALL_K(TNAME, T)      \
-  OHK_GDN_RECURRENT_ROWS(TNAME, T, 1, 32)      \
-  OHK_GDN_RECURRENT_ROWS(TNAME, T, 2, 64)      \
-  OHK_GDN_RECURRENT_ROWS(TNAME, T, 4, 128)     \
-  OHK_GDN_RECURRENT(TNAME, T, 8, 256, 2)       \
-  OHK_GDN_RECURRENT(TNAME, T, 8, 256, 4)       \
-  OHK_GDN_RECURRENT(TNAME, T, 16, 512, 1)      \
-  OHK_GDN_RECURRENT(TNAME, T, 16, 512, 2)
+#define OHK_GDN_RECURRENT_ALL_K(TNAME, T)         \
+  OHK_GDN_RECURRENT_ROWS(TNAME, T, 1, 32)         \
+  OHK_GDN_RECURRENT_ROWS(TNAME, T, 2, 64)         \
+  OHK_GDN_RECURRENT_ROWS(TNAME, T, 4, 128)        \
+  OHK_GDN_RECURRENT(TNAME, T, 8, 256, 2)          \
+  OHK_GDN_RECURRENT(TNAME, T, 8, 256, 4)          \
+  OHK_GDN_RECURRENT_DECODE(TNAME, T, 8, 256, 4)   \
+  OHK_GDN_RECURRENT(TNAME, T, 16, 512, 1)         \
+  OHK_GDN_RECURRENT(TNAME, T, 16, 512, 2)         \
+  OHK_GDN_RECURRENT_DECODE(TNAME, T, 16, 512, 2)
 
 OHK_GDN_RECURRENT_ALL_K(f32, float)
 OHK_GDN_RECURRENT_ALL_K(f16, __half)

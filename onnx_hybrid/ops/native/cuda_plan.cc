@@ -115,6 +115,8 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
   const int64_t rows_per_block = int64_t(cp::kRecWarps) * rows * rec.row_groups;
   KernelName recurrent("gdn_recurrent_", type);
   recurrent.Append("_k").Append(cp::kRecKeySizes[key]).Append("_r").Append(rows);
+  // plan.REC_DECODE_ROWS holds every default rows per warp, so a decode call always has its instantiation.
+  if (geo.total_tokens <= geo.batch) recurrent.Append("_decode");
   launches.push_back({recurrent,
                       {U(CeilDiv(geo.head_size_v, rows_per_block)), U(geo.num_heads_v), U(geo.batch)},
                       {U(cp::kRecWarps * 32), 1, 1},
