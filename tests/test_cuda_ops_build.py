@@ -67,7 +67,11 @@ def test_plan_engine_selection():
     assert _kernels(_geo([1] * 32)) == [("gdn_recurrent_f16_k128_r8_decode", 0)]
     assert _kernels(_geo([1])) == [("gdn_recurrent_f16_k128_r4_decode", 0)]  # small batch: fewer rows, more warps
     assert _kernels(_geo([2, 0, 0])) == [("gdn_recurrent_f16_k128_r4_decode", 0)]  # the kernel serves any row
-    assert _kernels(_geo([1] * 4, dk=512, dv=64)) == [("gdn_recurrent_f16_k512_r2_decode", 0)]
+    assert _kernels(_geo([1] * 32), "bfloat16") == [("gdn_recurrent_bf16_k128_r8_decode", 0)]
+    # decode shapes of no real model (fp32, other key sizes) take the general kernel
+    assert _kernels(_geo([1] * 32), "float32") == [("gdn_recurrent_f32_k128_r8", 0)]
+    assert _kernels(_geo([1] * 4, dk=512, dv=64)) == [("gdn_recurrent_f16_k512_r2", 0)]
+    assert _kernels(_geo([1] * 4, dk=64, dv=64)) == [("gdn_recurrent_f16_k64_r4", 0)]
     assert _kernels(_geo([4] * 32, capacity=4)) == [("gdn_recurrent_f16_k128_r8", 0)]
     # prefill: the chunked prep and scan, then the tail pass for the rows they skip (decided on the device)
     assert _kernels(_geo([4096])) == [("gdn_chunk_prep_f16_d128", None), ("gdn_chunked_f16_d128", None),
@@ -116,8 +120,8 @@ def test_plan_grids_follow_the_geometry():
     assert prep.grid == (3, 48, 1) and prep.block == (256, 1, 1) and prep.smem == plan.CHUNK_PREP_SMEM_BYTES
     assert chunk.grid == (2, 48, 2) and chunk.block == (256, 1, 1) and chunk.smem == plan.CHUNK_SMEM_BYTES
     assert rec.grid == (8, 48, 2) and rec.params.row_groups == 1 and rec.block == (128, 1, 1) and rec.smem == 0
-    (rec,) = plan.gdn_plan(_geo([1]), "float32", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
-    assert rec.kernel == "gdn_recurrent_f32_k128_r4_decode"
+    (rec,) = plan.gdn_plan(_geo([1]), "bfloat16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
+    assert rec.kernel == "gdn_recurrent_bf16_k128_r4_decode"
     # rows per warp without a decode instantiation (a tuning knob) take the general one
-    (rec,) = plan.gdn_plan(_geo([1]), "float32", plan.GdnParams(), arch=90, smem_optin=H100_SMEM, rec_rows=2)
-    assert rec.kernel == "gdn_recurrent_f32_k128_r2"
+    (rec,) = plan.gdn_plan(_geo([1]), "bfloat16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM, rec_rows=2)
+    assert rec.kernel == "gdn_recurrent_bf16_k128_r2"

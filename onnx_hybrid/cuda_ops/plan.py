@@ -66,8 +66,11 @@ REC_ROW_VARIANTS = {32: (1, 2, 4, 8), 64: (1, 2, 4, 8), 128: (1, 2, 4, 8), 256: 
 REC_ROWS_LARGE = {32: 8, 64: 8, 128: 8, 256: 4, 512: 2}
 REC_ROWS_SMALL = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
 # Calls of at most one token per row (decode) take the `_decode` instantiation, which gives such rows a loop
-# of their own (bitwise the same results); it exists only for the default rows per warp.
-REC_DECODE_ROWS = {k: tuple(sorted({REC_ROWS_LARGE[k], REC_ROWS_SMALL[k]})) for k in REC_KEY_SIZES}
+# of their own (bitwise the same results). It exists only for the real models' shapes: these activation types,
+# key size 128 and its default rows per warp (REC_ROWS_LARGE, REC_ROWS_SMALL); elsewhere the general kernel
+# serves decode (each decode kernel is a second loop: for every shape they grew the image by 66%).
+REC_DECODE_TYPES = ("float16", "bfloat16")
+REC_DECODE_ROWS = {128: (4, 8)}
 REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks
 
 CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
@@ -196,7 +199,8 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
         raise ValueError(f"rec_rows {rows} is not instantiated for key size {kmax}: {REC_ROW_VARIANTS[kmax]}")
     rec.row_groups = rec_groups or rec_row_groups(geo, rows)
     rows_per_block = REC_WARPS * rows * rec.row_groups
-    decode = geo.total_tokens <= geo.batch and rows in REC_DECODE_ROWS[kmax]
+    decode = (geo.total_tokens <= geo.batch and dtype in REC_DECODE_TYPES
+              and rows in REC_DECODE_ROWS.get(kmax, ()))
     launches.append(Launch(f"gdn_recurrent_{TYPE_SUFFIX[dtype]}_k{kmax}_r{rows}" + ("_decode" if decode else ""),
                            (_ceil(geo.head_size_v, rows_per_block), geo.num_heads_v, geo.batch),
                            (REC_WARPS * 32, 1, 1), 0, rec))
@@ -237,9 +241,10 @@ def kernel_names() -> list[str]:
     names = []
     for sfx in TYPE_SUFFIX.values():
         names += [f"gdn_recurrent_{sfx}_k{k}_r{r}" for k, rows in REC_ROW_VARIANTS.items() for r in rows]
-        names += [f"gdn_recurrent_{sfx}_k{k}_r{r}_decode" for k, rows in REC_DECODE_ROWS.items() for r in rows]
         names += [f"conv_output_{sfx}", f"conv_state_{sfx}", f"conv_rows_{sfx}", f"conv_replay_{sfx}"]
     names += [f"gdn_{kind}_{sfx}_d128" for kind in ("chunk_prep", "chunked") for sfx in ("f16", "bf16")]
+    names += [f"gdn_recurrent_{TYPE_SUFFIX[t]}_k{k}_r{r}_decode" for t in REC_DECODE_TYPES
+              for k, rows in REC_DECODE_ROWS.items() for r in rows]
     names += ["gdn_replay_f32"]
     return names
 

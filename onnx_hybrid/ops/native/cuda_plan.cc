@@ -41,6 +41,14 @@ int RecRowGroups(const GdnGeometry& geo, int rows) {
   return groups;
 }
 
+// plan.REC_DECODE_TYPES and REC_DECODE_ROWS: the shapes with a `_decode` instantiation of the recurrent kernel.
+bool HasDecodeInstantiation(ElemType type, int key, int rows) {
+  if (!cp::kRecDecodeTypes[static_cast<int>(type)]) return false;
+  for (int r : cp::kRecDecodeRows[key])
+    if (r == rows) return true;
+  return false;
+}
+
 }  // namespace
 
 KernelName::KernelName(const char* prefix, ElemType type) { Append(prefix).Append(Suffix(type)); }
@@ -115,8 +123,7 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
   const int64_t rows_per_block = int64_t(cp::kRecWarps) * rows * rec.row_groups;
   KernelName recurrent("gdn_recurrent_", type);
   recurrent.Append("_k").Append(cp::kRecKeySizes[key]).Append("_r").Append(rows);
-  // plan.REC_DECODE_ROWS holds every default rows per warp, so a decode call always has its instantiation.
-  if (geo.total_tokens <= geo.batch) recurrent.Append("_decode");
+  if (geo.total_tokens <= geo.batch && HasDecodeInstantiation(type, key, rows)) recurrent.Append("_decode");
   launches.push_back({recurrent,
                       {U(CeilDiv(geo.head_size_v, rows_per_block)), U(geo.num_heads_v), U(geo.batch)},
                       {U(cp::kRecWarps * 32), 1, 1},

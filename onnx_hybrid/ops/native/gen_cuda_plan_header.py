@@ -47,8 +47,15 @@ def render(c: dict[str, object]) -> str:
     for name in ("REC_ROW_VARIANTS", "REC_ROWS_LARGE", "REC_ROWS_SMALL"):
         if tuple(c[name]) != keys:
             raise SystemExit(f"plan.py: {name} keys {tuple(c[name])} differ from REC_KEY_SIZES {keys}")
+    decode = c["REC_DECODE_ROWS"]
+    if not set(decode) <= set(keys):
+        raise SystemExit(f"plan.py: REC_DECODE_ROWS keys {tuple(decode)} are not all in REC_KEY_SIZES {keys}")
     widest = max(len(v) for v in c["REC_ROW_VARIANTS"].values())
-    variants = ", ".join(ints(tuple(v) + (0,) * (widest - len(v))) for v in c["REC_ROW_VARIANTS"].values())
+
+    def padded(rows):
+        return ints(tuple(rows) + (0,) * (widest - len(rows)))
+    variants = ", ".join(padded(v) for v in c["REC_ROW_VARIANTS"].values())
+    decode_rows = ", ".join(padded(decode.get(k, ())) for k in keys)
     scalars = ("REC_WARPS", "REC_MIN_BLOCKS", "CHUNK_D", "CHUNK_VT", "CHUNK_THREADS", "CHUNK_TOKENS",
                "CHUNK_SMEM_BYTES", "CHUNK_PREP_SMEM_BYTES", "SEQUENTIAL_MIN_TOKENS", "CONV_THREADS", "CONV_TOKENS",
                "CONV_SHORT_TOKENS", "CONV_ROW_TOKENS")
@@ -65,6 +72,10 @@ def render(c: dict[str, object]) -> str:
         f"inline constexpr int kRecRowVariants[][{widest}] = {{{variants}}};",
         f"inline constexpr int kRecRowsLarge[] = {ints(c['REC_ROWS_LARGE'].values())};",
         f"inline constexpr int kRecRowsSmall[] = {ints(c['REC_ROWS_SMALL'].values())};",
+        "// Per key size: the rows per warp with a `_decode` instantiation (0 = none), for the types marked 1 in",
+        "// kRecDecodeTypes (ElemType order).",
+        f"inline constexpr int kRecDecodeRows[][{widest}] = {{{decode_rows}}};",
+        f"inline constexpr int kRecDecodeTypes[] = {ints(t in c['REC_DECODE_TYPES'] for t in ELEM_TYPES)};",
         "// Kernel name suffix per ElemType (kFloat, kFloat16, kBFloat16).",
         "inline constexpr const char* kTypeSuffix[] = {"
         + ", ".join(f'"{c["TYPE_SUFFIX"][t]}"' for t in ELEM_TYPES) + "};",
