@@ -122,6 +122,11 @@ def test_plan_grids_follow_the_geometry():
     assert rec.grid == (8, 48, 2) and rec.params.row_groups == 1 and rec.block == (128, 1, 1) and rec.smem == 0
     (rec,) = plan.gdn_plan(_geo([1]), "bfloat16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
     assert rec.kernel == "gdn_recurrent_bf16_k128_r4_decode"
+    # a warp serves at most REC_MAX_WARP_ROWS value rows, the defaults included
+    assert max(plan.REC_ROW_VARIANTS[128]) * 4 <= plan.REC_MAX_WARP_ROWS
+    with pytest.raises(ValueError, match="value rows per warp"):
+        plan.gdn_plan(_geo([1] * 64), "float16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM, rec_rows=8,
+                      rec_groups=8)
     # rows per warp without a decode instantiation (a tuning knob) take the general one
     (rec,) = plan.gdn_plan(_geo([1]), "bfloat16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM, rec_rows=2)
     assert rec.kernel == "gdn_recurrent_bf16_k128_r2"

@@ -72,6 +72,9 @@ REC_ROWS_SMALL = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
 REC_DECODE_TYPES = ("float16", "bfloat16")
 REC_DECODE_ROWS = {128: (4, 8)}
 REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks
+# Value rows per warp (rows x row groups) at most: a warp loads the values of all its rows in one access per
+# token, a row per lane (gdn_recurrent.cu). The defaults reach 8 x 4.
+REC_MAX_WARP_ROWS = 32
 
 CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
 CHUNK_SMEM_BYTES = 159232  # the scan (gdn_chunked_*), the larger of the two
@@ -198,6 +201,9 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
     if rows not in REC_ROW_VARIANTS[kmax]:
         raise ValueError(f"rec_rows {rows} is not instantiated for key size {kmax}: {REC_ROW_VARIANTS[kmax]}")
     rec.row_groups = rec_groups or rec_row_groups(geo, rows)
+    if rows * rec.row_groups > REC_MAX_WARP_ROWS:
+        raise ValueError(f"rec_rows {rows} x rec_groups {rec.row_groups} exceeds {REC_MAX_WARP_ROWS} value rows "
+                         f"per warp")
     rows_per_block = REC_WARPS * rows * rec.row_groups
     decode = (geo.total_tokens <= geo.batch and dtype in REC_DECODE_TYPES
               and rows in REC_DECODE_ROWS.get(kmax, ()))

@@ -141,6 +141,11 @@ __device__ __forceinline__ void store_rows(const GdnParams& p, bool vec, size_t 
     if (c0 + j < p.dv) store_state_row<NPL>(p.state_out + (head_base + c0 + j) * p.dk, lane, p.dk, S[j]);
 }
 
+template <int NPL>
+struct RecVec {
+  static constexpr int kVec = NPL % 4 == 0 ? 4 : NPL;  // floats per shared-memory access
+};
+
 // A warp's per-token values that do not depend on the state, for up to kTokens tokens. Each lane reads back
 // only what it wrote (its own key columns), laid out so a warp's access is one contiguous span per vector.
 template <int NPL>
@@ -149,7 +154,7 @@ struct RecStash {
   // spill (each row group holds the chunk's values in registers); wide keys take fewer, so the vectors stay
   // within 4 KB per warp.
   static constexpr int kTokens = NPL >= 16 ? 1 : (NPL >= 8 ? 2 : 4);
-  static constexpr int kVec = NPL % 4 == 0 ? 4 : NPL;       // floats per shared-memory access
+  static constexpr int kVec = RecVec<NPL>::kVec;
   // [token][kept, sent][part][lane][element]: lanes 0-15 keep k and send q in the reduction's first step,
   // lanes 16-31 the reverse (transposed_warp_sum_kept), so each lane stores the two in its own order.
   float vec[kTokens][2][NPL / kVec][32][kVec];
@@ -188,6 +193,64 @@ __device__ __forceinline__ void stash_get(const float (&src)[NPL / RecStash<NPL>
       x[c] = src[c][lane][0];
     }
   }
+}
+
+// The next row group's state goes through a per-warp shared-memory stage, copied by cp.async: its completion
+// is a cp.async group, not a register scoreboard. Prefetched into registers, it was waited for inside the
+// current group (ptxas, CUDA 13.0, sm_90: at a branch at the group's start in the general loop, and through a
+// scoreboard shared with the group's own loads and shuffles in the decode loop), so every group exposed one
+// full memory latency (Nsight Compute, BENCHMARKS.md session 12).
+__device__ __forceinline__ unsigned long long l2_evict_first_policy() {
+  unsigned long long policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// 16 bytes global -> shared, evict-first in L2 like the state's other accesses (__ldcs, __stcs).
+__device__ __forceinline__ void stage_copy16(float* dst, const float* src, unsigned long long policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(
+                   static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(src), "l"(policy)
+               : "memory");
+}
+
+// One row group's state, [row][part][lane][element]: each lane reads back only what it copied, so the stage
+// needs no warp barrier.
+template <int NPL, int ROWS>
+using RecStage = float[ROWS][NPL / RecVec<NPL>::kVec][32][RecVec<NPL>::kVec];
+
+// Requests the rows [c0, c0 + ROWS) into the stage (one cp.async group). Partial groups and rows that are not
+// whole 16-byte vectors are loaded here and written to the stage (rare shapes; the same values).
+template <int NPL, int ROWS>
+__device__ __forceinline__ void stage_rows(const GdnParams& p, bool vec, size_t head_base, int c0, int lane,
+                                           RecStage<NPL, ROWS>& stage, unsigned long long policy) {
+  bool copied = false;
+  if constexpr (NPL % 4 == 0) {
+    if (vec && c0 + ROWS <= p.dv) {
+      constexpr int kDk = 32 * NPL;
+      const float* base = p.state_in + (head_base + c0) * kDk + lane * NPL;
+#pragma unroll
+      for (int j = 0; j < ROWS; ++j)
+#pragma unroll
+        for (int c = 0; c < NPL / 4; ++c) stage_copy16(stage[j][c][lane], base + j * kDk + 4 * c, policy);
+      copied = true;
+    }
+  }
+  if (!copied) {
+    float S[ROWS][NPL];
+    load_rows<NPL, ROWS>(p, false, head_base, c0, lane, S);
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) stash_put<NPL>(stage[j], lane, S[j]);
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// The staged rows into registers, once their copies have landed.
+template <int NPL, int ROWS>
+__device__ __forceinline__ void unstage_rows(const RecStage<NPL, ROWS>& stage, int lane, float (&S)[ROWS][NPL]) {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#pragma unroll
+  for (int j = 0; j < ROWS; ++j) stash_get<NPL>(stage[j], lane, S[j]);
 }
 
 // One token's raw inputs for the prologue, loaded a token ahead.
@@ -391,12 +454,12 @@ __device__ __forceinline__ void update_rows(float (&S)[ROWS][NPL], const float (
 
 // After a group's tokens: capsule slots beyond the captured prefix are zero (project rule, spec/ops.md §2.9;
 // the decay and key slots by the first group of the warps that capture them, the delta slots by every group),
-// the group's state goes out, and the prefetched next group moves in. `dk`: as in token_decay.
+// the group's state goes out, and the staged next group moves in. `dk`: as in token_decay.
 template <int NPL, int ROWS>
 __device__ __forceinline__ void finish_group(const GdnParams& p, int dk, float* cap, float* delta_cap, int m, int h,
                                              int hk, int lane, bool zero_decay, bool zero_key, bool zero_delta,
                                              bool vec_out, size_t head_base, int c0, bool more, float (&S)[ROWS][NPL],
-                                             const float (&Sn)[ROWS][NPL]) {
+                                             const RecStage<NPL, ROWS>& next) {
   if (cap != nullptr) {
     for (int t = m; t < p.capacity; ++t) {
       if (zero_decay && lane == 0) cap[(size_t)t * p.hv + h] = 0.0f;
@@ -406,16 +469,12 @@ __device__ __forceinline__ void finish_group(const GdnParams& p, int dk, float* 
     }
   }
   if (p.state_out != nullptr) store_rows<NPL, ROWS>(p, vec_out, head_base, c0, lane, S);
-  if (more) {
-#pragma unroll
-    for (int j = 0; j < ROWS; ++j)
-#pragma unroll
-      for (int i = 0; i < NPL; ++i) S[j][i] = Sn[j][i];
-  }
+  if (more) unstage_rows<NPL, ROWS>(next, lane, S);
 }
 
-// A warp serves p.row_groups consecutive groups of ROWS value rows of one (request, head), loading the next
-// group's state while it computes the current one, so its memory traffic does not wait on its arithmetic.
+// A warp serves p.row_groups consecutive groups of ROWS value rows of one (request, head), staging the next
+// group's state and values while it computes the current one, so its memory traffic does not wait on its
+// arithmetic.
 // Everything it computes for a value row is independent of ROWS and row_groups (the reduction pairs lanes in
 // one fixed order), so a row's result does not depend on the launch shape or the batch.
 template <typename T, int NPL, int ROWS, bool DECODE_LOOP>
@@ -426,6 +485,9 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   // in lanes 0-15, output S'.q of row (l >> kShift) - ROWS in lanes 16-31.
   constexpr int kShift = 5 - log2_int(2 * ROWS);
   __shared__ Stash stash_all[kRecWarps];
+  // One stage per warp: the next group's copies go out after the current group's first reduction, which has
+  // consumed the rows read from it (a second buffer would exceed the 48 KB of static shared memory at R = 8).
+  __shared__ RecStage<NPL, ROWS> stage_all[kRecWarps];
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -435,6 +497,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   if (c_warp >= p.dv) return;  // the kernel has no block-wide barrier
   const int dk = p.dk;
   Stash& stash = stash_all[warp];
+  RecStage<NPL, ROWS>& stage = stage_all[warp];
   const int slot = lane >> kShift;                            // which reduced value this lane holds
   const bool first_copy = (lane & ((1 << kShift) - 1)) == 0;  // the lane that writes it
   const int my_row = slot % ROWS;
@@ -444,22 +507,29 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   // Every load whose address does not depend on the offsets goes out before them: the first two groups'
   // state, the gate constants, and the inputs of token b * T / B, where row b starts when every row has the
   // same length (decode); they are loaded again only when the offsets say otherwise.
+  // The guess comes first: its 64-bit division is a call, before which ptxas waits for every load in flight.
+  const int guess = p.total_tokens > 0 ? (int)((long long)b * p.total_tokens / p.batch) : -1;
   const size_t head_base = ((size_t)b * p.hv + h) * p.dv;
-  float S[ROWS][NPL], Sn[ROWS][NPL];
+  const unsigned long long evict_first = l2_evict_first_policy();
+  float S[ROWS][NPL];
   load_rows<NPL, ROWS>(p, vec_in, head_base, c_warp, lane, S);
-  if (p.row_groups > 1 && c_warp + ROWS < p.dv) load_rows<NPL, ROWS>(p, vec_in, head_base, c_warp + ROWS, lane, Sn);
+  if (p.row_groups > 1 && c_warp + ROWS < p.dv)
+    stage_rows<NPL, ROWS>(p, vec_in, head_base, c_warp + ROWS, lane, stage, evict_first);
   const HeadGate gate = {p.gate_qwen ? -expf(p.a_log[h]) : 0.0f, p.gate_qwen ? p.dt_bias[h] : 0.0f};
   const int hk = h / (p.hv / p.hk);
   const T* qb = static_cast<const T*>(p.q) + (size_t)hk * dk;
   const T* kb = static_cast<const T*>(p.k) + (size_t)hk * dk;
   const T* vh = static_cast<const T*>(p.v) + (size_t)h * p.dv + my_row;  // + token * v_stride + row group
-  const bool row0_ok = c_warp + my_row < p.dv;
-  const int guess = p.total_tokens > 0 ? (int)((long long)b * p.total_tokens / p.batch) : -1;
+  // Rows of one chunk take their values from one coalesced load per token: lane l holds row c_warp + l (the
+  // plans keep ROWS * row_groups <= 32), and each group gets its rows by shuffle. A load per group was
+  // waited for at the group's start whatever was issued ahead (ptxas, sm_90; BENCHMARKS.md session 12).
+  const T* v_lane = static_cast<const T*>(p.v) + (size_t)h * p.dv + c_warp + lane;  // + token * v_stride
+  const bool lane_row_ok = lane < ROWS * p.row_groups && c_warp + lane < p.dv;
   TokenInputs<NPL> first;
-  float v_first = 0.0f;
+  float v_first = 0.0f;  // this lane's row of token `first`
   if (guess >= 0) {
     load_token<T, NPL>(p, guess, h, lane, qb, kb, first);
-    if (row0_ok) v_first = to_f32(vh[(size_t)guess * p.v_stride + c_warp]);
+    if (lane_row_ok) v_first = to_f32(v_lane[(size_t)guess * p.v_stride]);
   }
 
   const RowSpan span = row_span(p.cu_seqlens, p.uniform_len, b, p.total_tokens);
@@ -476,7 +546,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     // and delta pointers step by ROWS per group. The arithmetic is the general loop's, in the same order.
     if (span.start != guess) {
       load_token<T, NPL>(p, span.start, h, lane, qb, kb, first);
-      if (row0_ok) v_first = to_f32(vh[(size_t)span.start * p.v_stride + c_warp]);
+      v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
     }
     TokenValues<NPL> tv;
     token_values<NPL>(p, first, gate, tv);
@@ -489,21 +559,19 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       kept[i] = lane < 16 ? tv.k[i] : tv.q[i];
       sent[i] = lane < 16 ? tv.q[i] : tv.k[i];
     }
-    const T* vg = vh + (size_t)span.start * p.v_stride + c_warp;
     T* og = static_cast<T*>(p.out) + (size_t)span.start * p.hv * p.dv + (size_t)h * p.dv + c_warp + my_row;
     float* dg = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c_warp + my_row : nullptr;
-    float v = v_first;
     for (int rg = 0; rg < p.row_groups; ++rg) {
       const int g = rg * ROWS;  // the group's first row, counted from the warp's
       const int c0 = c_warp + g;
       if (c0 >= p.dv) break;
       const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
-      if (more && rg > 0) load_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, Sn);
       const bool row_ok = c0 + my_row < p.dv;
-      if (rg > 0) v = row_ok ? to_f32(vg[g]) : 0.0f;
+      const float v = __shfl_sync(0xffffffffu, v_first, g + my_row);
       float alpha[NPL];  // per group, as in the general loop: held across groups it costs registers
       token_decay<NPL>(p, dk, span.start, h, lane, tv.alpha, alpha);
       const float x = decay_and_reduce<NPL, ROWS>(S, alpha, kept, sent, lane);
+      if (more && rg > 0) stage_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);
       // Lanes 0-15: the delta of their row; lanes 16-31 take their row's delta from lane l - 16.
       const float u_mine = p.has_delta ? beta * (v - x) : v;
       const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, 16);
@@ -517,24 +585,24 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       update_rows<NPL, ROWS, kShift>(S, tv.k, u_mine);
       finish_group<NPL, ROWS>(p, dk, cap, cap != nullptr ? dg + g : nullptr, m, h, hk, lane,
                               rg == 0 && capture_decay, rg == 0 && capture_key, lane < 16 && first_copy && row_ok,
-                              vec_out, head_base, c0, more, S, Sn);
+                              vec_out, head_base, c0, more, S, stage);
     }
     return;
   }
 
   // Rows of at most kTokens tokens (decode, verify) run the prologue once, for every row group.
   const bool one_chunk = span.len <= kTokens;
-  float v[kTokens];
+  float v_lanes[kTokens];  // rows of one chunk: this lane's row of each token
   if (one_chunk && span.len > 0) {
     if (span.start != guess) {
       load_token<T, NPL>(p, span.start, h, lane, qb, kb, first);
-      if (row0_ok) v_first = to_f32(vh[(size_t)span.start * p.v_stride + c_warp]);
+      v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
     }
-    v[0] = v_first;
+    v_lanes[0] = v_first;
 #pragma unroll
     for (int t = 1; t < kTokens; ++t) {
       if (t >= span.len) break;  // a branch, not predicated loads: decode issues none of them
-      v[t] = row0_ok ? to_f32(vh[(size_t)(span.start + t) * p.v_stride + c_warp]) : 0.0f;
+      v_lanes[t] = lane_row_ok ? to_f32(v_lane[(size_t)(span.start + t) * p.v_stride]) : 0.0f;
     }
     token_prologue<T, NPL>(p, stash, first, span.start, 0, span.len, h, hk, gate, lane, qb, kb, m, cap,
                            capture_decay, capture_key);
@@ -544,8 +612,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     const int c0 = c_warp + rg * ROWS;
     if (c0 >= p.dv) break;
     const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
-    if (more && rg > 0) load_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, Sn);
     const bool row_ok = c0 + my_row < p.dv;
+    bool staged = !(more && rg > 0);  // the next group's state is requested after this group's first reduction
     T* ob = static_cast<T*>(p.out) + (size_t)h * p.dv + c0 + my_row;
     float* delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
 
@@ -558,12 +626,12 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         token_prologue<T, NPL>(p, stash, cur, span.start, t0, n, h, hk, gate, lane, qb, kb, m, cap,
                                capture_decay && rg == 0, capture_key && rg == 0);
       }
-      if (!one_chunk || rg > 0) {
+      float v[kTokens];
 #pragma unroll
-        for (int t = 0; t < kTokens; ++t) {
-          if (t >= n) break;
-          v[t] = row_ok ? to_f32(vh[(size_t)(span.start + t0 + t) * p.v_stride + c0]) : 0.0f;
-        }
+      for (int t = 0; t < kTokens; ++t) {
+        if (t >= n) break;
+        v[t] = one_chunk ? __shfl_sync(0xffffffffu, v_lanes[t], rg * ROWS + my_row)
+                         : (row_ok ? to_f32(vh[(size_t)(span.start + t0 + t) * p.v_stride + c0]) : 0.0f);
       }
 
 #pragma unroll
@@ -577,6 +645,10 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         const float qk = stash.scalar[t][2];
         token_decay<NPL>(p, dk, tok, h, lane, stash.scalar[t][0], alpha);
         const float x = decay_and_reduce<NPL, ROWS>(S, alpha, kept, sent, lane);
+        if (!staged) {
+          stage_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);
+          staged = true;
+        }
         // Lanes 0-15: the delta of their row; lanes 16-31 take their row's delta from lane l - 16.
         const float u_mine = p.has_delta ? beta * (v[t] - x) : v[t];
         const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, 16);
@@ -593,8 +665,9 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         update_rows<NPL, ROWS, kShift>(S, k, u_mine);
       }
     }
+    if (!staged) stage_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);  // no tokens
     finish_group<NPL, ROWS>(p, dk, cap, delta_cap, m, h, hk, lane, rg == 0 && capture_decay, rg == 0 && capture_key,
-                            lane < 16 && first_copy && row_ok, vec_out, head_base, c0, more, S, Sn);
+                            lane < 16 && first_copy && row_ok, vec_out, head_base, c0, more, S, stage);
   }
 }
 
