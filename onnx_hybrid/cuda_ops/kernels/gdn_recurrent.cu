@@ -533,7 +533,10 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   }
 
   const RowSpan span = row_span(p.cu_seqlens, p.uniform_len, b, p.total_tokens);
-  if (p.tail_only && !gdn_row_is_sequential(p, b, span.len)) return;
+  if (p.tail_only && !gdn_row_is_sequential(p, b, span.len)) {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy may land in shared memory after the warp exits
+    return;
+  }
   const int m = gdn_captured_prefix(p, b, span.len);
   float* cap = p.capsule != nullptr ? p.capsule + (size_t)b * gdn_capsule_row(p) : nullptr;
   // The decay slot of a head is written by the warp holding row 0; the key slot of a key head by the warp
