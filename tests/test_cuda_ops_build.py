@@ -111,7 +111,7 @@ def test_plan_grids_follow_the_geometry():
     prep, chunk, rec = plan.gdn_plan(_geo([100, 20]), "float16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
     # (100 + 20 + 2 * 63) // 64 = 3 chunks at most (the 20-token row has none: the tail pass serves it)
     assert prep.grid == (3, 48, 1) and prep.block == (256, 1, 1) and prep.smem == plan.CHUNK_PREP_SMEM_BYTES
-    assert chunk.grid == (2, 48, 2) and chunk.block == (256, 1, 1) and chunk.smem == plan.CHUNK_SMEM_BYTES
+    assert chunk.grid == (2, 48, 2) and chunk.block == (128, 1, 1) and chunk.smem == plan.CHUNK_SMEM_BYTES
     assert rec.grid == (8, 48, 2) and rec.params.row_groups == 1 and rec.block == (128, 1, 1) and rec.smem == 0
     (rec,) = plan.gdn_plan(_geo([1]), "float32", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
     assert rec.kernel == "gdn_recurrent_f32_k128_r4"

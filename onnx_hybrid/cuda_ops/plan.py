@@ -68,7 +68,8 @@ REC_ROWS_SMALL = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
 REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks
 
 CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
-CHUNK_SMEM_BYTES = 159232  # the scan (gdn_chunked_*), the larger of the two
+CHUNK_SCAN_THREADS = 128  # the scan: one warp per 16 of its CHUNK_VT value columns
+CHUNK_SMEM_BYTES = 141824  # the scan (gdn_chunked_*), the larger of the two
 CHUNK_PREP_SMEM_BYTES = 106496
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
 CONV_THREADS, CONV_TOKENS = 128, 16
@@ -183,7 +184,7 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
         launches.append(Launch(f"gdn_chunk_prep_{sfx}_d128", (chunk_prep_blocks(geo), geo.num_heads_v, 1),
                                (CHUNK_THREADS, 1, 1), CHUNK_PREP_SMEM_BYTES, _copy(params)))
         launches.append(Launch(f"gdn_chunked_{sfx}_d128", (geo.head_size_v // CHUNK_VT, geo.num_heads_v, geo.batch),
-                               (CHUNK_THREADS, 1, 1), CHUNK_SMEM_BYTES, _copy(params)))
+                               (CHUNK_SCAN_THREADS, 1, 1), CHUNK_SMEM_BYTES, _copy(params)))
     rec = _copy(params)
     rec.tail_only = int(use_chunked)
     rows = rec_rows or (REC_ROWS_LARGE[kmax] if rec_row_groups(geo, REC_ROWS_LARGE[kmax]) > 1

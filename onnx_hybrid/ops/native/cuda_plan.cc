@@ -103,7 +103,7 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
                         params});
     launches.push_back({KernelName("gdn_chunked_", type).Append("_d").Append(cp::kChunkD),
                         {U(geo.head_size_v / cp::kChunkVt), U(geo.num_heads_v), U(geo.batch)},
-                        {U(cp::kChunkThreads), 1, 1},
+                        {U(cp::kChunkScanThreads), 1, 1},
                         cp::kChunkSmemBytes,
                         params});
   }
