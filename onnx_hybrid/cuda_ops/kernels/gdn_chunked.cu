@@ -25,7 +25,6 @@ namespace chunk {
 
 constexpr int BT = 64;       // tokens per chunk
 constexpr int D = 128;       // Dk = Dv
-constexpr int VT = 64;       // value columns per scan CTA (a multiple of 16: one warp per 16)
 constexpr int WARPS = 8;
 constexpr int THREADS = WARPS * 32;
 constexpr int LDH = D + 8;   // halves per 128-wide row (+16 B against bank conflicts)
@@ -47,20 +46,28 @@ constexpr int P_OFF_VEC = P_OFF_SOL + RHS * LDT * 2;  // gamma, beta, beta e^gam
 constexpr int PREP_SMEM_BYTES = P_OFF_VEC + 3 * BT * 4;
 static_assert(WARPS * 32 * LDD * 2 <= BT * LDH * 2, "solve scratch fits in the Q region");
 
-// Scan kernel: SCAN_WARPS warps of 16 value rows each. Every operand read from the workspace has two
-// buffers, so the next chunk's arrive during the whole current chunk; the stage is all the shared memory.
-constexpr int SCAN_WARPS = VT / 16;
-constexpr int SCAN_THREADS = SCAN_WARPS * 32;
-constexpr int LDU = VT + 8;                            // halves per VT-wide row
-constexpr int S_STAGE_W = 0;                           // W, fp16 [BT][LDH]
-constexpr int S_STAGE_K = S_STAGE_W + BT * LDH * 2;    // K, fp16 [BT][LDH]
-constexpr int S_STAGE_Q = S_STAGE_K + BT * LDH * 2;    // Q, fp16 [BT][LDH]
-constexpr int S_STAGE_P = S_STAGE_Q + BT * LDH * 2;    // P, fp16 [BT][LDT]
-constexpr int S_STAGE_U = S_STAGE_P + BT * LDT * 2;    // U~ of this CTA's columns, fp16 [BT][LDU]
-constexpr int S_STAGE_G = S_STAGE_U + BT * LDU * 2;    // gamma, fp32 [BT]
-constexpr int S_STAGE_BYTES = S_STAGE_G + BT * 4;
-constexpr int SMEM_BYTES = 2 * S_STAGE_BYTES;
-static_assert(SMEM_BYTES <= 163 * 1024, "the scan fits sm_80's opt-in shared memory per block");
+// Scan kernel, VT value columns per CTA (VT / 16 warps of 16 value rows each), instantiated for two widths:
+// the narrow one gives more CTAs, the wide one two warps per scheduler. Every operand read from the workspace
+// has two buffers, so the next chunk's arrive during the whole current chunk; the stage is all the shared
+// memory.
+constexpr int VT_NARROW = 64;
+constexpr int VT_WIDE = 128;
+template <int VT>
+struct ScanLayout {
+  static_assert(VT % 16 == 0 && D % VT == 0, "whole warps of 16 value rows");
+  static constexpr int WARPS = VT / 16;
+  static constexpr int THREADS = WARPS * 32;
+  static constexpr int LDU = VT + 8;                        // halves per VT-wide row
+  static constexpr int STAGE_W = 0;                         // W, fp16 [BT][LDH]
+  static constexpr int STAGE_K = STAGE_W + BT * LDH * 2;    // K, fp16 [BT][LDH]
+  static constexpr int STAGE_Q = STAGE_K + BT * LDH * 2;    // Q, fp16 [BT][LDH]
+  static constexpr int STAGE_P = STAGE_Q + BT * LDH * 2;    // P, fp16 [BT][LDT]
+  static constexpr int STAGE_U = STAGE_P + BT * LDT * 2;    // U~ of this CTA's columns, fp16 [BT][LDU]
+  static constexpr int STAGE_G = STAGE_U + BT * LDU * 2;    // gamma, fp32 [BT]
+  static constexpr int STAGE_BYTES = STAGE_G + BT * 4;
+  static constexpr int SMEM_BYTES = 2 * STAGE_BYTES;
+  static_assert(SMEM_BYTES <= 163 * 1024, "the scan fits sm_80's opt-in shared memory per block");
+};
 
 }  // namespace chunk
 
@@ -441,21 +448,24 @@ struct ScanStage {
   float* g;
 };
 
+template <int VT>
 __device__ __forceinline__ ScanStage scan_stage(unsigned char* smem, int s) {
-  using namespace chunk;
-  unsigned char* base = smem + s * S_STAGE_BYTES;
-  return {reinterpret_cast<__half*>(base + S_STAGE_W), reinterpret_cast<__half*>(base + S_STAGE_K),
-          reinterpret_cast<__half*>(base + S_STAGE_Q), reinterpret_cast<__half*>(base + S_STAGE_P),
-          reinterpret_cast<__half*>(base + S_STAGE_U), reinterpret_cast<float*>(base + S_STAGE_G)};
+  using Layout = chunk::ScanLayout<VT>;
+  unsigned char* base = smem + s * Layout::STAGE_BYTES;
+  return {reinterpret_cast<__half*>(base + Layout::STAGE_W), reinterpret_cast<__half*>(base + Layout::STAGE_K),
+          reinterpret_cast<__half*>(base + Layout::STAGE_Q), reinterpret_cast<__half*>(base + Layout::STAGE_P),
+          reinterpret_cast<__half*>(base + Layout::STAGE_U), reinterpret_cast<float*>(base + Layout::STAGE_G)};
 }
 
 // This thread's share of loading a stage: fixed 16-byte slots, so each chunk costs one address per slot.
 // W, K, Q: rows row + ROW_STEP j at column col; P: rows prow + P_ROW_STEP j at pcol; U~: rows urow +
 // U_ROW_STEP j at ucol; gamma: row tid (tid < BT).
+template <int VT>
 struct ScanCopy {
-  static constexpr int ROW_STEP = chunk::SCAN_THREADS / (chunk::D / 8);
-  static constexpr int P_ROW_STEP = chunk::SCAN_THREADS / (chunk::BT / 8);
-  static constexpr int U_ROW_STEP = chunk::SCAN_THREADS / (chunk::VT / 8);
+  static constexpr int THREADS = chunk::ScanLayout<VT>::THREADS;
+  static constexpr int ROW_STEP = THREADS / (chunk::D / 8);
+  static constexpr int P_ROW_STEP = THREADS / (chunk::BT / 8);
+  static constexpr int U_ROW_STEP = THREADS / (VT / 8);
   const __half* w;  // token 0's row of each operand, at this thread's column (this head)
   const __half* k;
   const __half* q;
@@ -466,10 +476,11 @@ struct ScanCopy {
   int row, col, prow, pcol, urow, ucol, tid;
 };
 
-__device__ __forceinline__ ScanCopy scan_copy(const GdnParams& p, const ChunkWorkspace& ws, int h, int hk, int c0,
-                                              int tid) {
+template <int VT>
+__device__ __forceinline__ ScanCopy<VT> scan_copy(const GdnParams& p, const ChunkWorkspace& ws, int h, int hk, int c0,
+                                                  int tid) {
   using namespace chunk;
-  ScanCopy c;
+  ScanCopy<VT> c;
   c.row = tid / (D / 8);
   c.col = tid % (D / 8) * 8;
   c.prow = tid / (BT / 8);
@@ -492,14 +503,18 @@ __device__ __forceinline__ ScanCopy scan_copy(const GdnParams& p, const ChunkWor
 }
 
 // The chunk at token tok0 with L rows (the rest zero-filled, without reading).
-__device__ __forceinline__ void scan_load_stage(const ScanCopy& c, const ScanStage& st, unsigned tok0, int L) {
+template <int VT>
+__device__ __forceinline__ void scan_load_stage(const ScanCopy<VT>& c, const ScanStage& st, unsigned tok0, int L) {
   using namespace chunk;
-  static_assert(SCAN_THREADS % (D / 8) == 0 && BT % ScanCopy::ROW_STEP == 0, "fixed W/K/Q copy slots");
-  static_assert(SCAN_THREADS % (BT / 8) == 0 && BT % ScanCopy::P_ROW_STEP == 0, "fixed P copy slots");
-  static_assert(SCAN_THREADS % (VT / 8) == 0 && BT % ScanCopy::U_ROW_STEP == 0, "fixed U~ copy slots");
-  static_assert(SCAN_THREADS >= BT, "one thread per gamma row");
+  using Copy = ScanCopy<VT>;
+  constexpr int LDU = ScanLayout<VT>::LDU;
+  static_assert(Copy::THREADS % (D / 8) == 0 && BT % Copy::ROW_STEP == 0, "fixed W/K/Q copy slots");
+  static_assert(Copy::THREADS % (BT / 8) == 0 && BT % Copy::P_ROW_STEP == 0, "fixed P copy slots");
+  static_assert(Copy::THREADS % (VT / 8) == 0 && BT % Copy::U_ROW_STEP == 0, "fixed U~ copy slots");
+  static_assert(Copy::THREADS >= BT, "one thread per gamma row");
 #pragma unroll
-  for (int t = c.row; t < BT; t += ScanCopy::ROW_STEP) {
+  for (int j = 0; j < BT / Copy::ROW_STEP; ++j) {
+    const int t = c.row + Copy::ROW_STEP * j;
     const bool ok = t < L;
     const unsigned tok = tok0 + (ok ? t : 0);
     cp_async16(st.w + t * LDH + c.col, c.w + (size_t)tok * c.w_stride, ok);
@@ -507,12 +522,14 @@ __device__ __forceinline__ void scan_load_stage(const ScanCopy& c, const ScanSta
     cp_async16(st.q + t * LDH + c.col, c.q + (size_t)tok * c.k_stride, ok);
   }
 #pragma unroll
-  for (int t = c.prow; t < BT; t += ScanCopy::P_ROW_STEP) {
+  for (int j = 0; j < BT / Copy::P_ROW_STEP; ++j) {
+    const int t = c.prow + Copy::P_ROW_STEP * j;
     const bool ok = t < L;
     cp_async16(st.p + t * LDT + c.pcol, c.p + (size_t)(tok0 + (ok ? t : 0)) * c.p_stride, ok);
   }
 #pragma unroll
-  for (int t = c.urow; t < BT; t += ScanCopy::U_ROW_STEP) {
+  for (int j = 0; j < BT / Copy::U_ROW_STEP; ++j) {
+    const int t = c.urow + Copy::U_ROW_STEP * j;
     const bool ok = t < L;
     cp_async16(st.u + t * LDU + c.ucol, c.u + (size_t)(tok0 + (ok ? t : 0)) * c.u_stride, ok);
   }
@@ -535,9 +552,11 @@ __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float a, float b) {
   return *reinterpret_cast<const unsigned*>(&x);
 }
 
-template <typename T>
+template <typename T, int VT>
 __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
   using namespace chunk;
+  constexpr int THREADS = ScanLayout<VT>::THREADS;
+  constexpr int LDU = ScanLayout<VT>::LDU;
   constexpr int NT = BT / 8;  // token tiles of the chunk products
   constexpr int KT = D / 8;   // key tiles of the state
   extern __shared__ __align__(16) unsigned char smem[];
@@ -557,21 +576,21 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
   // this block owns.
   if (p.capsule != nullptr) {
     float* cap = p.capsule + (size_t)b * gdn_capsule_row(p);
-    for (int i = tid; i < p.capacity * VT; i += SCAN_THREADS) {
+    for (int i = tid; i < p.capacity * VT; i += THREADS) {
       const int t = i / VT, c = c0 + i % VT;
       cap[gdn_capsule_delta(p) + ((size_t)t * p.hv + h) * D + c] = 0.0f;
     }
     if (blockIdx.x == 0) {
-      for (int t = tid; t < p.capacity; t += SCAN_THREADS) cap[(size_t)t * p.hv + h] = 0.0f;
+      for (int t = tid; t < p.capacity; t += THREADS) cap[(size_t)t * p.hv + h] = 0.0f;
       if (h % group == 0)
-        for (int i = tid; i < p.capacity * D; i += SCAN_THREADS)
+        for (int i = tid; i < p.capacity * D; i += THREADS)
           cap[gdn_capsule_key(p) + ((size_t)(i / D) * p.hk + hk) * D + i % D] = 0.0f;
     }
   }
 
   const int n = chunks_of(span.len);
-  const ScanCopy copy = scan_copy(p, chunk_workspace(p), h, hk, c0, tid);
-  scan_load_stage(copy, scan_stage(smem, 0), span.start, min(BT, span.len));
+  const ScanCopy<VT> copy = scan_copy<VT>(p, chunk_workspace(p), h, hk, c0, tid);
+  scan_load_stage(copy, scan_stage<VT>(smem, 0), span.start, min(BT, span.len));
   cp_async_commit();
 
   // The fp32 state S^T in the accumulator layout: s[kt] holds value rows v0 + {g8, g8 + 8}, key columns
@@ -602,9 +621,9 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
     cp_async_wait<0>();
     __syncthreads();  // this chunk's stage has landed for every thread, and every warp is done with the other
     if (ci + 1 < n)
-      scan_load_stage(copy, scan_stage(smem, (ci + 1) & 1), span.start + t0 + BT, min(BT, span.len - t0 - BT));
+      scan_load_stage(copy, scan_stage<VT>(smem, (ci + 1) & 1), span.start + t0 + BT, min(BT, span.len - t0 - BT));
     cp_async_commit();
-    const ScanStage st = scan_stage(smem, ci & 1);
+    const ScanStage st = scan_stage<VT>(smem, ci & 1);
 
     // 1. X = S0^T W^T and Y = S0^T Q^T: one A fragment of the state per 16 keys serves both.
     float x[NT][4], y[NT][4];
@@ -630,9 +649,16 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
       }
     }
 
+    // The decays of tokens 2 lane + {0, 1}: e^g and e^{g_L-g}. A thread needs those of tokens nt*8 + q2 +
+    // {0, 1}, i.e. of lane nt*4 + lane%4.
+    const float gL = st.g[L - 1];
+    const float2 g_pair = *reinterpret_cast<const float2*>(st.g + 2 * lane);
+    const float eg_pair[2] = {expf(g_pair.x), expf(g_pair.y)};
+    const float tail_pair[2] = {expf(gL - g_pair.x), expf(gL - g_pair.y)};
+    static_assert(BT == 64, "one token pair per lane");
+
     // U^T = U~^T - X as two sets of A fragments (k = tokens): au for O, ad = U^T diag(e^{g_L-g}) for the
     // state. Y becomes Y diag(e^g). Rows past L: W, U~ and gamma are zero there, so U is zero.
-    const float gL = st.g[L - 1];
     unsigned au[NT / 2][4], ad[NT / 2][4];
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
@@ -641,8 +667,10 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int nt = 2 * np + i;
-        const float2 g = *reinterpret_cast<const float2*>(st.g + nt * 8 + q2);
-        const float eg0 = expf(g.x), eg1 = expf(g.y), tail0 = expf(gL - g.x), tail1 = expf(gL - g.y);
+        const int src = nt * 4 + (lane & 3);
+        const float eg0 = __shfl_sync(0xffffffffu, eg_pair[0], src), eg1 = __shfl_sync(0xffffffffu, eg_pair[1], src);
+        const float tail0 = __shfl_sync(0xffffffffu, tail_pair[0], src);
+        const float tail1 = __shfl_sync(0xffffffffu, tail_pair[1], src);
 #pragma unroll
         for (int half_row = 0; half_row < 2; ++half_row) {
           const float2 u_in = __half22float2(*reinterpret_cast<const __half2*>(&ut[i][half_row]));
@@ -714,7 +742,8 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
 }  // namespace ohk
 
 // Dynamic shared memory of the chunked kernels, read by the tests to check the Python plan's copies.
-extern "C" __constant__ int gdn_chunked_smem_bytes = ohk::chunk::SMEM_BYTES;
+extern "C" __constant__ int gdn_chunked_v64_smem_bytes = ohk::chunk::ScanLayout<ohk::chunk::VT_NARROW>::SMEM_BYTES;
+extern "C" __constant__ int gdn_chunked_v128_smem_bytes = ohk::chunk::ScanLayout<ohk::chunk::VT_WIDE>::SMEM_BYTES;
 extern "C" __constant__ int gdn_chunk_prep_smem_bytes = ohk::chunk::PREP_SMEM_BYTES;
 
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2) gdn_chunk_prep_f16_d128(const GdnParams p) {
@@ -725,11 +754,12 @@ extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2) gdn_chunk_p
   ohk::wait_for_inputs();
   ohk::gdn_chunk_prep<__nv_bfloat16>(p);
 }
-extern "C" __global__ void __launch_bounds__(ohk::chunk::SCAN_THREADS, 1) gdn_chunked_f16_d128(const GdnParams p) {
-  ohk::wait_for_inputs();
-  ohk::gdn_chunk_scan<__half>(p);
-}
-extern "C" __global__ void __launch_bounds__(ohk::chunk::SCAN_THREADS, 1) gdn_chunked_bf16_d128(const GdnParams p) {
-  ohk::wait_for_inputs();
-  ohk::gdn_chunk_scan<__nv_bfloat16>(p);
-}
+#define OHK_CHUNK_SCAN(NAME, T, VT)                                                                  \
+  extern "C" __global__ void __launch_bounds__(ohk::chunk::ScanLayout<VT>::THREADS, 1) NAME(const GdnParams p) { \
+    ohk::wait_for_inputs();                                                                          \
+    ohk::gdn_chunk_scan<T, VT>(p);                                                                   \
+  }
+OHK_CHUNK_SCAN(gdn_chunked_f16_d128_v64, __half, ohk::chunk::VT_NARROW)
+OHK_CHUNK_SCAN(gdn_chunked_bf16_d128_v64, __nv_bfloat16, ohk::chunk::VT_NARROW)
+OHK_CHUNK_SCAN(gdn_chunked_f16_d128_v128, __half, ohk::chunk::VT_WIDE)
+OHK_CHUNK_SCAN(gdn_chunked_bf16_d128_v128, __nv_bfloat16, ohk::chunk::VT_WIDE)
