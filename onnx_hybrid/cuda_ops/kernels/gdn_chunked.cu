@@ -8,8 +8,8 @@
 // Two kernels:
 // * gdn_chunk_prep, one CTA per (chunk, value head), fully parallel: normalised Q and K, gamma, P, W and
 //   U~ into the workspace (U~ is staged in the output rows, which the scan overwrites with O).
-// * gdn_chunked, one CTA per (request, value head, 64 value columns), walks the chunks in order with the
-//   fp32 state in registers, 16 value rows per warp; per chunk only three products depend on the state
+// * gdn_chunked, one CTA per (request, value head, 64 or 128 value columns), walks the chunks in order with
+//   the fp32 state in registers, 16 value rows per warp; per chunk only three products depend on the state
 //   (W S0 and Q S0, then P U and K^T U), computed transposed so that the state and U stay in registers,
 //   with the next chunk's operands arriving meanwhile through cp.async.
 // Only decay ratios e^{g_t-g_s} <= 1 are formed, never k e^{-g}. Every product runs on mma.sync.m16n8k16
