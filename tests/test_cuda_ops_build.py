@@ -74,18 +74,18 @@ def test_plan_engine_selection():
     assert _kernels(_geo([1] * 4, dk=64, dv=64)) == [("gdn_recurrent_f16_k64_r4", 0)]
     assert _kernels(_geo([4] * 32, capacity=4)) == [("gdn_recurrent_f16_k128_r8", 0)]
     # prefill: the chunked prep and scan, then the tail pass for the rows they skip (decided on the device)
-    assert _kernels(_geo([4096])) == [("gdn_chunk_prep_f16_d128", None), ("gdn_chunked_f16_d128", None),
+    assert _kernels(_geo([4096])) == [("gdn_chunk_prep_f16_d128", None), ("gdn_chunked_f16_d128_v64", None),
                                       ("gdn_recurrent_f16_k128_r4", 1)]
     assert [k for k, _ in _kernels(_geo([2048] * 8), "bfloat16")[:2]] == ["gdn_chunk_prep_bf16_d128",
-                                                                           "gdn_chunked_bf16_d128"]
+                                                                           "gdn_chunked_bf16_d128_v128"]
     # shapes the chunked kernel does not serve fall back to the recurrent kernel
     assert _kernels(_geo([4096]), "float32") == [("gdn_recurrent_f32_k128_r4", 0)]
     assert _kernels(_geo([4096], dk=64, dv=32)) == [("gdn_recurrent_f16_k64_r4", 0)]
     assert _kernels(_geo([4096], per_key=True)) == [("gdn_recurrent_f16_k128_r4", 0)]
     assert _kernels(_geo([4096]), arch=75) == [("gdn_recurrent_f16_k128_r4", 0)]
-    assert _kernels(_geo([4096]), arch=80, smem=A100_SMEM)[1][0] == "gdn_chunked_f16_d128"
+    assert _kernels(_geo([4096]), arch=80, smem=A100_SMEM)[1][0] == "gdn_chunked_f16_d128_v64"
     assert _kernels(_geo([4096]), arch=89, smem=SM89_SMEM) == [("gdn_recurrent_f16_k128_r4", 0)]
-    assert _kernels(_geo([1] * 4), engine="chunked")[1][0] == "gdn_chunked_f16_d128"
+    assert _kernels(_geo([1] * 4), engine="chunked")[1][0] == "gdn_chunked_f16_d128_v128"
     assert _kernels(_geo([4096]), engine="recurrent") == [("gdn_recurrent_f16_k128_r4", 0)]
 
 
@@ -93,7 +93,7 @@ def test_plan_falls_back_for_misaligned_inputs():
     aligned = plan.GdnParams(q=4096, k=8192, v=12288, state_in=16384, state_out=20480)
     shifted = plan.GdnParams(q=4096, k=8192, v=12288, state_in=16388, state_out=20480)  # a view 4 bytes in
     assert plan.gdn_plan(_geo([4096]), "float16", aligned, arch=90, smem_optin=H100_SMEM)[1].kernel == \
-        "gdn_chunked_f16_d128"
+        "gdn_chunked_f16_d128_v64"
     assert [ln.kernel for ln in plan.gdn_plan(_geo([4096]), "float16", shifted, arch=90, smem_optin=H100_SMEM)] \
         == ["gdn_recurrent_f16_k128_r4"]
     out_8 = plan.GdnParams(q=4096, k=8192, v=12288, out=24584)  # the U~ staging copies 16-byte output rows
@@ -114,11 +114,26 @@ def test_plan_rejects_what_no_kernel_serves():
         _kernels(_geo([64], dk=64, dv=64), engine="chunked")
 
 
+def test_scan_width_follows_the_grid():
+    """The narrow scan while its grid fits CHUNK_NARROW_MAX_BLOCKS CTAs (1 x 48 heads x 2 halves = 96), then the
+    wide one (2 x 48 x 2 = 192 narrow CTAs become 96 wide ones)."""
+    def scan(lengths, **kw):
+        return plan.gdn_plan(_geo(lengths), "float16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM, **kw)[1]
+    narrow, wide = scan([8192]), scan([4096, 4096])
+    assert (narrow.kernel, narrow.grid, narrow.block, narrow.smem) == \
+        ("gdn_chunked_f16_d128_v64", (2, 48, 1), (128, 1, 1), plan.CHUNK_SMEM_BYTES)
+    assert (wide.kernel, wide.grid, wide.block, wide.smem) == \
+        ("gdn_chunked_f16_d128_v128", (1, 48, 2), (256, 1, 1), plan.CHUNK_WIDE_SMEM_BYTES)
+    assert scan([8192], scan_width=128).kernel == "gdn_chunked_f16_d128_v128"
+    with pytest.raises(ValueError, match="scan_width 32"):
+        scan([8192], scan_width=32)
+
+
 def test_plan_grids_follow_the_geometry():
     prep, chunk, rec = plan.gdn_plan(_geo([100, 20]), "float16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
     # (100 + 20 + 2 * 63) // 64 = 3 chunks at most (the 20-token row has none: the tail pass serves it)
     assert prep.grid == (3, 48, 1) and prep.block == (256, 1, 1) and prep.smem == plan.CHUNK_PREP_SMEM_BYTES
-    assert chunk.grid == (2, 48, 2) and chunk.block == (256, 1, 1) and chunk.smem == plan.CHUNK_SMEM_BYTES
+    assert chunk.grid == (1, 48, 2) and chunk.block == (256, 1, 1) and chunk.smem == plan.CHUNK_WIDE_SMEM_BYTES
     assert rec.grid == (8, 48, 2) and rec.params.row_groups == 1 and rec.block == (128, 1, 1) and rec.smem == 0
     (rec,) = plan.gdn_plan(_geo([1]), "bfloat16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
     assert rec.kernel == "gdn_recurrent_bf16_k128_r4_decode"

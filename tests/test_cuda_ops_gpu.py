@@ -165,7 +165,8 @@ def test_zero_length_row_keeps_its_state_bitwise():
 
 
 def test_chunked_smem_matches_plan():
-    assert launch.global_int(torch.cuda.current_device(), "gdn_chunked_smem_bytes") == plan.CHUNK_SMEM_BYTES
+    assert launch.global_int(torch.cuda.current_device(), "gdn_chunked_v64_smem_bytes") == plan.CHUNK_SMEM_BYTES
+    assert launch.global_int(torch.cuda.current_device(), "gdn_chunked_v128_smem_bytes") == plan.CHUNK_WIDE_SMEM_BYTES
     assert launch.global_int(torch.cuda.current_device(), "gdn_chunk_prep_smem_bytes") == plan.CHUNK_PREP_SMEM_BYTES
 
 
@@ -235,6 +236,19 @@ def test_decode_row_in_mixed_batch_is_bitwise_alone():
     decode["initial_state"] = case2.feeds["initial_state"][[0, 2, 3]]
     d_out, d_state, _ = run_gdn(type(case2)(feeds=decode, attributes=case2.attributes, lengths=[1, 1, 1]))
     assert np.array_equal(out2[rows], d_out) and np.array_equal(state2[[0, 2, 3]], d_state)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_scan_width_does_not_change_results(dtype):
+    """Each scan warp computes its 16 value rows alone, so the narrow and the wide scan give bitwise the same
+    output, state and capsule (rows ending at different points of their last chunk, a captured row, a short
+    row)."""
+    case = random_gdn_case(np.random.default_rng(31), lengths=(200, 77, 64, 40, 5, 130), capacity=4,
+                           capture=(0, 0, 0, 2, 0, 0), dtype=dtype, **D128)
+    narrow, wide = (run_gdn(case, engine="chunked", scan_width=w) for w in (plan.CHUNK_VT, plan.CHUNK_VT_WIDE))
+    ref_out, ref_state, _ = reference.gated_delta_net(case.feeds, **case.attributes)
+    assert rel_err(wide[0], ref_out) <= 3e-2 and rel_err(wide[1], ref_state) <= 3e-2
+    assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(narrow, wide))
 
 
 # Recurrent launch shapes (value rows per warp, row groups per warp): one group per warp, and warps that walk

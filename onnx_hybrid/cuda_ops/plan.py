@@ -54,8 +54,9 @@ class ConvReplayParams(ctypes.Structure):
     ]
 
 
-# Kernel constants (kernels/*.cu). gdn_chunked_smem_bytes and gdn_chunk_prep_smem_bytes in the image hold
-# the chunked kernels' values; a GPU test checks them against CHUNK_SMEM_BYTES and CHUNK_PREP_SMEM_BYTES.
+# Kernel constants (kernels/*.cu). gdn_chunked_v64_smem_bytes, gdn_chunked_v128_smem_bytes and
+# gdn_chunk_prep_smem_bytes in the image hold the chunked kernels' values; a GPU test checks them against
+# CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES and CHUNK_PREP_SMEM_BYTES.
 REC_WARPS = 4
 REC_KEY_SIZES = (32, 64, 128, 256, 512)  # instantiations: key head size up to this
 # Value rows per warp instantiated for each key size (gdn_recurrent.cu), and the default choice. Fewer rows
@@ -77,7 +78,13 @@ REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps
 REC_MAX_WARP_ROWS = 32
 
 CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
-CHUNK_SMEM_BYTES = 159232  # the scan (gdn_chunked_*), the larger of the two
+# The scan (gdn_chunked_*_v<VT>) has one warp per 16 of its VT value columns and one CTA per SM (its stage fills
+# most of the SM's shared memory). The narrow width (CHUNK_VT) runs while its grid has at most
+# CHUNK_NARROW_MAX_BLOCKS CTAs (one wave on an H200's 132 SMs); beyond, the wide one: half the CTAs, two warps
+# per scheduler.
+CHUNK_VT_WIDE = 128
+CHUNK_NARROW_MAX_BLOCKS = 132
+CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES = 141824, 158208
 CHUNK_PREP_SMEM_BYTES = 106496
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
 CONV_THREADS, CONV_TOKENS = 128, 16
@@ -131,12 +138,24 @@ def chunk_prep_blocks(geo: GdnGeometry) -> int:
     return (geo.total_tokens + (CHUNK_TOKENS - 1) * geo.batch) // CHUNK_TOKENS
 
 
+def chunk_smem_needed() -> int:
+    """Opt-in shared memory per block that every chunked kernel variant fits in."""
+    return max(CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES, CHUNK_PREP_SMEM_BYTES)
+
+
+def chunk_scan_width(geo: GdnGeometry) -> int:
+    """Value columns per scan CTA: CHUNK_VT while that grid fits CHUNK_NARROW_MAX_BLOCKS CTAs, else
+    CHUNK_VT_WIDE (BENCHMARKS.md "GPU kernels", session 12)."""
+    narrow_blocks = geo.head_size_v // CHUNK_VT * geo.num_heads_v * geo.batch
+    return CHUNK_VT if narrow_blocks <= CHUNK_NARROW_MAX_BLOCKS else CHUNK_VT_WIDE
+
+
 def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int) -> bool:
     """Shapes and devices the tensor-core chunked kernel serves (like ORT: Dk = Dv = 128, scalar decay,
-    SM >= 80, and the device's opt-in shared memory per block holds CHUNK_SMEM_BYTES: sm_80 and sm_90 do,
-    the 99 KB parts (sm_86, sm_89, sm_120) do not). The pointers must also pass ``chunked_aligned``."""
+    SM >= 80, and the device's opt-in shared memory per block holds ``chunk_smem_needed()``: sm_80 and sm_90
+    do, the 99 KB parts (sm_86, sm_89, sm_120) do not). The pointers must also pass ``chunked_aligned``."""
     return (dtype in ("float16", "bfloat16") and geo.head_size_k == CHUNK_D and geo.head_size_v == CHUNK_D
-            and not geo.per_key_decay and arch >= 80 and smem_optin >= CHUNK_SMEM_BYTES)
+            and not geo.per_key_decay and arch >= 80 and smem_optin >= chunk_smem_needed())
 
 
 def chunked_aligned(params: GdnParams) -> bool:
@@ -163,13 +182,14 @@ def gdn_uses_chunked(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: i
         raise PlanError(f"GatedDeltaNet: the chunked engine needs float16/bfloat16, head sizes 128/128, "
                         f"scalar decay and sm_80+; got {dtype}, {geo.head_size_k}/{geo.head_size_v}, "
                         f"per-key decay {geo.per_key_decay}, sm_{arch} with {smem_optin} B of opt-in shared "
-                        f"memory (needs {CHUNK_SMEM_BYTES}), aligned inputs {aligned}")
+                        f"memory (needs {chunk_smem_needed()}), aligned inputs {aligned}")
     return chunked and (engine == "chunked" or
                         (engine == "auto" and geo.total_tokens >= SEQUENTIAL_MIN_TOKENS * geo.batch))
 
 
 def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem_optin: int, engine: str = "auto",
-             rec_rows: int | None = None, rec_groups: int | None = None) -> list[Launch]:
+             rec_rows: int | None = None, rec_groups: int | None = None,
+             scan_width: int | None = None) -> list[Launch]:
     """The kernels of one GatedDeltaNet call.
 
     Where ``gdn_uses_chunked``: the chunked engine's prep kernel (state-independent work of every chunk into
@@ -177,8 +197,8 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
     grid for the rows they skip (captured rows, rows under 32 tokens; decided on the device from cu_seqlens
     and capture_count). Otherwise the recurrent kernel runs every row sequentially; a call of at most one token
     per row takes its decode instantiation (``REC_DECODE_ROWS``).
-    ``rec_rows`` / ``rec_groups`` override the recurrent kernel's value rows per warp and row groups per warp
-    (tuning knobs for benchmarks).
+    ``rec_rows`` / ``rec_groups`` override the recurrent kernel's value rows per warp and row groups per warp,
+    ``scan_width`` the scan's value columns per CTA (CHUNK_VT or CHUNK_VT_WIDE); test and tuning knobs.
     """
     if engine not in ("auto", "chunked", "recurrent"):
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
@@ -192,8 +212,12 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
         sfx = TYPE_SUFFIX[dtype]
         launches.append(Launch(f"gdn_chunk_prep_{sfx}_d128", (chunk_prep_blocks(geo), geo.num_heads_v, 1),
                                (CHUNK_THREADS, 1, 1), CHUNK_PREP_SMEM_BYTES, _copy(params)))
-        launches.append(Launch(f"gdn_chunked_{sfx}_d128", (geo.head_size_v // CHUNK_VT, geo.num_heads_v, geo.batch),
-                               (CHUNK_THREADS, 1, 1), CHUNK_SMEM_BYTES, _copy(params)))
+        vt = scan_width or chunk_scan_width(geo)
+        if vt not in (CHUNK_VT, CHUNK_VT_WIDE):
+            raise ValueError(f"scan_width {vt} is not instantiated: {(CHUNK_VT, CHUNK_VT_WIDE)}")
+        launches.append(Launch(f"gdn_chunked_{sfx}_d128_v{vt}", (geo.head_size_v // vt, geo.num_heads_v, geo.batch),
+                               (vt // 16 * 32, 1, 1), CHUNK_SMEM_BYTES if vt == CHUNK_VT else CHUNK_WIDE_SMEM_BYTES,
+                               _copy(params)))
     rec = _copy(params)
     rec.tail_only = int(use_chunked)
     rows = rec_rows or (REC_ROWS_LARGE[kmax] if rec_row_groups(geo, REC_ROWS_LARGE[kmax]) > 1
@@ -248,7 +272,8 @@ def kernel_names() -> list[str]:
     for sfx in TYPE_SUFFIX.values():
         names += [f"gdn_recurrent_{sfx}_k{k}_r{r}" for k, rows in REC_ROW_VARIANTS.items() for r in rows]
         names += [f"conv_output_{sfx}", f"conv_state_{sfx}", f"conv_rows_{sfx}", f"conv_replay_{sfx}"]
-    names += [f"gdn_{kind}_{sfx}_d128" for kind in ("chunk_prep", "chunked") for sfx in ("f16", "bf16")]
+    names += [f"gdn_chunk_prep_{sfx}_d128" for sfx in ("f16", "bf16")]
+    names += [f"gdn_chunked_{sfx}_d128_v{vt}" for vt in (CHUNK_VT, CHUNK_VT_WIDE) for sfx in ("f16", "bf16")]
     names += [f"gdn_recurrent_{TYPE_SUFFIX[t]}_k{k}_r{r}_decode" for t in REC_DECODE_TYPES
               for k, rows in REC_DECODE_ROWS.items() for r in rows]
     names += ["gdn_replay_f32"]

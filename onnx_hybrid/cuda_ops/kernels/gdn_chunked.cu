@@ -8,10 +8,10 @@
 // Two kernels:
 // * gdn_chunk_prep, one CTA per (chunk, value head), fully parallel: normalised Q and K, gamma, P, W and
 //   U~ into the workspace (U~ is staged in the output rows, which the scan overwrites with O).
-// * gdn_chunked, one CTA per (request, value head, 64 value columns), walks the chunks in order with the
-//   fp32 state in registers; per chunk only three products depend on the state (W S0 and Q S0, then P U
-//   and K^T U), with the next chunk's operands arriving meanwhile (cp.async for the shared-memory operands,
-//   plain loads into registers for this thread's U~ values).
+// * gdn_chunked, one CTA per (request, value head, 64 or 128 value columns), walks the chunks in order with
+//   the fp32 state in registers, 16 value rows per warp; per chunk only three products depend on the state
+//   (W S0 and Q S0, then P U and K^T U), computed transposed so that the state and U stay in registers,
+//   with the next chunk's operands arriving meanwhile through cp.async.
 // Only decay ratios e^{g_t-g_s} <= 1 are formed, never k e^{-g}. Every product runs on mma.sync.m16n8k16
 // (fp16 operands, fp32 accumulation); bf16 activations are converted to fp16 operands on load.
 //
@@ -25,7 +25,6 @@ namespace chunk {
 
 constexpr int BT = 64;       // tokens per chunk
 constexpr int D = 128;       // Dk = Dv
-constexpr int VT = 64;       // value columns per scan CTA
 constexpr int WARPS = 8;
 constexpr int THREADS = WARPS * 32;
 constexpr int LDH = D + 8;   // halves per 128-wide row (+16 B against bank conflicts)
@@ -47,20 +46,28 @@ constexpr int P_OFF_VEC = P_OFF_SOL + RHS * LDT * 2;  // gamma, beta, beta e^gam
 constexpr int PREP_SMEM_BYTES = P_OFF_VEC + 3 * BT * 4;
 static_assert(WARPS * 32 * LDD * 2 <= BT * LDH * 2, "solve scratch fits in the Q region");
 
-// Scan kernel. Every operand read from the workspace has two buffers, so the next chunk's arrive during the
-// whole current chunk and no load is waited for on the chain of a chunk. (U~ bypasses shared memory: each
-// thread reads its own 16 values, one chunk ahead, into registers.) 155.5 KiB: fits sm_80's 163 KiB opt-in.
-constexpr int S_STAGE_W = 0;                           // W, fp16 [BT][LDH]
-constexpr int S_STAGE_K = S_STAGE_W + BT * LDH * 2;    // K, fp16 [BT][LDH]
-constexpr int S_STAGE_Q = S_STAGE_K + BT * LDH * 2;    // Q, fp16 [BT][LDH]
-constexpr int S_STAGE_P = S_STAGE_Q + BT * LDH * 2;    // P, fp16 [BT][LDT]
-constexpr int S_STAGE_G = S_STAGE_P + BT * LDT * 2;    // gamma, fp32 [BT]
-constexpr int S_STAGE_BYTES = S_STAGE_G + BT * 4;
-constexpr int S_OFF_SH = 2 * S_STAGE_BYTES;            // state operand copy, fp16 [VT c][LDH r]
-constexpr int S_OFF_UT = S_OFF_SH + VT * LDH * 2;      // U^T, fp16 [VT c][LDT s]
-constexpr int S_OFF_UTD = S_OFF_UT + VT * LDT * 2;     // (diag(e^{g_L-g}) U)^T, fp16 [VT][LDT]
-constexpr int SMEM_BYTES = S_OFF_UTD + VT * LDT * 2;
-static_assert(SMEM_BYTES <= 163 * 1024, "the scan fits sm_80's opt-in shared memory per block");
+// Scan kernel, VT value columns per CTA (VT / 16 warps of 16 value rows each), instantiated for two widths:
+// the narrow one gives more CTAs, the wide one two warps per scheduler. Every operand read from the workspace
+// has two buffers, so the next chunk's arrive during the whole current chunk; the stage is all the shared
+// memory.
+constexpr int VT_NARROW = 64;
+constexpr int VT_WIDE = 128;
+template <int VT>
+struct ScanLayout {
+  static_assert(VT % 16 == 0 && D % VT == 0, "whole warps of 16 value rows");
+  static constexpr int WARPS = VT / 16;
+  static constexpr int THREADS = WARPS * 32;
+  static constexpr int LDU = VT + 8;                        // halves per VT-wide row
+  static constexpr int STAGE_W = 0;                         // W, fp16 [BT][LDH]
+  static constexpr int STAGE_K = STAGE_W + BT * LDH * 2;    // K, fp16 [BT][LDH]
+  static constexpr int STAGE_Q = STAGE_K + BT * LDH * 2;    // Q, fp16 [BT][LDH]
+  static constexpr int STAGE_P = STAGE_Q + BT * LDH * 2;    // P, fp16 [BT][LDT]
+  static constexpr int STAGE_U = STAGE_P + BT * LDT * 2;    // U~ of this CTA's columns, fp16 [BT][LDU]
+  static constexpr int STAGE_G = STAGE_U + BT * LDU * 2;    // gamma, fp32 [BT]
+  static constexpr int STAGE_BYTES = STAGE_G + BT * 4;
+  static constexpr int SMEM_BYTES = 2 * STAGE_BYTES;
+  static_assert(SMEM_BYTES <= 163 * 1024, "the scan fits sm_80's opt-in shared memory per block");
+};
 
 }  // namespace chunk
 
@@ -114,15 +121,6 @@ __device__ __forceinline__ uint2 pack4_half(const float (&x)[4]) {
 
 __device__ __forceinline__ void store_half2(__half* p, float a, float b) {
   *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
-}
-
-template <typename T>
-__device__ __forceinline__ void store2(T* p, float a, float b);  // two adjacent outputs, one 32-bit store
-template <>
-__device__ __forceinline__ void store2<__half>(__half* p, float a, float b) { store_half2(p, a, b); }
-template <>
-__device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* p, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
 constexpr int kPrepRows = chunk::BT / chunk::WARPS;  // chunk rows each prep warp loads and normalises
@@ -433,63 +431,90 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Scan: the state recurrence over a request's chunks for 64 value columns of one head.
+// Scan: the state recurrence over a request's chunks for VT value columns of one head. Each warp owns 16
+// value rows of the state with all D key columns, S^T in fp32 accumulator registers, and every product is
+// written transposed so that the state-dependent factor is the A operand (m = 16 value rows):
+//   X = S0^T W^T,  Y = S0^T Q^T                                     (n = BT tokens, k = D keys)
+//   U^T = U~^T - X,  O^T = scale (Y diag(e^g) + U^T P^T),  S^T = e^{g_L} S0^T + U^T diag(e^{g_L-g}) K
+// Two adjacent n-8 accumulator tiles, packed to fp16 pairs, are one k-16 A fragment, so neither S nor U goes
+// through shared memory and the warps exchange nothing: the one barrier per chunk only recycles the
+// double-buffered stage of read-only operands (W, K, Q, P, U~, gamma), filled a chunk ahead by cp.async.
 struct ScanStage {
   __half* w;
   __half* k;
   __half* q;
   __half* p;
+  __half* u;
   float* g;
 };
 
+template <int VT>
 __device__ __forceinline__ ScanStage scan_stage(unsigned char* smem, int s) {
-  using namespace chunk;
-  unsigned char* base = smem + s * S_STAGE_BYTES;
-  return {reinterpret_cast<__half*>(base + S_STAGE_W), reinterpret_cast<__half*>(base + S_STAGE_K),
-          reinterpret_cast<__half*>(base + S_STAGE_Q), reinterpret_cast<__half*>(base + S_STAGE_P),
-          reinterpret_cast<float*>(base + S_STAGE_G)};
+  using Layout = chunk::ScanLayout<VT>;
+  unsigned char* base = smem + s * Layout::STAGE_BYTES;
+  return {reinterpret_cast<__half*>(base + Layout::STAGE_W), reinterpret_cast<__half*>(base + Layout::STAGE_K),
+          reinterpret_cast<__half*>(base + Layout::STAGE_Q), reinterpret_cast<__half*>(base + Layout::STAGE_P),
+          reinterpret_cast<__half*>(base + Layout::STAGE_U), reinterpret_cast<float*>(base + Layout::STAGE_G)};
 }
 
-// This thread's share of loading W, K, Q, P and gamma into a stage: fixed slots, so each chunk costs only
-// one address per slot. W, K, Q: rows row + 16 j (j < 4) at column col; P: rows prow + 32 j (j < 2) at
-// column pcol; gamma: row tid (tid < BT).
+// This thread's share of loading a stage: fixed 16-byte slots, so each chunk costs one address per slot.
+// W, K, Q: rows row + ROW_STEP j at column col; P: rows prow + P_ROW_STEP j at pcol; U~: rows urow +
+// U_ROW_STEP j at ucol; gamma: row tid (tid < BT).
+template <int VT>
 struct ScanCopy {
+  static constexpr int THREADS = chunk::ScanLayout<VT>::THREADS;
+  static constexpr int ROW_STEP = THREADS / (chunk::D / 8);
+  static constexpr int P_ROW_STEP = THREADS / (chunk::BT / 8);
+  static constexpr int U_ROW_STEP = THREADS / (VT / 8);
   const __half* w;  // token 0's row of each operand, at this thread's column (this head)
   const __half* k;
   const __half* q;
   const __half* p;
+  const __half* u;  // U~ staged in the output rows: this CTA's VT columns
   const float* g;
-  unsigned w_stride, k_stride, p_stride, g_stride;  // elements per token (Q shares K's: both [Hk][D])
-  int row, col, prow, pcol, tid;
+  unsigned w_stride, k_stride, p_stride, u_stride, g_stride;  // elements per token (Q shares K's: both [Hk][D])
+  int row, col, prow, pcol, urow, ucol, tid;
 };
 
-__device__ __forceinline__ ScanCopy scan_copy(const GdnParams& p, const ChunkWorkspace& ws, int h, int hk, int tid) {
+template <int VT>
+__device__ __forceinline__ ScanCopy<VT> scan_copy(const GdnParams& p, const ChunkWorkspace& ws, int h, int hk, int c0,
+                                                  int tid) {
   using namespace chunk;
-  ScanCopy c;
+  ScanCopy<VT> c;
   c.row = tid / (D / 8);
   c.col = tid % (D / 8) * 8;
   c.prow = tid / (BT / 8);
   c.pcol = tid % (BT / 8) * 8;
+  c.urow = tid / (VT / 8);
+  c.ucol = tid % (VT / 8) * 8;
   c.tid = tid;
   c.w = ws.w + (size_t)h * D + c.col;
   c.k = ws.k + (size_t)hk * D + c.col;
   c.q = ws.q + (size_t)hk * D + c.col;
   c.p = ws.p + (size_t)h * BT + c.pcol;
+  c.u = static_cast<const __half*>(p.out) + (size_t)h * D + c0 + c.ucol;
   c.g = ws.g + h;
   c.w_stride = (unsigned)p.hv * D;
   c.k_stride = (unsigned)p.hk * D;
   c.p_stride = (unsigned)p.hv * BT;
+  c.u_stride = (unsigned)p.hv * D;
   c.g_stride = (unsigned)p.hv;
   return c;
 }
 
 // The chunk at token tok0 with L rows (the rest zero-filled, without reading).
-__device__ __forceinline__ void scan_load_stage(const ScanCopy& c, const ScanStage& st, unsigned tok0, int L) {
+template <int VT>
+__device__ __forceinline__ void scan_load_stage(const ScanCopy<VT>& c, const ScanStage& st, unsigned tok0, int L) {
   using namespace chunk;
-  static_assert(BT * (D / 8) == 4 * THREADS && BT * (BT / 8) == 2 * THREADS, "fixed copy slots");
+  using Copy = ScanCopy<VT>;
+  constexpr int LDU = ScanLayout<VT>::LDU;
+  static_assert(Copy::THREADS % (D / 8) == 0 && BT % Copy::ROW_STEP == 0, "fixed W/K/Q copy slots");
+  static_assert(Copy::THREADS % (BT / 8) == 0 && BT % Copy::P_ROW_STEP == 0, "fixed P copy slots");
+  static_assert(Copy::THREADS % (VT / 8) == 0 && BT % Copy::U_ROW_STEP == 0, "fixed U~ copy slots");
+  static_assert(Copy::THREADS >= BT, "one thread per gamma row");
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int t = c.row + 16 * j;
+  for (int j = 0; j < BT / Copy::ROW_STEP; ++j) {
+    const int t = c.row + Copy::ROW_STEP * j;
     const bool ok = t < L;
     const unsigned tok = tok0 + (ok ? t : 0);
     cp_async16(st.w + t * LDH + c.col, c.w + (size_t)tok * c.w_stride, ok);
@@ -497,10 +522,16 @@ __device__ __forceinline__ void scan_load_stage(const ScanCopy& c, const ScanSta
     cp_async16(st.q + t * LDH + c.col, c.q + (size_t)tok * c.k_stride, ok);
   }
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int t = c.prow + 32 * j;
+  for (int j = 0; j < BT / Copy::P_ROW_STEP; ++j) {
+    const int t = c.prow + Copy::P_ROW_STEP * j;
     const bool ok = t < L;
     cp_async16(st.p + t * LDT + c.pcol, c.p + (size_t)(tok0 + (ok ? t : 0)) * c.p_stride, ok);
+  }
+#pragma unroll
+  for (int j = 0; j < BT / Copy::U_ROW_STEP; ++j) {
+    const int t = c.urow + Copy::U_ROW_STEP * j;
+    const bool ok = t < L;
+    cp_async16(st.u + t * LDU + c.ucol, c.u + (size_t)(tok0 + (ok ? t : 0)) * c.u_stride, ok);
   }
   if (c.tid < BT) {
     const bool ok = c.tid < L;
@@ -508,26 +539,27 @@ __device__ __forceinline__ void scan_load_stage(const ScanCopy& c, const ScanSta
   }
 }
 
-// This thread's U~ values of the chunk at token tok0 with L rows, as fp16 pairs (zero past L): rows
-// row0 + {0, 8}, columns col0 + nt*8 + {0, 1} of the CTA's slice `ub` (rows `stride` halves apart).
-__device__ __forceinline__ void scan_load_u(unsigned (&u)[2][4], const __half* ub, size_t stride, size_t tok0, int L,
-                                            int row0, int col0) {
-#pragma unroll
-  for (int half_row = 0; half_row < 2; ++half_row) {
-    const int t = row0 + half_row * 8;
-    const __half* src = ub + (tok0 + t) * stride + col0;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) u[half_row][nt] = t < L ? *reinterpret_cast<const unsigned*>(src + nt * 8) : 0u;
-  }
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float a, float b);  // two outputs as one 32-bit word, a in the low half
+template <>
+__device__ __forceinline__ unsigned pack2<__half>(float a, float b) {
+  const __half2 x = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const unsigned*>(&x);
+}
+template <>
+__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float a, float b) {
+  const __nv_bfloat162 x = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const unsigned*>(&x);
 }
 
-template <typename T>
+template <typename T, int VT>
 __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
   using namespace chunk;
+  constexpr int THREADS = ScanLayout<VT>::THREADS;
+  constexpr int LDU = ScanLayout<VT>::LDU;
+  constexpr int NT = BT / 8;  // token tiles of the chunk products
+  constexpr int KT = D / 8;   // key tiles of the state
   extern __shared__ __align__(16) unsigned char smem[];
-  __half* Sh = reinterpret_cast<__half*>(smem + S_OFF_SH);
-  __half* Ut = reinterpret_cast<__half*>(smem + S_OFF_UT);
-  __half* Utd = reinterpret_cast<__half*>(smem + S_OFF_UTD);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -556,151 +588,152 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
     }
   }
 
-  const ChunkWorkspace ws = chunk_workspace(p);
-  const int wm = warp >> 1;  // 16-row block of the 64x64 products
-  const int wn = warp & 1;   // 32-column half of the 64x64 products; 64-column half of the state rows
-  const int g8 = lane >> 2;
-  const int q2 = (lane & 3) * 2;
   const int n = chunks_of(span.len);
-
-  // U~ is staged in the output rows (this CTA's 64 columns); each thread holds its values of one chunk.
-  const __half* ub = static_cast<const __half*>(p.out) + (size_t)h * D + c0;
-  const size_t out_stride = (size_t)p.hv * D;
-  unsigned un[2][4];
-  scan_load_u(un, ub, out_stride, span.start, min(BT, span.len), wm * 16 + g8, wn * 32 + q2);
-  const ScanCopy copy = scan_copy(p, ws, h, hk, tid);
-  scan_load_stage(copy, scan_stage(smem, 0), span.start, min(BT, span.len));
+  const ScanCopy<VT> copy = scan_copy<VT>(p, chunk_workspace(p), h, hk, c0, tid);
+  scan_load_stage(copy, scan_stage<VT>(smem, 0), span.start, min(BT, span.len));
   cp_async_commit();
 
-  // The fp32 state lives in registers: this warp owns state rows c0 + wm*16 + {g8, g8+8}, key columns
-  // wn*64 + nt*8 + q2 + {0, 1} (the accumulator layout of the update product).
-  float s[8][4];
-  const size_t state_base = (((size_t)b * p.hv + h) * D + c0) * D;
+  // The fp32 state S^T in the accumulator layout: s[kt] holds value rows v0 + {g8, g8 + 8}, key columns
+  // kt*8 + q2 + {0, 1}.
+  const int v0 = warp * 16;
+  const int g8 = lane >> 2;
+  const int q2 = (lane & 3) * 2;
+  float s[KT][4];
+  const size_t state_base = (((size_t)b * p.hv + h) * D + c0 + v0) * D;
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
+  for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
     for (int half_row = 0; half_row < 2; ++half_row) {
-      const int c = wm * 16 + g8 + half_row * 8, r = wn * 64 + nt * 8 + q2;
       float2 x = make_float2(0.f, 0.f);
-      if (p.state_in != nullptr) x = *reinterpret_cast<const float2*>(p.state_in + state_base + (size_t)c * D + r);
-      s[nt][2 * half_row] = x.x;
-      s[nt][2 * half_row + 1] = x.y;
-      store_half2(Sh + c * LDH + r, x.x, x.y);
+      if (p.state_in != nullptr)
+        x = *reinterpret_cast<const float2*>(p.state_in + state_base + (size_t)(g8 + 8 * half_row) * D + kt * 8 + q2);
+      s[kt][2 * half_row] = x.x;
+      s[kt][2 * half_row + 1] = x.y;
     }
   }
-  cp_async_wait<0>();
-  __syncthreads();
-  T* ob = static_cast<T*>(p.out) + (size_t)h * D + c0;
+  // Output: this thread writes tokens g8 of each token tile, value columns v0 + q2 + {0, 1} and + 8 of them.
+  T* ob = static_cast<T*>(p.out) + (size_t)h * D + c0 + v0 + q2;
+  const size_t out_stride = (size_t)p.hv * D;
 
-  // Per chunk: two barriers, and the only loads waited for were issued a whole chunk earlier.
   for (int ci = 0; ci < n; ++ci) {
     const int t0 = ci * BT;
     const int L = min(BT, span.len - t0);
-    const size_t next = (size_t)span.start + t0 + BT;
-    const int next_len = min(BT, span.len - t0 - BT);
-    if (ci + 1 < n) scan_load_stage(copy, scan_stage(smem, (ci + 1) & 1), next, next_len);
-    cp_async_commit();
-    const ScanStage st = scan_stage(smem, ci & 1);
-    const float gL = st.g[L - 1];
-
-    // 1. W S0 and Q S0 (one B fragment of S0 for both); U = U~ - W S0 as the operands of the second half.
-    float o[4][4];
-    {
-      float wsum[4][4] = {};
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
-#pragma unroll
-      for (int kstep = 0; kstep < D / 16; ++kstep) {
-        unsigned aw[4], aq[4];
-        ldmatrix_a(aw, st.w + wm * 16 * LDH + kstep * 16, LDH, lane);
-        ldmatrix_a(aq, st.q + wm * 16 * LDH + kstep * 16, LDH, lane);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          unsigned bs[2];
-          ldmatrix_b(bs, Sh + (wn * 32 + nt * 8) * LDH + kstep * 16, LDH, lane);
-          mma_16816(wsum[nt], aw, bs);
-          mma_16816(o[nt], aq, bs);
-        }
-      }
-#pragma unroll
-      for (int half_row = 0; half_row < 2; ++half_row) {
-        const int t = wm * 16 + g8 + half_row * 8;
-        const float eg = expf(st.g[t]), tail = expf(gL - st.g[t]);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const float2 ut = __half22float2(*reinterpret_cast<const __half2*>(&un[half_row][nt]));
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int e = half_row * 2 + j;
-            const int col = wn * 32 + nt * 8 + q2 + j;
-            const float u = (j == 0 ? ut.x : ut.y) - wsum[nt][e];
-            Ut[col * LDT + t] = __float2half_rn(u);
-            Utd[col * LDT + t] = __float2half_rn(u * tail);
-            o[nt][e] *= eg;
-          }
-        }
-      }
-    }
-    if (ci + 1 < n) scan_load_u(un, ub, out_stride, next, next_len, wm * 16 + g8, wn * 32 + q2);
-    __syncthreads();
-
-    // 2. O = scale (diag(e^g) Q S0 + P U); P is lower triangular, so k blocks past the diagonal are skipped.
-    for (int kb2 = 0; kb2 <= wm; ++kb2) {
-      unsigned a[4];
-      ldmatrix_a(a, st.p + wm * 16 * LDT + kb2 * 16, LDT, lane);
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        unsigned bb[2];
-        ldmatrix_b(bb, Ut + (wn * 32 + nt * 8) * LDT + kb2 * 16, LDT, lane);
-        mma_16816(o[nt], a, bb);
-      }
-    }
-#pragma unroll
-    for (int half_row = 0; half_row < 2; ++half_row) {
-      const int t = wm * 16 + g8 + half_row * 8;
-      if (t < L) {
-        T* orow = ob + (size_t)(span.start + t0 + t) * p.hv * D;
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-          store2<T>(orow + wn * 32 + nt * 8 + q2, p.scale * o[nt][2 * half_row], p.scale * o[nt][2 * half_row + 1]);
-      }
-    }
-
-    // 3. S = e^{g_L} S0 + (diag(e^{g_L-g}) U)^T K on this warp's registers, and the fp16 operand copy.
-    {
-      const float eL = expf(gL);
-      unsigned a[BT / 16][4];
-#pragma unroll
-      for (int kb2 = 0; kb2 < BT / 16; ++kb2) ldmatrix_a(a[kb2], Utd + wm * 16 * LDT + kb2 * 16, LDT, lane);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] *= eL;
-#pragma unroll
-        for (int kb2 = 0; kb2 < BT / 16; ++kb2) {
-          unsigned bb[2];
-          ldmatrix_b_trans(bb, st.k + kb2 * 16 * LDH + wn * 64 + nt * 8, LDH, lane);
-          mma_16816(s[nt], a[kb2], bb);
-        }
-        const int c = wm * 16 + g8, r = wn * 64 + nt * 8 + q2;
-        store_half2(Sh + c * LDH + r, s[nt][0], s[nt][1]);
-        store_half2(Sh + (c + 8) * LDH + r, s[nt][2], s[nt][3]);
-      }
-    }
     cp_async_wait<0>();
-    __syncthreads();  // the next chunk's operands have landed; Sh, U^T and this chunk's buffer are free
+    __syncthreads();  // this chunk's stage has landed for every thread, and every warp is done with the other
+    if (ci + 1 < n)
+      scan_load_stage(copy, scan_stage<VT>(smem, (ci + 1) & 1), span.start + t0 + BT, min(BT, span.len - t0 - BT));
+    cp_async_commit();
+    const ScanStage st = scan_stage<VT>(smem, ci & 1);
+
+    // 1. X = S0^T W^T and Y = S0^T Q^T: one A fragment of the state per 16 keys serves both.
+    float x[NT][4], y[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned a[4] = {pack2<__half>(s[2 * kk][0], s[2 * kk][1]), pack2<__half>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<__half>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack2<__half>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        unsigned bw[2][2], bq[2][2];
+        ldmatrix_b_pair(bw, st.w + np * 16 * LDH + kk * 16, LDH, lane);
+        ldmatrix_b_pair(bq, st.q + np * 16 * LDH + kk * 16, LDH, lane);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          mma_16816(x[2 * np + i], a, bw[i]);
+          mma_16816(y[2 * np + i], a, bq[i]);
+        }
+      }
+    }
+
+    // The decays of tokens 2 lane + {0, 1}: e^g and e^{g_L-g}. A thread needs those of tokens nt*8 + q2 +
+    // {0, 1}, i.e. of lane nt*4 + lane%4.
+    const float gL = st.g[L - 1];
+    const float2 g_pair = *reinterpret_cast<const float2*>(st.g + 2 * lane);
+    const float eg_pair[2] = {expf(g_pair.x), expf(g_pair.y)};
+    const float tail_pair[2] = {expf(gL - g_pair.x), expf(gL - g_pair.y)};
+    static_assert(BT == 64, "one token pair per lane");
+
+    // U^T = U~^T - X as two sets of A fragments (k = tokens): au for O, ad = U^T diag(e^{g_L-g}) for the
+    // state. Y becomes Y diag(e^g). Rows past L: W, U~ and gamma are zero there, so U is zero.
+    unsigned au[NT / 2][4], ad[NT / 2][4];
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      unsigned ut[2][2];
+      ldmatrix_c_pair_trans(ut, st.u + np * 16 * LDU + v0, LDU, lane);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int nt = 2 * np + i;
+        const int src = nt * 4 + (lane & 3);
+        const float eg0 = __shfl_sync(0xffffffffu, eg_pair[0], src), eg1 = __shfl_sync(0xffffffffu, eg_pair[1], src);
+        const float tail0 = __shfl_sync(0xffffffffu, tail_pair[0], src);
+        const float tail1 = __shfl_sync(0xffffffffu, tail_pair[1], src);
+#pragma unroll
+        for (int half_row = 0; half_row < 2; ++half_row) {
+          const float2 u_in = __half22float2(*reinterpret_cast<const __half2*>(&ut[i][half_row]));
+          const float u0 = u_in.x - x[nt][2 * half_row], u1 = u_in.y - x[nt][2 * half_row + 1];
+          au[np][2 * i + half_row] = pack2<__half>(u0, u1);
+          ad[np][2 * i + half_row] = pack2<__half>(u0 * tail0, u1 * tail1);
+          y[nt][2 * half_row] *= eg0;
+          y[nt][2 * half_row + 1] *= eg1;
+        }
+      }
+    }
+
+    // 2. O^T = Y + U^T P^T. P is lower triangular: token tiles 2np, 2np + 1 need only k blocks j <= np.
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+#pragma unroll
+      for (int j = 0; j <= np; ++j) {
+        unsigned bp[2][2];
+        ldmatrix_b_pair(bp, st.p + np * 16 * LDT + j * 16, LDT, lane);
+        mma_16816(y[2 * np], au[j], bp[0]);
+        mma_16816(y[2 * np + 1], au[j], bp[1]);
+      }
+    }
+    // Each 8x8 block (values x tokens) is transposed in registers, so a thread stores two adjacent values of
+    // one token: 4 bytes per store instead of 2.
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const unsigned lo = movmatrix_trans(pack2<T>(p.scale * y[nt][0], p.scale * y[nt][1]));
+      const unsigned hi = movmatrix_trans(pack2<T>(p.scale * y[nt][2], p.scale * y[nt][3]));
+      const int t = nt * 8 + g8;
+      if (t < L) {
+        T* row = ob + (size_t)(span.start + t0 + t) * out_stride;
+        *reinterpret_cast<unsigned*>(row) = lo;
+        *reinterpret_cast<unsigned*>(row + 8) = hi;
+      }
+    }
+
+    // 3. S^T = e^{g_L} S0^T + (U^T diag(e^{g_L-g})) K, on this warp's registers.
+    const float eL = expf(gL);
+#pragma unroll
+    for (int kp = 0; kp < KT / 2; ++kp) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[2 * kp][e] *= eL;
+        s[2 * kp + 1][e] *= eL;
+      }
+#pragma unroll
+      for (int j = 0; j < NT / 2; ++j) {
+        unsigned bk[2][2];
+        ldmatrix_b_pair_trans(bk, st.k + j * 16 * LDH + kp * 16, LDH, lane);
+        mma_16816(s[2 * kp], ad[j], bk[0]);
+        mma_16816(s[2 * kp + 1], ad[j], bk[1]);
+      }
+    }
   }
 
   if (p.state_out != nullptr) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
       for (int half_row = 0; half_row < 2; ++half_row) {
-        const int c = wm * 16 + g8 + half_row * 8, r = wn * 64 + nt * 8 + q2;
-        *reinterpret_cast<float2*>(p.state_out + state_base + (size_t)c * D + r) =
-            make_float2(s[nt][2 * half_row], s[nt][2 * half_row + 1]);
+        *reinterpret_cast<float2*>(p.state_out + state_base + (size_t)(g8 + 8 * half_row) * D + kt * 8 + q2) =
+            make_float2(s[kt][2 * half_row], s[kt][2 * half_row + 1]);
       }
     }
   }
@@ -709,7 +742,8 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
 }  // namespace ohk
 
 // Dynamic shared memory of the chunked kernels, read by the tests to check the Python plan's copies.
-extern "C" __constant__ int gdn_chunked_smem_bytes = ohk::chunk::SMEM_BYTES;
+extern "C" __constant__ int gdn_chunked_v64_smem_bytes = ohk::chunk::ScanLayout<ohk::chunk::VT_NARROW>::SMEM_BYTES;
+extern "C" __constant__ int gdn_chunked_v128_smem_bytes = ohk::chunk::ScanLayout<ohk::chunk::VT_WIDE>::SMEM_BYTES;
 extern "C" __constant__ int gdn_chunk_prep_smem_bytes = ohk::chunk::PREP_SMEM_BYTES;
 
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2) gdn_chunk_prep_f16_d128(const GdnParams p) {
@@ -720,11 +754,12 @@ extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2) gdn_chunk_p
   ohk::wait_for_inputs();
   ohk::gdn_chunk_prep<__nv_bfloat16>(p);
 }
-extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 1) gdn_chunked_f16_d128(const GdnParams p) {
-  ohk::wait_for_inputs();
-  ohk::gdn_chunk_scan<__half>(p);
-}
-extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 1) gdn_chunked_bf16_d128(const GdnParams p) {
-  ohk::wait_for_inputs();
-  ohk::gdn_chunk_scan<__nv_bfloat16>(p);
-}
+#define OHK_CHUNK_SCAN(NAME, T, VT)                                                                  \
+  extern "C" __global__ void __launch_bounds__(ohk::chunk::ScanLayout<VT>::THREADS, 1) NAME(const GdnParams p) { \
+    ohk::wait_for_inputs();                                                                          \
+    ohk::gdn_chunk_scan<T, VT>(p);                                                                   \
+  }
+OHK_CHUNK_SCAN(gdn_chunked_f16_d128_v64, __half, ohk::chunk::VT_NARROW)
+OHK_CHUNK_SCAN(gdn_chunked_bf16_d128_v64, __nv_bfloat16, ohk::chunk::VT_NARROW)
+OHK_CHUNK_SCAN(gdn_chunked_f16_d128_v128, __half, ohk::chunk::VT_WIDE)
+OHK_CHUNK_SCAN(gdn_chunked_bf16_d128_v128, __nv_bfloat16, ohk::chunk::VT_WIDE)

@@ -42,4 +42,39 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The x4 loads below fetch the fragments of two adjacent 8-wide n tiles at once: out[i] is tile n0 + 8 i.
+
+// B fragments of n tiles (n0, n0 + 8), 16 k each, from storage [n][k] (k contiguous), tile at (n0, k0).
+__device__ __forceinline__ void ldmatrix_b_pair(unsigned (&b)[2][2], const __half* tile, int ld, int lane) {
+  const __half* p = tile + ((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0][0]), "=r"(b[0][1]), "=r"(b[1][0]), "=r"(b[1][1])
+               : "r"(smem_addr(p)));
+}
+
+// B fragments of n tiles (n0, n0 + 8), 16 k each, from storage [k][n] (n contiguous), tile at (k0, n0).
+__device__ __forceinline__ void ldmatrix_b_pair_trans(unsigned (&b)[2][2], const __half* tile, int ld, int lane) {
+  const __half* p = tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0][0]), "=r"(b[0][1]), "=r"(b[1][0]), "=r"(b[1][1])
+               : "r"(smem_addr(p)));
+}
+
+// A 16 m x 16 n tile in the accumulator layout, as fp16 pairs, from storage [n][m] (m contiguous), tile at
+// (n0, m0): c[i][0] holds rows lane/4, c[i][1] rows lane/4 + 8 of n tile n0 + 8 i.
+__device__ __forceinline__ void ldmatrix_c_pair_trans(unsigned (&c)[2][2], const __half* tile, int ld, int lane) {
+  const __half* p = tile + ((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(c[0][0]), "=r"(c[0][1]), "=r"(c[1][0]), "=r"(c[1][1])
+               : "r"(smem_addr(p)));
+}
+
+// Transpose of an 8x8 tile of 16-bit pairs held in the fragment layout (lane: row lane/4, columns
+// 2 (lane%4) + {0, 1}): afterwards lane holds row lane/4 of the transposed tile. Registers only (sm_75+).
+__device__ __forceinline__ unsigned movmatrix_trans(unsigned x) {
+  unsigned y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 }  // namespace ohk

@@ -1,5 +1,6 @@
 #include "cuda_plan.h"
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <cstdint>
@@ -31,6 +32,15 @@ bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p)
 bool ChunkedAligned(const GdnParams& p) {
   return Aligned(p.q, 8) && Aligned(p.k, 8) && Aligned(p.v, 8) && Aligned(p.out, 16) && Aligned(p.state_in, 16) &&
          Aligned(p.state_out, 16);
+}
+
+// plan.chunk_smem_needed: every chunked kernel variant fits.
+constexpr int kChunkSmemNeeded = std::max({cp::kChunkSmemBytes, cp::kChunkWideSmemBytes, cp::kChunkPrepSmemBytes});
+
+// plan.chunk_scan_width.
+int ChunkScanWidth(const GdnGeometry& geo) {
+  const int64_t narrow_blocks = int64_t(geo.head_size_v / cp::kChunkVt) * geo.num_heads_v * geo.batch;
+  return narrow_blocks <= cp::kChunkNarrowMaxBlocks ? cp::kChunkVt : cp::kChunkVtWide;
 }
 
 // plan.rec_row_groups.
@@ -79,13 +89,13 @@ bool GdnUsesChunked(const GdnGeometry& geo, ElemType type, const GdnParams& para
                     GdnCudaEngine engine) {
   const bool aligned = ChunkedAligned(params);
   const bool chunked = type != ElemType::kFloat && geo.head_size_k == cp::kChunkD && geo.head_size_v == cp::kChunkD &&
-                       !geo.per_key_decay && arch >= 80 && smem_optin >= cp::kChunkSmemBytes && aligned;
+                       !geo.per_key_decay && arch >= 80 && smem_optin >= kChunkSmemNeeded && aligned;
   if (engine == GdnCudaEngine::kChunked && !chunked)
     throw std::runtime_error(
         std::string("the chunked engine needs float16/bfloat16, head sizes 128/128, scalar decay and sm_80+; got ") +
         TypeName(type) + ", " + std::to_string(geo.head_size_k) + "/" + std::to_string(geo.head_size_v) +
         ", per-key decay " + (geo.per_key_decay ? "True" : "False") + ", sm_" + std::to_string(arch) + " with " +
-        std::to_string(smem_optin) + " B of opt-in shared memory (needs " + std::to_string(cp::kChunkSmemBytes) +
+        std::to_string(smem_optin) + " B of opt-in shared memory (needs " + std::to_string(kChunkSmemNeeded) +
         "), aligned inputs " + (aligned ? "True" : "False"));
   return chunked && (engine == GdnCudaEngine::kChunked ||
                      (engine == GdnCudaEngine::kAuto && geo.total_tokens >= cp::kSequentialMinTokens * geo.batch));
@@ -109,10 +119,11 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
                         {U(cp::kChunkThreads), 1, 1},
                         cp::kChunkPrepSmemBytes,
                         params});
-    launches.push_back({KernelName("gdn_chunked_", type).Append("_d").Append(cp::kChunkD),
-                        {U(geo.head_size_v / cp::kChunkVt), U(geo.num_heads_v), U(geo.batch)},
-                        {U(cp::kChunkThreads), 1, 1},
-                        cp::kChunkSmemBytes,
+    const int vt = ChunkScanWidth(geo);
+    launches.push_back({KernelName("gdn_chunked_", type).Append("_d").Append(cp::kChunkD).Append("_v").Append(vt),
+                        {U(geo.head_size_v / vt), U(geo.num_heads_v), U(geo.batch)},
+                        {U(vt / 16 * 32), 1, 1},
+                        vt == cp::kChunkVt ? cp::kChunkSmemBytes : cp::kChunkWideSmemBytes,
                         params});
   }
   GdnParams rec = params;
