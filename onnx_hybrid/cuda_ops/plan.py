@@ -69,7 +69,11 @@ REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps
 
 CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
 CHUNK_SMEM_BYTES = 159232  # the scan (gdn_chunked_*), the larger of the two
-CHUNK_PREP_SMEM_BYTES = 106496
+CHUNK_PREP_SMEM_BYTES = 110848
+# The prep kernel serves a key head's whole group of value heads per block (q/k loads, norms and the two Gram
+# products once for the group) while that grid keeps at least this many blocks: two per SM on an H200's 132
+# SMs. Below it, one value head per block: more blocks in flight for short calls.
+CHUNK_PREP_SHARED_MIN_BLOCKS = 264
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
 CONV_THREADS, CONV_TOKENS = 128, 16
 # At or below this many tokens (decode, verify) each output thread computes one token: a short call then
@@ -122,6 +126,18 @@ def chunk_prep_blocks(geo: GdnGeometry) -> int:
     return (geo.total_tokens + (CHUNK_TOKENS - 1) * geo.batch) // CHUNK_TOKENS
 
 
+def chunk_prep_heads(geo: GdnGeometry, heads: int | None = None) -> int:
+    """Value heads per prep block (the grid's height is Hv / heads; the kernel reads it back from there):
+    ``heads`` if given (a tuning knob: it must divide the group Hv / Hk), else the whole group when the shared
+    grid keeps CHUNK_PREP_SHARED_MIN_BLOCKS blocks, else one."""
+    group = geo.num_heads_v // geo.num_heads_k
+    if heads is not None:
+        if heads < 1 or group % heads:
+            raise ValueError(f"prep_heads {heads} does not divide the value heads per key head ({group})")
+        return heads
+    return group if chunk_prep_blocks(geo) * geo.num_heads_k >= CHUNK_PREP_SHARED_MIN_BLOCKS else 1
+
+
 def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int) -> bool:
     """Shapes and devices the tensor-core chunked kernel serves (like ORT: Dk = Dv = 128, scalar decay,
     SM >= 80, and the device's opt-in shared memory per block holds CHUNK_SMEM_BYTES: sm_80 and sm_90 do,
@@ -160,15 +176,16 @@ def gdn_uses_chunked(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: i
 
 
 def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem_optin: int, engine: str = "auto",
-             rec_rows: int | None = None, rec_groups: int | None = None) -> list[Launch]:
+             rec_rows: int | None = None, rec_groups: int | None = None,
+             prep_heads: int | None = None) -> list[Launch]:
     """The kernels of one GatedDeltaNet call.
 
     Where ``gdn_uses_chunked``: the chunked engine's prep kernel (state-independent work of every chunk into
     ``params.workspace``) and scan kernel (the state recurrence), then a recurrent tail pass over the same
     grid for the rows they skip (captured rows, rows under 32 tokens; decided on the device from cu_seqlens
     and capture_count). Otherwise the recurrent kernel runs every row sequentially.
-    ``rec_rows`` / ``rec_groups`` override the recurrent kernel's value rows per warp and row groups per warp
-    (tuning knobs for benchmarks).
+    ``rec_rows`` / ``rec_groups`` override the recurrent kernel's value rows per warp and row groups per warp,
+    ``prep_heads`` the prep kernel's value heads per block (tuning knobs for benchmarks and tests).
     """
     if engine not in ("auto", "chunked", "recurrent"):
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
@@ -180,7 +197,8 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
     launches = []
     if use_chunked:
         sfx = TYPE_SUFFIX[dtype]
-        launches.append(Launch(f"gdn_chunk_prep_{sfx}_d128", (chunk_prep_blocks(geo), geo.num_heads_v, 1),
+        heads = chunk_prep_heads(geo, prep_heads)
+        launches.append(Launch(f"gdn_chunk_prep_{sfx}_d128", (chunk_prep_blocks(geo), geo.num_heads_v // heads, 1),
                                (CHUNK_THREADS, 1, 1), CHUNK_PREP_SMEM_BYTES, _copy(params)))
         launches.append(Launch(f"gdn_chunked_{sfx}_d128", (geo.head_size_v // CHUNK_VT, geo.num_heads_v, geo.batch),
                                (CHUNK_THREADS, 1, 1), CHUNK_SMEM_BYTES, _copy(params)))

@@ -42,4 +42,28 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Four transposed 8x8 tiles of 16-bit elements (any 16-bit type). Lane l addresses row l % 8 of tile l / 8 at
+// `row`; r[i] receives tile i transposed: this lane holds its stored rows 2 (lane % 4) and 2 (lane % 4) + 1 at
+// stored column lane / 4, i.e. the C-fragment layout of the tile's transpose.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row)));
+}
+
+// Transpose of an 8x8 tile of 16-bit elements held in the C-fragment layout (lane: row lane / 4, columns
+// 2 (lane % 4) and 2 (lane % 4) + 1), returned in the same layout (sm_75+).
+__device__ __forceinline__ unsigned movmatrix_trans(unsigned x) {
+  unsigned y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// Two fp32 values as one fp16x2 register (round to nearest), the first in the low half: the C -> A fragment
+// step of chained products.
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
 }  // namespace ohk

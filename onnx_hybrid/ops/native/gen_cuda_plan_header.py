@@ -50,7 +50,8 @@ def render(c: dict[str, object]) -> str:
     widest = max(len(v) for v in c["REC_ROW_VARIANTS"].values())
     variants = ", ".join(ints(tuple(v) + (0,) * (widest - len(v))) for v in c["REC_ROW_VARIANTS"].values())
     scalars = ("REC_WARPS", "REC_MIN_BLOCKS", "CHUNK_D", "CHUNK_VT", "CHUNK_THREADS", "CHUNK_TOKENS",
-               "CHUNK_SMEM_BYTES", "CHUNK_PREP_SMEM_BYTES", "SEQUENTIAL_MIN_TOKENS", "CONV_THREADS", "CONV_TOKENS",
+               "CHUNK_SMEM_BYTES", "CHUNK_PREP_SMEM_BYTES", "CHUNK_PREP_SHARED_MIN_BLOCKS",
+               "SEQUENTIAL_MIN_TOKENS", "CONV_THREADS", "CONV_TOKENS",
                "CONV_SHORT_TOKENS", "CONV_ROW_TOKENS")
     lines = [
         "// Generated from onnx_hybrid/cuda_ops/plan.py by gen_cuda_plan_header.py. Do not edit.",
