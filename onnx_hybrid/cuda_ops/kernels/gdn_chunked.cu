@@ -208,10 +208,13 @@ __device__ __forceinline__ void prep_load_v(T* slice, const T* src, long long st
 // without the delta rule), loaded a head ahead of their use.
 struct PrepScalars {
   float gate[2], beta[2];
+  float a_log, dt_bias;  // the head's gate parameters (qwen gate)
 };
 
 __device__ __forceinline__ PrepScalars prep_load_scalars(const GdnParams& p, int h, size_t tok0, int L, int lane) {
   PrepScalars s;
+  s.a_log = p.gate_qwen ? p.a_log[h] : 0.f;
+  s.dt_bias = p.gate_qwen ? p.dt_bias[h] : 0.f;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int t = 2 * lane + i;
@@ -234,8 +237,8 @@ __device__ __forceinline__ void prep_vectors(const GdnParams& p, const ChunkWork
     const bool in = 2 * lane + i < L;
     a[i] = s.gate[i];
     if (in && p.has_decay && p.gate_qwen) {
-      const float z = a[i] + p.dt_bias[h];
-      a[i] = -expf(p.a_log[h]) * (z > 20.0f ? z : log1pf(expf(z)));
+      const float z = a[i] + s.dt_bias;
+      a[i] = -expf(s.a_log) * (z > 20.0f ? z : log1pf(expf(z)));
     }
     b[i] = s.beta[i];
     if (in && p.has_delta && p.beta_sigmoid) b[i] = 1.0f / (1.0f + expf(-b[i]));
@@ -468,17 +471,17 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
 #pragma unroll
         for (int half_row = 0; half_row < 2; ++half_row) {
           const int t = wm * 16 + g8 + half_row * 8;
-          float pv[2];
+          float pv[2], mv[2];
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const int e = half_row * 2 + j;
             const int col = wn * 32 + nt * 8 + q2 + j;
-            const float ratio = col <= t ? expf(gam[t] - gam[col]) : 0.f;
-            const float mval = (p.has_delta && col < t) ? bet[t] * kk[nt][e] * ratio : 0.f;
-            Mh[t * LDT + col] = __float2half_rn(-mval);
-            if ((col >> 4) == (t >> 4)) Md[t * LDM + (col & 15)] = mval;
+            const float ratio = col <= t ? __expf(gam[t] - gam[col]) : 0.f;  // <= 1; ex2.approx: 2 instructions
+            mv[j] = (p.has_delta && col < t) ? bet[t] * kk[nt][e] * ratio : 0.f;
+            if ((col >> 4) == (t >> 4)) Md[t * LDM + (col & 15)] = mv[j];
             pv[j] = qk[nt][e] * ratio;
           }
+          store_half2(Mh + t * LDT + wn * 32 + nt * 8 + q2, -mv[0], -mv[1]);
           if (t < L) store_half2(p_row + half_row * 8 * p.hv * BT + nt * 8, pv[0], pv[1]);
         }
       }
