@@ -69,7 +69,7 @@ REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps
 
 CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
 CHUNK_SMEM_BYTES = 159232  # the scan (gdn_chunked_*), the larger of the two
-CHUNK_PREP_SMEM_BYTES = 110848
+CHUNK_PREP_SMEM_BYTES = 111616
 # The prep kernel serves a key head's whole group of value heads per block (q/k loads, norms and the two Gram
 # products once for the group) while that grid keeps at least this many blocks: two per SM on an H200's 132
 # SMs. Below it, one value head per block: more blocks in flight for short calls.

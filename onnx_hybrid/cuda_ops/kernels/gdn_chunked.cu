@@ -32,7 +32,7 @@ constexpr int THREADS = WARPS * 32;
 constexpr int LDH = D + 8;   // halves per 128-wide row (+16 B against bank conflicts)
 constexpr int LDT = BT + 8;  // halves per 64-wide row
 constexpr int LDD = 16 + 8;  // halves per 16-wide row
-constexpr int LDM = 16 + 1;  // floats per 16-wide row
+constexpr int LDM = 16 + 4;  // floats per 16-wide row (16-byte rows: float4 loads)
 
 // Prep kernel: one CTA serves `heads` value heads of one key head's group (gridDim.y = Hv / heads). Q, K,
 // their norms and the raw Gram products K K^T and Q K^T are formed once per CTA; per value head the decay
@@ -495,9 +495,18 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
         float xv[16];
 #pragma unroll
         for (int r = 0; r < 16; ++r) {
+          float m[16];  // row r of the block, 4 floats per (broadcast) load
+#pragma unroll
+          for (int c = 0; c < (r + 3) / 4; ++c) {
+            const float4 v = *reinterpret_cast<const float4*>(Md + (i0 + r) * LDM + 4 * c);
+            m[4 * c] = v.x;
+            m[4 * c + 1] = v.y;
+            m[4 * c + 2] = v.z;
+            m[4 * c + 3] = v.w;
+          }
           float acc = r == j ? 1.f : 0.f;
 #pragma unroll
-          for (int kq = 0; kq < r; ++kq) acc = fmaf(-Md[(i0 + r) * LDM + kq], xv[kq], acc);
+          for (int kq = 0; kq < r; ++kq) acc = fmaf(-m[kq], xv[kq], acc);
           xv[r] = acc;
         }
         if (lane < 16) {
