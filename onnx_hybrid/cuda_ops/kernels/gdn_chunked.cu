@@ -275,8 +275,11 @@ __device__ __forceinline__ void prep_solve(const E* src, int ld, const float* co
   const int q2 = (lane & 3) * 2;
   const int tile_row = (lane >> 4) * 8 + (lane & 7);  // ldmatrix_x4_trans: tiles (tokens 0-7 | 8-15) x
   const int tile_col = ((lane >> 3) & 1) * 8;         // (columns 0-7 | 8-15)
-#pragma unroll 1  // unrolled, ptxas spills
+  // One 16-column pass after the other, each opened by a __syncwarp that bounds ptxas's scheduling: unrolled,
+  // or without the fence, the NVRTC image spills.
+#pragma unroll 1
   for (int mt = 0; mt < 2; ++mt) {
+    __syncwarp();
     unsigned sol[BT / 16 - 1][4];  // Sol_j^T of these 16 columns as A fragments
 #pragma unroll
     for (int i = 0; i < BT / 16; ++i) {
