@@ -91,12 +91,13 @@ def make_workspace(feeds, capacity):
     return torch.empty(-(-nbytes // 4), dtype=torch.int32, device="cuda")
 
 
-def ours_fn(feeds, outs, capacity, workspace, rows=None, groups=None, engine="auto"):
+def ours_fn(feeds, outs, capacity, workspace, rows=None, groups=None, engine="auto", prep_heads=None):
     attrs = dict(ATTRS, state_update_capacity=capacity)
 
     def run():
         cuda_ops.gated_delta_net(feeds, outputs=outs, stream=torch.cuda.current_stream().cuda_stream,
-                                 workspace=workspace, rec_rows=rows, rec_groups=groups, engine=engine, **attrs)
+                                 workspace=workspace, rec_rows=rows, rec_groups=groups, engine=engine,
+                                 prep_heads=prep_heads, **attrs)
         return outs["output"]
     return run
 
@@ -187,6 +188,8 @@ def main() -> None:
     ap.add_argument("--rows", default="", help="also time the recurrent kernel with these rows:groups per warp")
     ap.add_argument("--engines", default="", help="also time prefill cases with these engines (chunked, recurrent)")
     ap.add_argument("--split", action="store_true", help="also time the chunked engine's prep, and prep + scan")
+    ap.add_argument("--prep-heads", default="",
+                    help="also time prefill cases' prep kernel alone with these value heads per block (e.g. 1,3)")
     ap.add_argument("--pdl", choices=["on", "off", "both"], default="on",
                     help="programmatic dependent launch of our kernels (sm_90+); both: also time them without it")
     ap.add_argument("--neighbour", action="store_true",
@@ -263,6 +266,11 @@ def main() -> None:
                                        ("prep + scan", ("gdn_chunk_prep", "gdn_chunked"))):
                     t_k = graph_time([only_kernels(fn, kernels) for fn in ours])
                     print(f"#   {label}: {t_k * 1e6:.1f} us")
+            if prefill and args.prep_heads:
+                for heads in (int(n) for n in args.prep_heads.split(",")):
+                    fns = [ours_fn(f, o, capacity, workspace, prep_heads=heads) for f, o, _ in inputs]
+                    t_k = graph_time([only_kernels(fn, ("gdn_chunk_prep",)) for fn in fns])
+                    print(f"#   prep, {heads} value heads per block: {t_k * 1e6:.1f} us")
             del inputs, ours, workspace
             torch.cuda.empty_cache()
 

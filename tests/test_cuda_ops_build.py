@@ -145,3 +145,17 @@ def test_plan_grids_follow_the_geometry():
     # rows per warp without a decode instantiation (a tuning knob) take the general one
     (rec,) = plan.gdn_plan(_geo([1]), "bfloat16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM, rec_rows=2)
     assert rec.kernel == "gdn_recurrent_bf16_k128_r2"
+    (rec,) = plan.gdn_plan(_geo([1]), "float32", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
+    assert rec.kernel == "gdn_recurrent_f32_k128_r4"
+
+
+def test_prep_serves_a_whole_group_per_block_only_on_large_grids():
+    def prep_grid(lengths, **knobs):
+        return plan.gdn_plan(_geo(lengths), "float16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM,
+                             **knobs)[0].grid
+    # 16 key heads, 3 value heads each: 1 x 1024 is 16 x 16 = 256 group blocks (under 264: a head per block)
+    assert prep_grid([1024]) == (16, 48, 1)
+    assert prep_grid([1056]) == (17, 16, 1) and prep_grid([8192]) == (128, 16, 1)
+    assert prep_grid([8192], prep_heads=1) == (128, 48, 1) and prep_grid([64], prep_heads=3) == (1, 16, 1)
+    with pytest.raises(ValueError, match="does not divide"):
+        prep_grid([64], prep_heads=2)

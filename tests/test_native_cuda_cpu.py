@@ -36,9 +36,10 @@ def test_unknown_struct_is_an_error():
 
 
 def gdn_geometry(dims):
-    """The geometry and params the library's planner builds from the same dims (Hq = Hk = Hv)."""
-    batch, total, hv, dk, dv, per_key, aligned = dims
-    geo = contract.GdnGeometry("ragged", batch, total, hv, hv, hv, dk, dv, bool(per_key), 0, (), (), 0)
+    """The geometry and params the library's planner builds from the same dims (Hq = Hk = hk, default Hv)."""
+    batch, total, hv, dk, dv, per_key, aligned, *hk = dims
+    hk = hk[0] if hk else hv
+    geo = contract.GdnGeometry("ragged", batch, total, hk, hk, hv, dk, dv, bool(per_key), 0, (), (), 0)
     return geo, plan.GdnParams(state_in=None if aligned else 8)
 
 
@@ -57,6 +58,9 @@ def gdn_geometries():
         (2, 200, 8, 128, 128, 1, 1), (5, 17, 3, 96, 80, 0, 1), (1, 8, 2, 512, 64, 0, 1), (7, 7, 5, 33, 31, 1, 1),
         (512, 512, 64, 128, 128, 0, 1), (256, 256, 32, 256, 256, 0, 1), (2, 0, 4, 64, 64, 0, 1),
         (3, 2, 4, 512, 64, 0, 1),
+        # GVA (Hv = 3 Hk, 2 Hk): the prep kernel serves a whole group per block from 264 shared blocks up
+        (1, 8192, 48, 128, 128, 0, 1, 16), (4, 1024, 48, 128, 128, 0, 1, 16), (4, 1000, 48, 128, 128, 0, 1, 16),
+        (1, 1056, 48, 128, 128, 0, 1, 16), (1, 1024, 48, 128, 128, 0, 1, 16), (3, 4000, 32, 128, 128, 0, 1, 16),
     ]
     drawn = [(int(rng.integers(1, 300)), 0, int(rng.integers(1, 65)), int(rng.choice([16, 64, 100, 128, 256, 300])),
               int(rng.integers(1, 257)), int(rng.integers(0, 2)), int(rng.integers(0, 2))) for _ in range(25)]

@@ -88,14 +88,15 @@ def _scratch(workspace: Any, nbytes: int, device: int, stream: int) -> DeviceTen
 
 def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None, stream: Any = None,
                     workspace: Any = None, engine: str = "auto", rec_rows: int | None = None,
-                    rec_groups: int | None = None, scan_width: int | None = None, **attributes):
+                    rec_groups: int | None = None, scan_width: int | None = None, prep_heads: int | None = None,
+                    **attributes):
     """Run GatedDeltaNet; returns (output, final_state, state_update) as device arrays.
 
     ``workspace``: a contiguous device array (any element type of the contract) of at least
     ``plan.chunk_workspace_bytes(geometry)`` bytes for the chunked kernels, or None to take one from CuPy's
     pool (not possible inside a CUDA graph capture).
-    ``engine`` (auto | chunked | recurrent), ``rec_rows``, ``rec_groups`` and ``scan_width`` are test and
-    tuning knobs of ``plan.gdn_plan``."""
+    ``engine`` (auto | chunked | recurrent), ``rec_rows``, ``rec_groups``, ``scan_width`` and ``prep_heads`` are
+    test and tuning knobs of ``plan.gdn_plan``."""
     op = contract.GATED_DELTA_NET.name
     attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, attributes)
     t = _tensors(contract.GATED_DELTA_NET, feeds, host=("state_update_active",))
@@ -153,7 +154,7 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
         scratch = _scratch(workspace, plan.chunk_workspace_bytes(geo), device, stream_ptr)
         params.workspace = scratch.ptr
     launches = plan.gdn_plan(geo, q.dtype, params, rec_rows=rec_rows, rec_groups=rec_groups, scan_width=scan_width,
-                             **device_args)
+                             prep_heads=prep_heads, **device_args)
     launch.run(launches, device, stream_ptr)
     return out_arr, state_arr, cap_arr
 

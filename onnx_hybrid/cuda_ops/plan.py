@@ -85,7 +85,11 @@ CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
 CHUNK_VT_WIDE = 128
 CHUNK_NARROW_MAX_BLOCKS = 132
 CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES = 141824, 158208
-CHUNK_PREP_SMEM_BYTES = 106496
+CHUNK_PREP_SMEM_BYTES = 111616
+# The prep kernel serves a key head's whole group of value heads per block (q/k loads, norms and the two Gram
+# products once for the group) while that grid keeps at least this many blocks: two per SM on an H200's 132
+# SMs. Below it, one value head per block: more blocks in flight for short calls.
+CHUNK_PREP_SHARED_MIN_BLOCKS = 264
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
 CONV_THREADS, CONV_TOKENS = 128, 16
 # At or below this many tokens (decode, verify) each output thread computes one token: a short call then
@@ -150,6 +154,18 @@ def chunk_scan_width(geo: GdnGeometry) -> int:
     return CHUNK_VT if narrow_blocks <= CHUNK_NARROW_MAX_BLOCKS else CHUNK_VT_WIDE
 
 
+def chunk_prep_heads(geo: GdnGeometry, heads: int | None = None) -> int:
+    """Value heads per prep block (the grid's height is Hv / heads; the kernel reads it back from there):
+    ``heads`` if given (a tuning knob: it must divide the group Hv / Hk), else the whole group when the shared
+    grid keeps CHUNK_PREP_SHARED_MIN_BLOCKS blocks, else one."""
+    group = geo.num_heads_v // geo.num_heads_k
+    if heads is not None:
+        if heads < 1 or group % heads:
+            raise ValueError(f"prep_heads {heads} does not divide the value heads per key head ({group})")
+        return heads
+    return group if chunk_prep_blocks(geo) * geo.num_heads_k >= CHUNK_PREP_SHARED_MIN_BLOCKS else 1
+
+
 def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int) -> bool:
     """Shapes and devices the tensor-core chunked kernel serves (like ORT: Dk = Dv = 128, scalar decay,
     SM >= 80, and the device's opt-in shared memory per block holds ``chunk_smem_needed()``: sm_80 and sm_90
@@ -189,7 +205,7 @@ def gdn_uses_chunked(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: i
 
 def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem_optin: int, engine: str = "auto",
              rec_rows: int | None = None, rec_groups: int | None = None,
-             scan_width: int | None = None) -> list[Launch]:
+             scan_width: int | None = None, prep_heads: int | None = None) -> list[Launch]:
     """The kernels of one GatedDeltaNet call.
 
     Where ``gdn_uses_chunked``: the chunked engine's prep kernel (state-independent work of every chunk into
@@ -198,7 +214,8 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
     and capture_count). Otherwise the recurrent kernel runs every row sequentially; a call of at most one token
     per row takes its decode instantiation (``REC_DECODE_ROWS``).
     ``rec_rows`` / ``rec_groups`` override the recurrent kernel's value rows per warp and row groups per warp,
-    ``scan_width`` the scan's value columns per CTA (CHUNK_VT or CHUNK_VT_WIDE); test and tuning knobs.
+    ``scan_width`` the scan's value columns per CTA (CHUNK_VT or CHUNK_VT_WIDE),
+    ``prep_heads`` the prep kernel's value heads per block; test and tuning knobs.
     """
     if engine not in ("auto", "chunked", "recurrent"):
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
@@ -210,7 +227,8 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
     launches = []
     if use_chunked:
         sfx = TYPE_SUFFIX[dtype]
-        launches.append(Launch(f"gdn_chunk_prep_{sfx}_d128", (chunk_prep_blocks(geo), geo.num_heads_v, 1),
+        heads = chunk_prep_heads(geo, prep_heads)
+        launches.append(Launch(f"gdn_chunk_prep_{sfx}_d128", (chunk_prep_blocks(geo), geo.num_heads_v // heads, 1),
                                (CHUNK_THREADS, 1, 1), CHUNK_PREP_SMEM_BYTES, _copy(params)))
         vt = scan_width or chunk_scan_width(geo)
         if vt not in (CHUNK_VT, CHUNK_VT_WIDE):

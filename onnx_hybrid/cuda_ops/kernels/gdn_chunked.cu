@@ -6,8 +6,9 @@
 //   W = T diag(beta e^g) K,  U~ = T diag(beta) V                      (state-independent)
 //   U = U~ - W S0,  O = scale (diag(e^g) Q S0 + P U),  S = e^{g_L} S0 + K^T diag(e^{g_L-g}) U
 // Two kernels:
-// * gdn_chunk_prep, one CTA per (chunk, value head), fully parallel: normalised Q and K, gamma, P, W and
-//   U~ into the workspace (U~ is staged in the output rows, which the scan overwrites with O).
+// * gdn_chunk_prep, one CTA per (chunk, value head) or, on large grids, per (chunk, key head) serving the key
+//   head's group of value heads, fully parallel: normalised Q and K, gamma, P, W and U~ into the workspace
+//   (U~ is staged in the output rows, which the scan overwrites with O).
 // * gdn_chunked, one CTA per (request, value head, 64 or 128 value columns), walks the chunks in order with
 //   the fp32 state in registers, 16 value rows per warp; per chunk only three products depend on the state
 //   (W S0 and Q S0, then P U and K^T U), computed transposed so that the state and U stay in registers,
@@ -30,21 +31,25 @@ constexpr int THREADS = WARPS * 32;
 constexpr int LDH = D + 8;   // halves per 128-wide row (+16 B against bank conflicts)
 constexpr int LDT = BT + 8;  // halves per 64-wide row
 constexpr int LDD = 16 + 8;  // halves per 16-wide row
-constexpr int LDM = 16 + 1;  // floats per 16-wide row
+constexpr int LDM = 16 + 4;  // floats per 16-wide row (16-byte rows: float4 loads)
 
-// Prep kernel. The solve's right-hand side has 2D columns ([beta e^g K | beta V]), 32 per warp.
+// Prep kernel: one CTA serves `heads` value heads of one key head's group (gridDim.y = Hv / heads). Q, K,
+// their norms and the raw Gram products K K^T and Q K^T are formed once per CTA; per value head the decay
+// ratios and beta scale them into M and P, and the solve's right-hand side has 2D columns
+// ([beta e^g K | beta V]), 32 per warp: warps 0-3 solve W, warps 4-7 U~.
 constexpr int RHS = 2 * D;
-constexpr int P_OFF_K = 0;                            // K chunk, fp16 [BT][LDH]
-constexpr int P_OFF_Q = P_OFF_K + BT * LDH * 2;       // Q chunk, fp16 [BT][LDH]; dead after the Gram step
-constexpr int P_OFF_X = P_OFF_Q;                      //   ... then the per-warp solve scratch, fp16 [WARPS][32][LDD]
-constexpr int P_OFF_V = P_OFF_Q + BT * LDH * 2;       // V chunk, fp16 [BT][LDH]
-constexpr int P_OFF_M = P_OFF_V + BT * LDH * 2;       // -M, fp16 [BT][LDT]
-constexpr int P_OFF_DINV = P_OFF_M + BT * LDT * 2;    // inverses of the diagonal blocks, fp16 [BT][LDD]
-constexpr int P_OFF_MD = P_OFF_DINV + BT * LDD * 2;   // diagonal blocks of M, fp32 [BT][LDM]
-constexpr int P_OFF_SOL = P_OFF_MD + BT * LDM * 4;    // solved blocks, transposed: fp16 [RHS][LDT]
-constexpr int P_OFF_VEC = P_OFF_SOL + RHS * LDT * 2;  // gamma, beta, beta e^gamma (0 without delta): fp32 [3][BT]
-constexpr int PREP_SMEM_BYTES = P_OFF_VEC + 3 * BT * 4;
-static_assert(WARPS * 32 * LDD * 2 <= BT * LDH * 2, "solve scratch fits in the Q region");
+constexpr int U_WARPS = WARPS / 2;  // warps solving U~, each with its own slice of V
+constexpr int LDV = 32 + 8;         // elements per row of a U~ warp's V slice (32 columns, 16-bit)
+constexpr int P_OFF_K = 0;                                // K chunk, fp16 [BT][LDH]
+constexpr int P_OFF_Q = P_OFF_K + BT * LDH * 2;           // Q chunk, fp16 [BT][LDH]
+constexpr int P_OFF_V = P_OFF_Q + BT * LDH * 2;           // V slices, input type [2 heads][U_WARPS][BT][LDV]
+constexpr int P_OFF_M = P_OFF_V + 2 * U_WARPS * BT * LDV * 2;  // -M, fp16 [2 heads][BT][LDT]
+constexpr int P_OFF_DINV = P_OFF_M + 2 * BT * LDT * 2;    // inverses of the diagonal blocks, fp16 [2 heads][BT][LDD]
+constexpr int P_OFF_MD = P_OFF_DINV + 2 * BT * LDD * 2;   // diagonal blocks of M, fp32 [BT][LDM]
+constexpr int P_OFF_VEC = P_OFF_MD + BT * LDM * 4;        // per warp: gamma, beta, beta e^gamma, fp32 [WARPS][3][BT]
+constexpr int PREP_SMEM_BYTES = P_OFF_VEC + WARPS * 3 * BT * 4;
+static_assert(WARPS * 32 == RHS && U_WARPS * 32 == D, "32 solve columns per warp");
+static_assert(2 * PREP_SMEM_BYTES + 2048 <= 228 * 1024, "two prep CTAs per sm_90 SM");
 
 // Scan kernel, VT value columns per CTA (VT / 16 warps of 16 value rows each), instantiated for two widths:
 // the narrow one gives more CTAs, the wide one two warps per scheduler. Every operand read from the workspace
@@ -124,7 +129,7 @@ __device__ __forceinline__ void store_half2(__half* p, float a, float b) {
 }
 
 constexpr int kPrepRows = chunk::BT / chunk::WARPS;  // chunk rows each prep warp loads and normalises
-static_assert(2 * kPrepRows <= 32, "one lane per row for the gate, one for beta");
+static_assert(kPrepRows * chunk::WARPS == chunk::BT, "the warps load every chunk row");
 
 __device__ __forceinline__ int chunks_of(int len) { return (len + chunk::BT - 1) / chunk::BT; }
 
@@ -164,41 +169,199 @@ __device__ __forceinline__ ChunkRef find_chunk(const GdnParams& p, int x, int la
 // ---------------------------------------------------------------------------------------------------------
 // Prep: everything of a chunk that does not depend on the state. Grid-strided over the call's chunks (the
 // grid is sized from an upper bound that well-formed offsets respect; a loop keeps malformed ones covered).
+
+// 8-byte global -> shared copy, zero-filled when !valid (src is then not read).
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 8 : 0));
+}
+
+template <typename E>
+__device__ __forceinline__ float2 to_f32x2(unsigned x);
+template <>
+__device__ __forceinline__ float2 to_f32x2<__half>(unsigned x) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&x));
+}
+template <>
+__device__ __forceinline__ float2 to_f32x2<__nv_bfloat16>(unsigned x) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+}
+
+// A U~ warp's 32 columns of V (src: token 0's row at the first column) for the chunk's rows into its slice, in
+// the input type (rows past L zero-filled without reading): 64 rows of 8 pieces of 8 bytes, 16 per lane. The
+// row pointer advances by one running sum: 16 precomputed 64-bit addresses would cost 32 registers.
+template <typename T>
+__device__ __forceinline__ void prep_load_v(T* slice, const T* src, long long stride, size_t tok0, int L, int lane) {
+  using namespace chunk;
+  const int piece = (lane & 7) * 4;
+  const T* row = src + (tok0 + (lane >> 3)) * stride + piece;
+#pragma unroll 1
+  for (int t = lane >> 3; t < BT; t += 4, row += 4 * stride) {
+    const bool ok = t < L;
+    cp_async8(slice + t * LDV + piece, ok ? row : src, ok);
+  }
+}
+
+// Value head h's inputs for chunk rows 2 lane and 2 lane + 1 as read (raw decay 0 and beta 0 past L, beta 1
+// without the delta rule), loaded a head ahead of their use.
+struct PrepScalars {
+  float gate[2], beta[2];
+  float a_log, dt_bias;  // the head's gate parameters (qwen gate)
+};
+
+__device__ __forceinline__ PrepScalars prep_load_scalars(const GdnParams& p, int h, size_t tok0, int L, int lane) {
+  PrepScalars s;
+  s.a_log = p.gate_qwen ? p.a_log[h] : 0.f;
+  s.dt_bias = p.gate_qwen ? p.dt_bias[h] : 0.f;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int t = 2 * lane + i;
+    const size_t idx = (tok0 + t) * p.hv + h;
+    s.gate[i] = t < L && p.has_decay ? p.decay[idx] : 0.f;
+    s.beta[i] = t < L ? (p.has_delta ? p.beta[idx] : 1.f) : 0.f;
+  }
+  return s;
+}
+
+// Value head h's per-row vectors into this warp's own copies (no block barrier): gamma, the inclusive
+// cumulative log decay (padding rows add 0), beta, and beta e^gamma (0 without the delta rule). Warp 0 also
+// stores gamma to the workspace.
+__device__ __forceinline__ void prep_vectors(const GdnParams& p, const ChunkWorkspace& ws, int h, const PrepScalars& s,
+                                             size_t tok0, int L, int warp, int lane, float* gam, float* bet,
+                                             float* rco) {
+  float a[2], b[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const bool in = 2 * lane + i < L;
+    a[i] = s.gate[i];
+    if (in && p.has_decay && p.gate_qwen) {
+      const float z = a[i] + s.dt_bias;
+      a[i] = -expf(s.a_log) * (z > 20.0f ? z : log1pf(expf(z)));
+    }
+    b[i] = s.beta[i];
+    if (in && p.has_delta && p.beta_sigmoid) b[i] = 1.0f / (1.0f + expf(-b[i]));
+  }
+  float sum = a[0] + a[1];
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float n = __shfl_up_sync(0xffffffffu, sum, o);
+    if (lane >= o) sum += n;
+  }
+  const float gg[2] = {sum - a[1], sum};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int t = 2 * lane + i;
+    gam[t] = gg[i];
+    bet[t] = b[i];
+    rco[t] = p.has_delta ? b[i] * expf(gg[i]) : 0.f;
+    if (warp == 0 && t < L) ws.g[(tok0 + t) * p.hv + h] = gg[i];
+  }
+}
+
+// One warp's 32 columns of [W | U~] = (I+M)^{-1} diag(coef) src by block substitution on the transposes:
+//   X_i^T = R_i^T + sum_{j<i} Sol_j^T (-M_ij)^T,   Sol_i^T = X_i^T Dinv_i^T,
+// columns as the mma rows and tokens as its columns, 16 columns at a time (fewer live registers). Each
+// accumulator becomes the A operand of the next product in registers (C -> A fragments), so nothing of the
+// chain passes through shared memory. src: this warp's first column of the chunk's rows ([token][column],
+// 16-bit, ld elements per row). Solved blocks leave through 8x8 transposes as column pairs of one token (row
+// t at dst + t * dst_stride, rows < L; 64 dst_stride fits an int).
+template <typename E>
+__device__ __forceinline__ void prep_solve(const E* src, int ld, const float* coef, const __half* Mh, const __half* Dh,
+                                           __half* dst, int dst_stride, int L, int lane) {
+  using namespace chunk;
+  const int g8 = lane >> 2;
+  const int q2 = (lane & 3) * 2;
+  const int tile_row = (lane >> 4) * 8 + (lane & 7);  // ldmatrix_x4_trans: tiles (tokens 0-7 | 8-15) x
+  const int tile_col = ((lane >> 3) & 1) * 8;         // (columns 0-7 | 8-15)
+  // One 16-column pass after the other, each opened by a __syncwarp that bounds ptxas's scheduling: unrolled,
+  // or without the fence, the NVRTC image spills.
+#pragma unroll 1
+  for (int mt = 0; mt < 2; ++mt) {
+    __syncwarp();
+    unsigned sol[BT / 16 - 1][4];  // Sol_j^T of these 16 columns as A fragments
+#pragma unroll
+    for (int i = 0; i < BT / 16; ++i) {
+      float acc[2][4];  // per 8-token half of block i
+      unsigned r[4];
+      ldmatrix_x4_trans(r, src + (i * 16 + tile_row) * ld + mt * 16 + tile_col);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float c0 = coef[i * 16 + nt * 8 + q2], c1 = coef[i * 16 + nt * 8 + q2 + 1];
+        const float2 lo = to_f32x2<E>(r[2 * nt]), hi = to_f32x2<E>(r[2 * nt + 1]);
+        acc[nt][0] = c0 * lo.x;
+        acc[nt][1] = c1 * lo.y;
+        acc[nt][2] = c0 * hi.x;
+        acc[nt][3] = c1 * hi.y;
+      }
+#pragma unroll
+      for (int j = 0; j < i; ++j) {
+        unsigned m[4];  // (-M_ij)^T as B fragments: token half nt of block i is {m[nt], m[nt + 2]}
+        ldmatrix_a(m, Mh + i * 16 * LDT + j * 16, LDT, lane);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const unsigned b[2] = {m[nt], m[nt + 2]};
+          mma_16816(acc[nt], sol[j], b);
+        }
+      }
+      unsigned d[4];  // Dinv_i^T as B fragments, the same way
+      ldmatrix_a(d, Dh + i * 16 * LDD, LDD, lane);
+      const unsigned x[4] = {pack_half2(acc[0][0], acc[0][1]), pack_half2(acc[0][2], acc[0][3]),
+                             pack_half2(acc[1][0], acc[1][1]), pack_half2(acc[1][2], acc[1][3])};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        const unsigned b[2] = {d[nt], d[nt + 2]};
+        mma_16816(s, x, b);
+        const unsigned lo = pack_half2(s[0], s[1]), hi = pack_half2(s[2], s[3]);  // columns g8, g8 + 8
+        if (i < BT / 16 - 1) {
+          sol[i][2 * nt] = lo;
+          sol[i][2 * nt + 1] = hi;
+        }
+        const unsigned lo_t = movmatrix_trans(lo), hi_t = movmatrix_trans(hi);  // token g8: columns q2, q2 + 1
+        const int t = i * 16 + nt * 8 + g8;
+        if (t < L) {
+          __half* row = dst + (t * dst_stride + mt * 16 + q2);  // 32-bit offset: fewer live registers
+          *reinterpret_cast<unsigned*>(row) = lo_t;
+          *reinterpret_cast<unsigned*>(row + 8) = hi_t;
+        }
+      }
+    }
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   using namespace chunk;
   extern __shared__ __align__(16) unsigned char smem[];
   __half* Kh = reinterpret_cast<__half*>(smem + P_OFF_K);
   __half* Qh = reinterpret_cast<__half*>(smem + P_OFF_Q);
-  __half* Vh = reinterpret_cast<__half*>(smem + P_OFF_V);
-  __half* Mh = reinterpret_cast<__half*>(smem + P_OFF_M);
-  __half* Dh = reinterpret_cast<__half*>(smem + P_OFF_DINV);
   float* Md = reinterpret_cast<float*>(smem + P_OFF_MD);
-  __half* Sol = reinterpret_cast<__half*>(smem + P_OFF_SOL);
-  __half* Xs = reinterpret_cast<__half*>(smem + P_OFF_X);
-  float* gam = reinterpret_cast<float*>(smem + P_OFF_VEC);
-  float* bet = gam + BT;
-  float* rco = bet + BT;
   __shared__ ChunkRef found;
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int h = blockIdx.y;
+  const int heads = p.hv / gridDim.y;  // value heads per CTA (plan.chunk_prep_heads): a divisor of the group
+  const int h_first = blockIdx.y * heads;
   const int group = p.hv / p.hk;
-  const int hk = h / group;
-  const bool write_qk = h % group == 0;  // one value head of the group stores the shared normalised Q and K
-  const float neg_a = p.gate_qwen ? -expf(p.a_log[h]) : 0.0f;
-  const float dt_bias = p.gate_qwen ? p.dt_bias[h] : 0.0f;
+  const int hk = h_first / group;
+  const bool write_qk = h_first % group == 0;  // one CTA of the group stores the shared normalised Q and K
   const ChunkWorkspace ws = chunk_workspace(p);
   const T* qb = static_cast<const T*>(p.q) + (size_t)hk * D;
   const T* kb = static_cast<const T*>(p.k) + (size_t)hk * D;
-  const T* vb = static_cast<const T*>(p.v) + (size_t)h * D;
-  __half* ub = static_cast<__half*>(p.out) + (size_t)h * D;  // U~ staged in the output rows
-  const int wm = warp >> 1;
-  const int wn = warp & 1;
+  const int wm = warp >> 1;  // 16-row block of the 64x64 Gram products
+  const int wn = warp & 1;   // 32-column half of them
   const int g8 = lane >> 2;
   const int q2 = (lane & 3) * 2;
+  const bool gram_warp = wn * 32 <= wm * 16 + 15;  // its tile meets the lower triangle
+  const bool inverts = wn == wm >> 1;              // its tile holds diagonal block wm
+  const bool u_warp = warp >= WARPS - U_WARPS;     // solves 32 columns of U~ (else of W)
+  const int col0 = warp % U_WARPS * 32;
+  T* const v_slices = reinterpret_cast<T*>(smem + P_OFF_V) + warp % U_WARPS * BT * LDV;  // buffer b: + b * V_BUF
+  constexpr int V_BUF = U_WARPS * BT * LDV;
+  float* gam = reinterpret_cast<float*>(smem + P_OFF_VEC) + warp * 3 * BT;  // this warp's copies
+  float* bet = gam + BT;
+  float* rco = bet + BT;
 
   for (int x = blockIdx.x;; x += gridDim.x) {
     if (warp == 0) {
@@ -212,51 +375,39 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
     const int t0 = ref.index * BT;
     const int L = min(BT, span.len - t0);
     const size_t tok0 = (size_t)span.start + t0;
+    const int out_row = p.hv * D;  // W and the output rows: elements per token
 
-    // 1. Inputs: normalised q/k and v as fp16 operands, log gates, beta. Rows past the request are zero.
-    //    Each warp issues all loads of its rows before using any, so their latencies overlap. The gate and
-    //    beta are per-row scalars: lane j < kPrepRows computes row j's gate and lane kPrepRows + j its beta,
-    //    once, instead of every lane computing every row's.
-    uint2 rq[kPrepRows], rk[kPrepRows], rv[kPrepRows];
+    // 1. Inputs. The U~ warps start the V slices of the first two heads (one cp.async group per head), every
+    //    warp the first head's gates; then q and k, normalised once for the group. Each warp issues all loads
+    //    of its rows before using any, so their latencies overlap. Rows past the request are zero.
+    if (u_warp) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        if (b < heads) {
+          const T* v = static_cast<const T*>(p.v) + (size_t)(h_first + b) * D + col0;
+          prep_load_v<T>(v_slices + b * V_BUF, v, p.v_stride, tok0, L, lane);
+        }
+        cp_async_commit();
+      }
+    }
+    PrepScalars next = prep_load_scalars(p, h_first, tok0, L, lane);
+    uint2 rq[kPrepRows], rk[kPrepRows];
 #pragma unroll
     for (int j = 0; j < kPrepRows; ++j) {
       const int t = warp * kPrepRows + j;
-      rq[j] = rk[j] = rv[j] = make_uint2(0u, 0u);
+      rq[j] = rk[j] = make_uint2(0u, 0u);
       if (t < L) {
         const size_t tok = tok0 + t;
         rq[j] = *reinterpret_cast<const uint2*>(qb + tok * p.q_stride + lane * 4);
         rk[j] = *reinterpret_cast<const uint2*>(kb + tok * p.k_stride + lane * 4);
-        rv[j] = *reinterpret_cast<const uint2*>(vb + tok * p.v_stride + lane * 4);
       }
     }
-    const int scalar_row = warp * kPrepRows + lane % kPrepRows;
-    const bool gate_lane = lane < kPrepRows, beta_lane = !gate_lane && lane < 2 * kPrepRows;
-    float scalar = 0.f;  // rows past the request: gate 0, beta 0
-    if (scalar_row < L) {
-      const size_t idx = (tok0 + scalar_row) * p.hv + h;
-      if (gate_lane && p.has_decay) {
-        scalar = p.decay[idx];
-        if (p.gate_qwen) {
-          const float z = scalar + dt_bias;
-          scalar = neg_a * (z > 20.0f ? z : log1pf(expf(z)));
-        }
-      } else if (beta_lane) {
-        scalar = 1.f;
-        if (p.has_delta) {
-          scalar = p.beta[idx];
-          if (p.beta_sigmoid) scalar = 1.0f / (1.0f + expf(-scalar));
-        }
-      }
-    }
-    if (gate_lane) gam[scalar_row] = scalar;
-    if (beta_lane) bet[scalar_row] = scalar;
 #pragma unroll
     for (int j = 0; j < kPrepRows; ++j) {
       const int t = warp * kPrepRows + j;
-      float qv[4], kv[4], vv[4];
+      float qv[4], kv[4];
       unpack4<T>(rq[j], qv);
       unpack4<T>(rk[j], kv);
-      unpack4<T>(rv[j], vv);
       if (p.l2norm) {  // padding rows are zero and stay zero
         float sq = 0.f, sk = 0.f;
 #pragma unroll
@@ -268,7 +419,6 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
       const uint2 qh = pack4_half(qv), kh = pack4_half(kv);
       *reinterpret_cast<uint2*>(Qh + t * LDH + lane * 4) = qh;
       *reinterpret_cast<uint2*>(Kh + t * LDH + lane * 4) = kh;
-      *reinterpret_cast<uint2*>(Vh + t * LDH + lane * 4) = pack4_half(vv);
       if (write_qk && t < L) {
         const size_t row = (tok0 + t) * p.hk + hk;
         *reinterpret_cast<uint2*>(ws.q + row * D + lane * 4) = qh;
@@ -277,154 +427,105 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
     }
     __syncthreads();
 
-    // 2. Inclusive cumulative log decay within the chunk (padding rows add 0).
-    if (warp == 0) {
-      const float a0 = gam[2 * lane], a1 = gam[2 * lane + 1];
-      float s = a0 + a1;
+    // 2. The raw K K^T and Q K^T (lower triangle), shared by the CTA's heads: kept in registers.
+    float kk[4][4] = {}, qk[4][4] = {};
+    if (gram_warp) {
 #pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const float n = __shfl_up_sync(0xffffffffu, s, o);
-        if (lane >= o) s += n;
-      }
-      const float gg[2] = {s - a1, s};
+      for (int kstep = 0; kstep < D / 16; ++kstep) {
+        unsigned ak[4], aq[4];
+        ldmatrix_a(ak, Kh + wm * 16 * LDH + kstep * 16, LDH, lane);
+        ldmatrix_a(aq, Qh + wm * 16 * LDH + kstep * 16, LDH, lane);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int t = 2 * lane + i;
-        gam[t] = gg[i];
-        rco[t] = p.has_delta ? bet[t] * expf(gg[i]) : 0.f;
-        if (t < L) ws.g[(tok0 + t) * p.hv + h] = gg[i];
-      }
-    }
-    __syncthreads();
-
-    // 3. K K^T and Q K^T (lower triangle): -M and its diagonal blocks here, P straight to the workspace.
-    {
-      float kk[4][4] = {}, qk[4][4] = {};
-      if (wn * 32 <= wm * 16 + 15) {
-#pragma unroll
-        for (int kstep = 0; kstep < D / 16; ++kstep) {
-          unsigned ak[4], aq[4];
-          ldmatrix_a(ak, Kh + wm * 16 * LDH + kstep * 16, LDH, lane);
-          ldmatrix_a(aq, Qh + wm * 16 * LDH + kstep * 16, LDH, lane);
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            unsigned bk[2];
-            ldmatrix_b(bk, Kh + (wn * 32 + nt * 8) * LDH + kstep * 16, LDH, lane);
-            mma_16816(kk[nt], ak, bk);
-            mma_16816(qk[nt], aq, bk);
-          }
+        for (int nt = 0; nt < 4; ++nt) {
+          unsigned bk[2];
+          ldmatrix_b(bk, Kh + (wn * 32 + nt * 8) * LDH + kstep * 16, LDH, lane);
+          mma_16816(kk[nt], ak, bk);
+          mma_16816(qk[nt], aq, bk);
         }
       }
+    }
+
+    // Per value head: one block barrier. M and the diagonal inverses have two buffers, so a head's epilogue
+    // may overwrite the buffer of two heads back while slower warps still solve the previous head.
+    for (int hi = 0; hi < heads; ++hi) {
+      const int h = h_first + hi;
+      const PrepScalars cur = next;
+      if (hi + 1 < heads) next = prep_load_scalars(p, h + 1, tok0, L, lane);
+      __syncwarp();  // this warp is done with the previous head's vectors, V slice and Md
+      if (u_warp && hi >= 1) {  // the next head's V goes into the slice the previous head used
+        if (hi + 1 < heads) {
+          const T* v = static_cast<const T*>(p.v) + (size_t)(h + 1) * D + col0;
+          prep_load_v<T>(v_slices + ((hi + 1) & 1) * V_BUF, v, p.v_stride, tok0, L, lane);
+        }
+        cp_async_commit();
+      }
+      prep_vectors(p, ws, h, cur, tok0, L, warp, lane, gam, bet, rco);
+      __syncwarp();
+      __half* Mh = reinterpret_cast<__half*>(smem + P_OFF_M) + (hi & 1) * BT * LDT;
+      __half* Dh = reinterpret_cast<__half*>(smem + P_OFF_DINV) + (hi & 1) * BT * LDD;
+
+      // 3. -M and its diagonal blocks (fp32) from the raw K K^T, P from Q K^T straight to the workspace (one
+      //    64-bit row address, 32-bit offsets from it: fewer live registers).
+      __half* p_row = ws.p + ((tok0 + wm * 16 + g8) * p.hv + h) * BT + wn * 32 + q2;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
         for (int half_row = 0; half_row < 2; ++half_row) {
           const int t = wm * 16 + g8 + half_row * 8;
-          float pv[2];
+          float pv[2], mv[2];
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const int e = half_row * 2 + j;
             const int col = wn * 32 + nt * 8 + q2 + j;
-            const float ratio = col <= t ? expf(gam[t] - gam[col]) : 0.f;
-            const float mval = (p.has_delta && col < t) ? bet[t] * kk[nt][e] * ratio : 0.f;
-            Mh[t * LDT + col] = __float2half_rn(-mval);
-            if ((col >> 4) == (t >> 4)) Md[t * LDM + (col & 15)] = mval;
+            const float ratio = col <= t ? __expf(gam[t] - gam[col]) : 0.f;  // <= 1; ex2.approx: 2 instructions
+            mv[j] = (p.has_delta && col < t) ? bet[t] * kk[nt][e] * ratio : 0.f;
+            if ((col >> 4) == (t >> 4)) Md[t * LDM + (col & 15)] = mv[j];
             pv[j] = qk[nt][e] * ratio;
           }
-          if (t < L) store_half2(ws.p + ((tok0 + t) * p.hv + h) * BT + wn * 32 + nt * 8 + q2, pv[0], pv[1]);
+          store_half2(Mh + t * LDT + wn * 32 + nt * 8 + q2, -mv[0], -mv[1]);
+          if (t < L) store_half2(p_row + half_row * 8 * p.hv * BT + nt * 8, pv[0], pv[1]);
         }
       }
-    }
 
-    // 4. Exact inverses of the unit lower-triangular diagonal blocks of (I + M), lane j < 16 solving column j
-    //    by forward substitution. Block wm is inverted by the warp that just wrote it (the one whose 32
-    //    columns hold it), without waiting for the other warps.
-    if (wn == wm >> 1) {
-      __syncwarp();
-      const int i0 = wm * 16;
-      const int j = lane & 15;
-      float xv[16];
+      // 4. Exact inverses of the unit lower-triangular diagonal blocks of (I + M), lane j < 16 solving column
+      //    j by forward substitution, each by the warp that just wrote its block.
+      if (inverts) {
+        __syncwarp();
+        const int i0 = wm * 16;
+        const int j = lane & 15;
+        float xv[16];
 #pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        float acc = r == j ? 1.f : 0.f;
+        for (int r = 0; r < 16; ++r) {
+          float m[16];  // row r of the block, 4 floats per (broadcast) load
 #pragma unroll
-        for (int kq = 0; kq < r; ++kq) acc = fmaf(-Md[(i0 + r) * LDM + kq], xv[kq], acc);
-        xv[r] = acc;
+          for (int c = 0; c < (r + 3) / 4; ++c) {
+            const float4 v = *reinterpret_cast<const float4*>(Md + (i0 + r) * LDM + 4 * c);
+            m[4 * c] = v.x;
+            m[4 * c + 1] = v.y;
+            m[4 * c + 2] = v.z;
+            m[4 * c + 3] = v.w;
+          }
+          float acc = r == j ? 1.f : 0.f;
+#pragma unroll
+          for (int kq = 0; kq < r; ++kq) acc = fmaf(-m[kq], xv[kq], acc);
+          xv[r] = acc;
+        }
+        if (lane < 16) {
+#pragma unroll
+          for (int r = 0; r < 16; ++r) Dh[(i0 + r) * LDD + j] = __float2half_rn(xv[r]);
+        }
       }
-      if (lane < 16) {
-#pragma unroll
-        for (int r = 0; r < 16; ++r) Dh[(i0 + r) * LDD + j] = __float2half_rn(xv[r]);
-      }
-    }
-    __syncthreads();
+      if (u_warp) cp_async_wait<1>();  // this head's V slice (the next head's may still be in flight)
+      __syncthreads();
 
-    // 5. [W | U~] = (I+M)^{-1} [diag(beta e^g) K | diag(beta) V] by block substitution:
-    //    X_i = Dinv_i (R_i - sum_{j<i} M_ij X_j). Columns are independent: each warp solves its own 32
-    //    columns through all blocks without block barriers, and stores each solved block as it goes.
-    {
-      const int cw = warp * 32;
-      const bool w_part = cw < D;  // warps 0-3: W; warps 4-7: U~
-      __half* X = Xs + warp * 32 * LDD;
-#pragma unroll
-      for (int i = 0; i < BT / 16; ++i) {
-        const int r0 = i * 16 + g8;
-        float acc[4][4];
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int col = (cw + nt * 8 + q2) & (D - 1);
-          const __half* src = w_part ? Kh : Vh;
-          const float c_lo = w_part ? rco[r0] : bet[r0], c_hi = w_part ? rco[r0 + 8] : bet[r0 + 8];
-          const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(src + r0 * LDH + col));
-          const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(src + (r0 + 8) * LDH + col));
-          acc[nt][0] = c_lo * lo.x;
-          acc[nt][1] = c_lo * lo.y;
-          acc[nt][2] = c_hi * hi.x;
-          acc[nt][3] = c_hi * hi.y;
-        }
-        for (int j = 0; j < i; ++j) {
-          unsigned a[4];
-          ldmatrix_a(a, Mh + i * 16 * LDT + j * 16, LDT, lane);
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            unsigned bb[2];
-            ldmatrix_b(bb, Sol + (cw + nt * 8) * LDT + j * 16, LDT, lane);
-            mma_16816(acc[nt], a, bb);
-          }
-        }
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int c = nt * 8 + q2;
-          X[c * LDD + g8] = __float2half_rn(acc[nt][0]);
-          X[(c + 1) * LDD + g8] = __float2half_rn(acc[nt][1]);
-          X[c * LDD + g8 + 8] = __float2half_rn(acc[nt][2]);
-          X[(c + 1) * LDD + g8 + 8] = __float2half_rn(acc[nt][3]);
-        }
-        __syncwarp();
-        unsigned a[4];
-        ldmatrix_a(a, Dh + i * 16 * LDD, LDD, lane);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          float u[4] = {0.f, 0.f, 0.f, 0.f};
-          unsigned bb[2];
-          ldmatrix_b(bb, X + nt * 8 * LDD, LDD, lane);
-          mma_16816(u, a, bb);
-          const int c = cw + nt * 8 + q2;
-          Sol[c * LDT + r0] = __float2half_rn(u[0]);
-          Sol[(c + 1) * LDT + r0] = __float2half_rn(u[1]);
-          Sol[c * LDT + r0 + 8] = __float2half_rn(u[2]);
-          Sol[(c + 1) * LDT + r0 + 8] = __float2half_rn(u[3]);
-          const int col = c & (D - 1);
-#pragma unroll
-          for (int half_row = 0; half_row < 2; ++half_row) {
-            const int t = r0 + half_row * 8;
-            if (t < L) {
-              __half* dst = w_part ? ws.w + ((tok0 + t) * p.hv + h) * D : ub + (tok0 + t) * p.hv * D;
-              store_half2(dst + col, u[2 * half_row], u[2 * half_row + 1]);
-            }
-          }
-        }
-        __syncwarp();
-      }
+      // 5. [W | U~] = (I+M)^{-1} [diag(beta e^g) K | diag(beta) V]: 32 independent columns per warp.
+      const size_t first = tok0 * out_row + col0;
+      const size_t head = (size_t)h * D;
+      if (u_warp)
+        prep_solve<T>(v_slices + (hi & 1) * V_BUF, LDV, bet, Mh, Dh, static_cast<__half*>(p.out) + first + head,
+                      out_row, L, lane);
+      else
+        prep_solve<__half>(Kh + col0, LDH, rco, Mh, Dh, ws.w + first + head, out_row, L, lane);
     }
     __syncthreads();  // the next chunk's inputs overwrite this one's
   }

@@ -77,4 +77,20 @@ __device__ __forceinline__ unsigned movmatrix_trans(unsigned x) {
   return y;
 }
 
+// Four transposed 8x8 tiles of 16-bit elements (any 16-bit type). Lane l addresses row l % 8 of tile l / 8 at
+// `row`; r[i] receives tile i transposed: this lane holds its stored rows 2 (lane % 4) and 2 (lane % 4) + 1 at
+// stored column lane / 4, i.e. the C-fragment layout of the tile's transpose.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row)));
+}
+
+// Two fp32 values as one fp16x2 register (round to nearest), the first in the low half: the C -> A fragment
+// step of chained products.
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
 }  // namespace ohk

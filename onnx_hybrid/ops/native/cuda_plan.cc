@@ -114,8 +114,11 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
   if (use_chunked) {
     // plan.chunk_prep_blocks: the chunk count of well-formed offsets; the kernel strides over any excess.
     const int64_t prep_blocks = (geo.total_tokens + (cp::kChunkTokens - 1) * geo.batch) / cp::kChunkTokens;
+    // plan.chunk_prep_heads: a key head's whole group per block while that grid stays large enough.
+    const int64_t prep_heads =
+        prep_blocks * geo.num_heads_k >= cp::kChunkPrepSharedMinBlocks ? geo.num_heads_v / geo.num_heads_k : 1;
     launches.push_back({KernelName("gdn_chunk_prep_", type).Append("_d").Append(cp::kChunkD),
-                        {U(prep_blocks), U(geo.num_heads_v), 1},
+                        {U(prep_blocks), U(geo.num_heads_v / prep_heads), 1},
                         {U(cp::kChunkThreads), 1, 1},
                         cp::kChunkPrepSmemBytes,
                         params});

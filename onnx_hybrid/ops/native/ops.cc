@@ -519,10 +519,10 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_struct_layout(const char* name, char* ou
 
 // The launch plan the CUDA variant would enqueue, without a device: one line per kernel, "name gx gy gz bx
 // by bz smem tail_only row_groups". op "gdn": dims = {batch, total_tokens, hv, dk, dv, per_key_decay,
-// aligned} (Hq = Hk = Hv); op "gdn_workspace": the same dims, one line with the workspace bytes the plan
-// needs (0 without the chunked kernels); op "conv": dims = {batch, total_tokens, channels}. type: 0 float,
-// 1 float16, 2 bfloat16; engine: 0 auto, 1 chunked, 2 recurrent. Returns the text's length, or -1 with
-// onnx_hybrid_last_error().
+// aligned[, hk]} (Hq = Hk = hk, by default hv); op "gdn_workspace": the same dims, one line with the
+// workspace bytes the plan needs (0 without the chunked kernels); op "conv": dims = {batch, total_tokens,
+// channels}. type: 0 float, 1 float16, 2 bfloat16; engine: 0 auto, 1 chunked, 2 recurrent. Returns the
+// text's length, or -1 with onnx_hybrid_last_error().
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int64_t* dims, int n_dims, int arch,
                                              int smem_optin, int engine, char* out, size_t size) {
   return Guarded("onnx_hybrid_cuda_plan", [&] {
@@ -530,11 +530,12 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int
     if (type < 0 || type > 2 || engine < 0 || engine > 2 || !dims) throw std::invalid_argument("bad type/engine/dims");
     const ElemType elem = static_cast<ElemType>(type);
     std::string text;
-    if ((name == "gdn" || name == "gdn_workspace") && n_dims == 7) {
+    if ((name == "gdn" || name == "gdn_workspace") && (n_dims == 7 || n_dims == 8)) {
       GdnGeometry geo{};
       geo.batch = dims[0];
       geo.total_tokens = dims[1];
-      geo.num_heads_q = geo.num_heads_k = geo.num_heads_v = dims[2];
+      geo.num_heads_v = dims[2];
+      geo.num_heads_q = geo.num_heads_k = n_dims == 8 ? dims[7] : dims[2];
       geo.head_size_k = dims[3];
       geo.head_size_v = dims[4];
       geo.per_key_decay = dims[5] != 0;
