@@ -643,10 +643,7 @@ __device__ __forceinline__ void scan_load_stage(const ScanCopy<VT>& c, const Sca
 template <typename T>
 __device__ __forceinline__ unsigned pack2(float a, float b);  // two outputs as one 32-bit word, a in the low half
 template <>
-__device__ __forceinline__ unsigned pack2<__half>(float a, float b) {
-  const __half2 x = __floats2half2_rn(a, b);
-  return *reinterpret_cast<const unsigned*>(&x);
-}
+__device__ __forceinline__ unsigned pack2<__half>(float a, float b) { return pack_half2(a, b); }
 template <>
 __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float a, float b) {
   const __nv_bfloat162 x = __floats2bfloat162_rn(a, b);
@@ -734,9 +731,9 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
       for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const unsigned a[4] = {pack2<__half>(s[2 * kk][0], s[2 * kk][1]), pack2<__half>(s[2 * kk][2], s[2 * kk][3]),
-                             pack2<__half>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack2<__half>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const unsigned a[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                             pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         unsigned bw[2][2], bq[2][2];
@@ -776,8 +773,8 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
         for (int half_row = 0; half_row < 2; ++half_row) {
           const float2 u_in = __half22float2(*reinterpret_cast<const __half2*>(&ut[i][half_row]));
           const float u0 = u_in.x - x[nt][2 * half_row], u1 = u_in.y - x[nt][2 * half_row + 1];
-          au[np][2 * i + half_row] = pack2<__half>(u0, u1);
-          ad[np][2 * i + half_row] = pack2<__half>(u0 * tail0, u1 * tail1);
+          au[np][2 * i + half_row] = pack_half2(u0, u1);
+          ad[np][2 * i + half_row] = pack_half2(u0 * tail0, u1 * tail1);
           y[nt][2 * half_row] *= eg0;
           y[nt][2 * half_row + 1] *= eg1;
         }
