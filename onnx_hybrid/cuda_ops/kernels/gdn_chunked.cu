@@ -756,21 +756,26 @@ struct Walk {
   int lane, v0;
 };
 
-// The stage of chunk ci has landed for every thread and the other stage is free; start filling it with the
-// next chunk. Returns chunk ci's stage.
-template <typename T, int VT>
-__device__ __forceinline__ ScanStage next_stage(const Walk<T, VT>& w, int ci) {
+// Waits until the stage of chunk ci has landed for every thread, which also means that every warp is done
+// with the other stage. Returns chunk ci's stage.
+template <int VT>
+__device__ __forceinline__ ScanStage stage_landed(unsigned char* stages, int ci) {
   cp_async_wait<0>();
 #if OHK_SCAN_WGMMA
   fence_proxy_async_shared();  // this thread's cp.async writes -> the wgmma that read them (after the barrier)
 #endif
   __syncthreads();
+  return scan_stage<VT>(stages, ci & 1);
+}
+
+// Starts filling the other stage with chunk ci + 1 (if any).
+template <typename T, int VT>
+__device__ __forceinline__ void load_next_stage(const Walk<T, VT>& w, int ci) {
   const int t1 = (ci + 1) * BT;
   if (ci + 1 < w.chunks)
     scan_load_stage(w.copy, w.stages + ((ci + 1) & 1) * chunk::ScanLayout<VT>::STAGE_BYTES, w.span.start + t1,
                     min(BT, w.span.len - t1));
   cp_async_commit();
-  return scan_stage<VT>(w.stages, ci & 1);
 }
 
 #if !OHK_SCAN_WGMMA
@@ -784,7 +789,8 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
   for (int ci = 0; ci < w.chunks; ++ci) {
     const int t0 = ci * BT;
     const int L = min(BT, w.span.len - t0);
-    const ScanStage st = next_stage(w, ci);
+    const ScanStage st = stage_landed<VT>(w.stages, ci);
+    load_next_stage(w, ci);
 
     // 1. X = S0^T W^T and Y = S0^T Q^T: one A fragment of the state per 16 keys serves both.
     float x[NT][4], y[NT][4];
@@ -871,7 +877,8 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = 0.f;
-  // The previous chunk's output, packed: stored while this chunk's X and Y run.
+  // The previous chunk's output, packed: stored while this chunk's X and Y run. (Packing it from y here too
+  // would read registers of an earlier wgmma while X runs, and ptxas then waits for X: C7517.)
   unsigned o[NT][2];
   T* o_rows = nullptr;
   int o_len = 0;
@@ -879,7 +886,7 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
   for (int ci = 0; ci < w.chunks; ++ci) {
     const int t0 = ci * BT;
     const int L = min(BT, w.span.len - t0);
-    const ScanStage st = next_stage(w, ci);
+    const ScanStage st = stage_landed<VT>(w.stages, ci);
 
     // X = S0^T W^T, then Y = S0^T Q^T (two commit groups: U needs only X). B = W, Q, K-major.
     unsigned sa[KT / 2][4];
@@ -899,7 +906,8 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
       wgmma_m64k16_rs<NT, 0, 0>(y, sa[kk], wgmma_desc_advance(q_desc, key_step_offset(kk)), kk > 0);
     wgmma_commit();
 
-    // Meanwhile: the previous chunk's output, this chunk's decays and U~.
+    // Meanwhile: the next chunk's loads, the previous chunk's output, this chunk's decays and U~.
+    load_next_stage(w, ci);
     if (ci > 0) store_output(o, o_rows, w.out_stride, o_len, lane >> 2);
     const ChunkDecays dc = chunk_decays(st.g, L, lane);
     unsigned ut[NT / 2][2][2];
