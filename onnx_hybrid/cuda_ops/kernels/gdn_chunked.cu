@@ -717,7 +717,7 @@ __device__ __forceinline__ void scale_state(float (&s)[KT][4], float e_last) {
     for (int e = 0; e < 4; ++e) s[kt][e] *= e_last;
 }
 
-// scale O^T in the output type, each 8x8 block (values x tokens) transposed in registers: o[nt][0] then holds
+// scale * O^T in the output type, each 8x8 block (values x tokens) transposed in registers: o[nt][0] holds
 // token nt*8 + g8, values q2 + {0, 1} of the warp's first 8 rows, o[nt][1] the same of the next 8, so a
 // thread stores two adjacent values of one token (4 bytes per store instead of 2).
 template <typename T>
