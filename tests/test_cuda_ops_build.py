@@ -1,4 +1,4 @@
-"""CUDA kernels without a GPU: NVRTC compiles every kernel for sm_80 and sm_90 (a build break fails CI),
+"""CUDA kernels without a GPU: NVRTC compiles every kernel for sm_80 and sm_90a (a build break fails CI),
 the cubin cache behaves, and the launch plan picks the engines the contract asks for."""
 
 import pytest
@@ -121,19 +121,33 @@ def test_scan_width_follows_the_grid():
         return plan.gdn_plan(_geo(lengths), "float16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM, **kw)[1]
     narrow, wide = scan([8192]), scan([4096, 4096])
     assert (narrow.kernel, narrow.grid, narrow.block, narrow.smem) == \
-        ("gdn_chunked_f16_d128_v64", (2, 48, 1), (128, 1, 1), plan.CHUNK_SMEM_BYTES)
+        ("gdn_chunked_f16_d128_v64", (2, 48, 1), (128, 1, 1), plan.CHUNK_WGMMA_SMEM_BYTES)
     assert (wide.kernel, wide.grid, wide.block, wide.smem) == \
-        ("gdn_chunked_f16_d128_v128", (1, 48, 2), (256, 1, 1), plan.CHUNK_WIDE_SMEM_BYTES)
+        ("gdn_chunked_f16_d128_v128", (1, 48, 2), (256, 1, 1), plan.CHUNK_WGMMA_WIDE_SMEM_BYTES)
     assert scan([8192], scan_width=128).kernel == "gdn_chunked_f16_d128_v128"
     with pytest.raises(ValueError, match="scan_width 32"):
         scan([8192], scan_width=32)
+
+
+def test_scan_shared_memory_follows_the_image():
+    """The sm_90 image (built for sm_90a) runs the scan on wgmma with its own stage layout; the other images run
+    it on mma.sync. Same kernel names, so only the shared memory differs."""
+    expected = {90: (plan.CHUNK_WGMMA_SMEM_BYTES, plan.CHUNK_WGMMA_WIDE_SMEM_BYTES),
+                80: (plan.CHUNK_SMEM_BYTES, plan.CHUNK_WIDE_SMEM_BYTES),
+                100: (plan.CHUNK_SMEM_BYTES, plan.CHUNK_WIDE_SMEM_BYTES)}
+    for arch, smem in expected.items():
+        scans = [plan.gdn_plan(_geo(lengths), "float16", plan.GdnParams(), arch=arch, smem_optin=A100_SMEM)[1]
+                 for lengths in ([8192], [4096, 4096])]
+        assert [(ln.kernel[-4:], ln.smem) for ln in scans] == [("_v64", smem[0]), ("v128", smem[1])], arch
+    assert compiler.target(90) == "sm_90a" and compiler.target(80) == "sm_80"
+    assert plan.chunk_smem_needed() <= A100_SMEM
 
 
 def test_plan_grids_follow_the_geometry():
     prep, chunk, rec = plan.gdn_plan(_geo([100, 20]), "float16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
     # (100 + 20 + 2 * 63) // 64 = 3 chunks at most (the 20-token row has none: the tail pass serves it)
     assert prep.grid == (3, 48, 1) and prep.block == (256, 1, 1) and prep.smem == plan.CHUNK_PREP_SMEM_BYTES
-    assert chunk.grid == (1, 48, 2) and chunk.block == (256, 1, 1) and chunk.smem == plan.CHUNK_WIDE_SMEM_BYTES
+    assert chunk.grid == (1, 48, 2) and chunk.block == (256, 1, 1) and chunk.smem == plan.CHUNK_WGMMA_WIDE_SMEM_BYTES
     assert rec.grid == (8, 48, 2) and rec.params.row_groups == 1 and rec.block == (128, 1, 1) and rec.smem == 0
     (rec,) = plan.gdn_plan(_geo([1]), "bfloat16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
     assert rec.kernel == "gdn_recurrent_bf16_k128_r4_decode"

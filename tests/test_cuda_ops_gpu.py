@@ -165,9 +165,11 @@ def test_zero_length_row_keeps_its_state_bitwise():
 
 
 def test_chunked_smem_matches_plan():
-    assert launch.global_int(torch.cuda.current_device(), "gdn_chunked_v64_smem_bytes") == plan.CHUNK_SMEM_BYTES
-    assert launch.global_int(torch.cuda.current_device(), "gdn_chunked_v128_smem_bytes") == plan.CHUNK_WIDE_SMEM_BYTES
-    assert launch.global_int(torch.cuda.current_device(), "gdn_chunk_prep_smem_bytes") == plan.CHUNK_PREP_SMEM_BYTES
+    device = torch.cuda.current_device()
+    arch = launch.device_arch(device)
+    for vt in (plan.CHUNK_VT, plan.CHUNK_VT_WIDE):
+        assert launch.global_int(device, f"gdn_chunked_v{vt}_smem_bytes") == plan.chunk_scan_smem_bytes(vt, arch)
+    assert launch.global_int(device, "gdn_chunk_prep_smem_bytes") == plan.CHUNK_PREP_SMEM_BYTES
 
 
 def _prefix_case(case, n):

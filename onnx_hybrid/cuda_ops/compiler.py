@@ -57,8 +57,18 @@ def cuda_include_dir() -> str:
         "cuda_fp16.h not found: install nvidia-cuda-runtime (13.x) or set CUDA_PATH to a CUDA toolkit")
 
 
+# Architectures whose image is built for the architecture-specific target (sm_90a): it enables wgmma, which
+# the chunked scan uses there (kernels/gdn_chunked.cu). Such a cubin runs only on devices of exactly that
+# compute capability, which is how images are picked anyway (one per architecture).
+ARCH_SPECIFIC = frozenset({90})
+
+
+def target(arch: int) -> str:
+    return f"sm_{arch}a" if arch in ARCH_SPECIFIC else f"sm_{arch}"
+
+
 def options(arch: int) -> tuple[str, ...]:
-    return BASE_OPTIONS + (f"-arch=sm_{arch}", f"-I{KERNEL_DIR}", f"-I{cuda_include_dir()}")
+    return BASE_OPTIONS + (f"-arch={target(arch)}", f"-I{KERNEL_DIR}", f"-I{cuda_include_dir()}")
 
 
 def sources() -> dict[str, bytes]:
@@ -75,13 +85,13 @@ def cache_key(arch: int) -> str:
     for name, data in sources().items():
         h.update(name.encode() + b"\0" + data + b"\0")
     # The include path differs between machines; the options that change code are what matter.
-    h.update("\0".join(BASE_OPTIONS + (f"-arch=sm_{arch}",)).encode())
+    h.update("\0".join(BASE_OPTIONS + (f"-arch={target(arch)}",)).encode())
     h.update(repr(nvrtc_version()).encode())
     return f"sm{arch}-{h.hexdigest()[:24]}"
 
 
 def compile_image(arch: int, *, use_cache: bool = True) -> bytes:
-    """The cubin of every kernel for ``sm_<arch>`` (e.g. 80, 90), from the cache or NVRTC."""
+    """The cubin of every kernel for ``sm_<arch>`` (e.g. 80, 90; 90 builds sm_90a), from the cache or NVRTC."""
     path = cache_dir() / f"{cache_key(arch)}.cubin"
     if use_cache and path.is_file():
         return path.read_bytes()

@@ -56,7 +56,7 @@ class ConvReplayParams(ctypes.Structure):
 
 # Kernel constants (kernels/*.cu). gdn_chunked_v64_smem_bytes, gdn_chunked_v128_smem_bytes and
 # gdn_chunk_prep_smem_bytes in the image hold the chunked kernels' values; a GPU test checks them against
-# CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES and CHUNK_PREP_SMEM_BYTES.
+# chunk_scan_smem_bytes and CHUNK_PREP_SMEM_BYTES.
 REC_WARPS = 4
 REC_KEY_SIZES = (32, 64, 128, 256, 512)  # instantiations: key head size up to this
 # Value rows per warp instantiated for each key size (gdn_recurrent.cu), and the default choice. Fewer rows
@@ -84,7 +84,10 @@ CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
 # per scheduler.
 CHUNK_VT_WIDE = 128
 CHUNK_NARROW_MAX_BLOCKS = 132
-CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES = 141824, 158208
+CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES = 141824, 158208  # the scan on mma.sync (every image but sm_90's)
+# The sm_90 image (built for sm_90a) runs the scan on wgmma, its stage in wgmma's swizzled layout.
+CHUNK_WGMMA_ARCH = 90
+CHUNK_WGMMA_SMEM_BYTES, CHUNK_WGMMA_WIDE_SMEM_BYTES = 136192, 152576
 CHUNK_PREP_SMEM_BYTES = 111616
 # The prep kernel serves a key head's whole group of value heads per block (q/k loads, norms and the two Gram
 # products once for the group) while that grid keeps at least this many blocks: two per SM on an H200's 132
@@ -144,7 +147,15 @@ def chunk_prep_blocks(geo: GdnGeometry) -> int:
 
 def chunk_smem_needed() -> int:
     """Opt-in shared memory per block that every chunked kernel variant fits in."""
-    return max(CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES, CHUNK_PREP_SMEM_BYTES)
+    return max(CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES, CHUNK_WGMMA_SMEM_BYTES, CHUNK_WGMMA_WIDE_SMEM_BYTES,
+               CHUNK_PREP_SMEM_BYTES)
+
+
+def chunk_scan_smem_bytes(vt: int, arch: int) -> int:
+    """Dynamic shared memory of the scan of width ``vt`` in the image for ``sm_<arch>``."""
+    if arch == CHUNK_WGMMA_ARCH:
+        return CHUNK_WGMMA_SMEM_BYTES if vt == CHUNK_VT else CHUNK_WGMMA_WIDE_SMEM_BYTES
+    return CHUNK_SMEM_BYTES if vt == CHUNK_VT else CHUNK_WIDE_SMEM_BYTES
 
 
 def chunk_scan_width(geo: GdnGeometry) -> int:
@@ -234,8 +245,7 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
         if vt not in (CHUNK_VT, CHUNK_VT_WIDE):
             raise ValueError(f"scan_width {vt} is not instantiated: {(CHUNK_VT, CHUNK_VT_WIDE)}")
         launches.append(Launch(f"gdn_chunked_{sfx}_d128_v{vt}", (geo.head_size_v // vt, geo.num_heads_v, geo.batch),
-                               (vt // 16 * 32, 1, 1), CHUNK_SMEM_BYTES if vt == CHUNK_VT else CHUNK_WIDE_SMEM_BYTES,
-                               _copy(params)))
+                               (vt // 16 * 32, 1, 1), chunk_scan_smem_bytes(vt, arch), _copy(params)))
     rec = _copy(params)
     rec.tail_only = int(use_chunked)
     rows = rec_rows or (REC_ROWS_LARGE[kmax] if rec_row_groups(geo, REC_ROWS_LARGE[kmax]) > 1

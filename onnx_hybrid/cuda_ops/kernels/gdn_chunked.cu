@@ -13,13 +13,23 @@
 //   the fp32 state in registers, 16 value rows per warp; per chunk only three products depend on the state
 //   (W S0 and Q S0, then P U and K^T U), computed transposed so that the state and U stay in registers,
 //   with the next chunk's operands arriving meanwhile through cp.async.
-// Only decay ratios e^{g_t-g_s} <= 1 are formed, never k e^{-g}. Every product runs on mma.sync.m16n8k16
-// (fp16 operands, fp32 accumulation); bf16 activations are converted to fp16 operands on load.
+// Only decay ratios e^{g_t-g_s} <= 1 are formed, never k e^{-g}. Every product has fp16 operands and fp32
+// accumulation (bf16 activations are converted to fp16 operands on load): on mma.sync.m16n8k16, except the
+// scan's state products in the sm_90a image, which run on wgmma with the same register layout.
 //
 // Rows that must run sequentially (captured rows, rows shorter than 32 tokens: spec/ops.md §2.8) are skipped
 // by both kernels and served by the recurrent kernel's tail pass.
 #include "common.cuh"
 #include "mma.cuh"
+
+// The image built for sm_90a (compiler.py) takes the scan body on wgmma; every other image the mma.sync one.
+// Both kernels keep their names, so plan.py only picks the shared memory per architecture.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define OHK_SCAN_WGMMA 1
+#include "wgmma.cuh"
+#else
+#define OHK_SCAN_WGMMA 0
+#endif
 
 namespace ohk {
 namespace chunk {
@@ -54,9 +64,42 @@ static_assert(2 * PREP_SMEM_BYTES + 2048 <= 228 * 1024, "two prep CTAs per sm_90
 // Scan kernel, VT value columns per CTA (VT / 16 warps of 16 value rows each), instantiated for two widths:
 // the narrow one gives more CTAs, the wide one two warps per scheduler. Every operand read from the workspace
 // has two buffers, so the next chunk's arrive during the whole current chunk; the stage is all the shared
-// memory.
+// memory. The two bodies (mma.sync, wgmma: see the scan below) store W, Q, K and P differently; each layout
+// names, for the copy, the byte offset of the 16-byte piece `piece` of token row t of W/Q/K (16 pieces) and
+// of P (8 pieces), and the bytes from row t to row t + 8 (each thread copies rows a multiple of 8 apart).
 constexpr int VT_NARROW = 64;
 constexpr int VT_WIDE = 128;
+#if OHK_SCAN_WGMMA
+// W, Q and K: [key half (64 keys)][token][128 bytes], each 8-token block a 128B-swizzle atom (wgmma.cuh). Read
+// as K-major B by X = S0^T W^T and Y = S0^T Q^T (n = tokens, k = keys) and as MN-major B by the state update
+// (k = tokens, n = keys). P: [token t][128 bytes over source tokens s], swizzled the same way: K-major B of
+// O^T += U^T P^T (n = t, k = s). Every one of them starts on a 1024-byte boundary.
+template <int VT>
+struct ScanLayout {
+  static_assert(VT % 64 == 0 && D % VT == 0, "whole warpgroups of 64 value rows");
+  static constexpr int WARPS = VT / 16;
+  static constexpr int THREADS = WARPS * 32;
+  static constexpr int LDU = VT + 8;                        // halves per VT-wide row of U~ (ldmatrix, unswizzled)
+  static constexpr int KEY_HALF = BT * 128;                 // bytes of 64 keys of every token
+  static constexpr int STAGE_W = 0;
+  static constexpr int STAGE_Q = STAGE_W + 2 * KEY_HALF;
+  static constexpr int STAGE_K = STAGE_Q + 2 * KEY_HALF;
+  static constexpr int STAGE_P = STAGE_K + 2 * KEY_HALF;
+  static constexpr int STAGE_U = STAGE_P + BT * 128;        // U~ of this CTA's columns, fp16 [BT][LDU]
+  static constexpr int STAGE_G = STAGE_U + BT * LDU * 2;    // gamma, fp32 [BT]
+  static constexpr int ALIGN = 1024;                        // swizzle atoms start on 1024-byte boundaries
+  static constexpr int STAGE_BYTES = (STAGE_G + BT * 4 + ALIGN - 1) / ALIGN * ALIGN;
+  static constexpr int SMEM_BYTES = 2 * STAGE_BYTES + ALIGN;  // + the run-time alignment of the first stage
+  static constexpr int WQK_ROW8_BYTES = 8 * 128, P_ROW8_BYTES = 8 * 128;
+  static __device__ __forceinline__ unsigned wqk_offset(int t, int piece) {
+    return (piece >> 3) * KEY_HALF + swizzle128_offset(t, piece & 7);
+  }
+  static __device__ __forceinline__ unsigned p_offset(int t, int piece) { return swizzle128_offset(t, piece); }
+  static_assert(STAGE_P % ALIGN == 0 && KEY_HALF % ALIGN == 0, "swizzle atoms on 1024-byte boundaries");
+  static_assert(SMEM_BYTES <= 227 * 1024, "the scan fits sm_90's opt-in shared memory per block");
+};
+#else
+// Row-major with 16 bytes of padding per row against ldmatrix bank conflicts.
 template <int VT>
 struct ScanLayout {
   static_assert(VT % 16 == 0 && D % VT == 0, "whole warps of 16 value rows");
@@ -69,10 +112,15 @@ struct ScanLayout {
   static constexpr int STAGE_P = STAGE_Q + BT * LDH * 2;    // P, fp16 [BT][LDT]
   static constexpr int STAGE_U = STAGE_P + BT * LDT * 2;    // U~ of this CTA's columns, fp16 [BT][LDU]
   static constexpr int STAGE_G = STAGE_U + BT * LDU * 2;    // gamma, fp32 [BT]
+  static constexpr int ALIGN = 16;
   static constexpr int STAGE_BYTES = STAGE_G + BT * 4;
   static constexpr int SMEM_BYTES = 2 * STAGE_BYTES;
+  static constexpr int WQK_ROW8_BYTES = 8 * LDH * 2, P_ROW8_BYTES = 8 * LDT * 2;
+  static __device__ __forceinline__ unsigned wqk_offset(int t, int piece) { return (t * LDH + piece * 8) * 2; }
+  static __device__ __forceinline__ unsigned p_offset(int t, int piece) { return (t * LDT + piece * 8) * 2; }
   static_assert(SMEM_BYTES <= 163 * 1024, "the scan fits sm_80's opt-in shared memory per block");
 };
+#endif
 
 }  // namespace chunk
 
@@ -540,6 +588,9 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
 // Two adjacent n-8 accumulator tiles, packed to fp16 pairs, are one k-16 A fragment, so neither S nor U goes
 // through shared memory and the warps exchange nothing: the one barrier per chunk only recycles the
 // double-buffered stage of read-only operands (W, K, Q, P, U~, gamma), filled a chunk ahead by cp.async.
+// Two bodies of the chunk loop: each warp on mma.sync with its B fragments through ldmatrix, or (sm_90a) each
+// warpgroup of 4 warps on wgmma, which reads every B operand once per warpgroup straight from the stage and
+// runs while the warps do the rest.
 struct ScanStage {
   __half* w;
   __half* k;
@@ -550,23 +601,37 @@ struct ScanStage {
 };
 
 template <int VT>
-__device__ __forceinline__ ScanStage scan_stage(unsigned char* smem, int s) {
+__device__ __forceinline__ ScanStage scan_stage(unsigned char* stages, int s) {
   using Layout = chunk::ScanLayout<VT>;
-  unsigned char* base = smem + s * Layout::STAGE_BYTES;
+  unsigned char* base = stages + s * Layout::STAGE_BYTES;
   return {reinterpret_cast<__half*>(base + Layout::STAGE_W), reinterpret_cast<__half*>(base + Layout::STAGE_K),
           reinterpret_cast<__half*>(base + Layout::STAGE_Q), reinterpret_cast<__half*>(base + Layout::STAGE_P),
           reinterpret_cast<__half*>(base + Layout::STAGE_U), reinterpret_cast<float*>(base + Layout::STAGE_G)};
 }
 
+// The first stage, at the layout's alignment (the dynamic shared memory is only known to be 16-byte aligned;
+// the layout's SMEM_BYTES covers the difference).
+template <int VT>
+__device__ __forceinline__ unsigned char* scan_stages(unsigned char* smem) {
+  constexpr unsigned align = chunk::ScanLayout<VT>::ALIGN;
+  return smem + ((align - smem_addr(smem) % align) % align);
+}
+
 // This thread's share of loading a stage: fixed 16-byte slots, so each chunk costs one address per slot.
-// W, K, Q: rows row + ROW_STEP j at column col; P: rows prow + P_ROW_STEP j at pcol; U~: rows urow +
-// U_ROW_STEP j at ucol; gamma: row tid (tid < BT).
+// W, K, Q: rows row + ROW_STEP j, piece col / 8; P: rows prow + P_ROW_STEP j, piece pcol / 8; U~: rows
+// urow + U_ROW_STEP j at ucol; gamma: row tid (tid < BT). The row steps are multiples of 8, so a slot's
+// shared-memory offset is its first row's plus j times a constant (also under the swizzle, which depends on
+// t % 8 only).
 template <int VT>
 struct ScanCopy {
-  static constexpr int THREADS = chunk::ScanLayout<VT>::THREADS;
+  using Layout = chunk::ScanLayout<VT>;
+  static constexpr int THREADS = Layout::THREADS;
   static constexpr int ROW_STEP = THREADS / (chunk::D / 8);
   static constexpr int P_ROW_STEP = THREADS / (chunk::BT / 8);
   static constexpr int U_ROW_STEP = THREADS / (VT / 8);
+  static_assert(ROW_STEP % 8 == 0 && P_ROW_STEP % 8 == 0, "copy rows 8 apart keep their place in the layout");
+  static constexpr unsigned WQK_SLOT_BYTES = ROW_STEP / 8 * Layout::WQK_ROW8_BYTES;
+  static constexpr unsigned P_SLOT_BYTES = P_ROW_STEP / 8 * Layout::P_ROW8_BYTES;
   const __half* w;  // token 0's row of each operand, at this thread's column (this head)
   const __half* k;
   const __half* q;
@@ -574,25 +639,28 @@ struct ScanCopy {
   const __half* u;  // U~ staged in the output rows: this CTA's VT columns
   const float* g;
   unsigned w_stride, k_stride, p_stride, u_stride, g_stride;  // elements per token (Q shares K's: both [Hk][D])
-  int row, col, prow, pcol, urow, ucol, tid;
+  unsigned wqk_dst, p_dst;  // stage byte offsets of slot 0 of W/Q/K (from STAGE_W, _Q, _K) and of P
+  int row, prow, pblock, urow, ucol, tid;  // pblock: the 16-token block of this thread's P columns
 };
 
 template <int VT>
 __device__ __forceinline__ ScanCopy<VT> scan_copy(const GdnParams& p, const ChunkWorkspace& ws, int h, int hk, int c0,
                                                   int tid) {
   using namespace chunk;
+  using Layout = ScanLayout<VT>;
   ScanCopy<VT> c;
   c.row = tid / (D / 8);
-  c.col = tid % (D / 8) * 8;
+  const int col = tid % (D / 8) * 8;
   c.prow = tid / (BT / 8);
-  c.pcol = tid % (BT / 8) * 8;
+  const int pcol = tid % (BT / 8) * 8;
+  c.pblock = pcol / 16;
   c.urow = tid / (VT / 8);
   c.ucol = tid % (VT / 8) * 8;
   c.tid = tid;
-  c.w = ws.w + (size_t)h * D + c.col;
-  c.k = ws.k + (size_t)hk * D + c.col;
-  c.q = ws.q + (size_t)hk * D + c.col;
-  c.p = ws.p + (size_t)h * BT + c.pcol;
+  c.w = ws.w + (size_t)h * D + col;
+  c.k = ws.k + (size_t)hk * D + col;
+  c.q = ws.q + (size_t)hk * D + col;
+  c.p = ws.p + (size_t)h * BT + pcol;
   c.u = static_cast<const __half*>(p.out) + (size_t)h * D + c0 + c.ucol;
   c.g = ws.g + h;
   c.w_stride = (unsigned)p.hv * D;
@@ -600,43 +668,54 @@ __device__ __forceinline__ ScanCopy<VT> scan_copy(const GdnParams& p, const Chun
   c.p_stride = (unsigned)p.hv * BT;
   c.u_stride = (unsigned)p.hv * D;
   c.g_stride = (unsigned)p.hv;
+  c.wqk_dst = Layout::wqk_offset(c.row, col / 8);
+  c.p_dst = Layout::p_offset(c.prow, pcol / 8);
   return c;
 }
 
 // The chunk at token tok0 with L rows (the rest zero-filled, without reading).
 template <int VT>
-__device__ __forceinline__ void scan_load_stage(const ScanCopy<VT>& c, const ScanStage& st, unsigned tok0, int L) {
+__device__ __forceinline__ void scan_load_stage(const ScanCopy<VT>& c, unsigned char* stage, unsigned tok0, int L) {
   using namespace chunk;
   using Copy = ScanCopy<VT>;
-  constexpr int LDU = ScanLayout<VT>::LDU;
+  using Layout = ScanLayout<VT>;
+  constexpr int LDU = Layout::LDU;
   static_assert(Copy::THREADS % (D / 8) == 0 && BT % Copy::ROW_STEP == 0, "fixed W/K/Q copy slots");
   static_assert(Copy::THREADS % (BT / 8) == 0 && BT % Copy::P_ROW_STEP == 0, "fixed P copy slots");
   static_assert(Copy::THREADS % (VT / 8) == 0 && BT % Copy::U_ROW_STEP == 0, "fixed U~ copy slots");
   static_assert(Copy::THREADS >= BT, "one thread per gamma row");
+  unsigned char* wqk = stage + c.wqk_dst;
 #pragma unroll
   for (int j = 0; j < BT / Copy::ROW_STEP; ++j) {
     const int t = c.row + Copy::ROW_STEP * j;
     const bool ok = t < L;
     const unsigned tok = tok0 + (ok ? t : 0);
-    cp_async16(st.w + t * LDH + c.col, c.w + (size_t)tok * c.w_stride, ok);
-    cp_async16(st.k + t * LDH + c.col, c.k + (size_t)tok * c.k_stride, ok);
-    cp_async16(st.q + t * LDH + c.col, c.q + (size_t)tok * c.k_stride, ok);
+    unsigned char* dst = wqk + j * Copy::WQK_SLOT_BYTES;
+    cp_async16(dst + Layout::STAGE_W, c.w + (size_t)tok * c.w_stride, ok);
+    cp_async16(dst + Layout::STAGE_K, c.k + (size_t)tok * c.k_stride, ok);
+    cp_async16(dst + Layout::STAGE_Q, c.q + (size_t)tok * c.k_stride, ok);
   }
+  // P is lower triangular. Its 16 x 16 blocks above the diagonal are zero-filled instead of read: the mma.sync
+  // body never reads them, the wgmma body multiplies them. (The diagonal blocks come from the prep, zeros
+  // above the diagonal included.)
 #pragma unroll
   for (int j = 0; j < BT / Copy::P_ROW_STEP; ++j) {
     const int t = c.prow + Copy::P_ROW_STEP * j;
-    const bool ok = t < L;
-    cp_async16(st.p + t * LDT + c.pcol, c.p + (size_t)(tok0 + (ok ? t : 0)) * c.p_stride, ok);
+    const bool ok = t < L && c.pblock <= t / 16;
+    cp_async16(stage + Layout::STAGE_P + c.p_dst + j * Copy::P_SLOT_BYTES,
+               c.p + (size_t)(tok0 + (ok ? t : 0)) * c.p_stride, ok);
   }
+  __half* u = reinterpret_cast<__half*>(stage + Layout::STAGE_U);
 #pragma unroll
   for (int j = 0; j < BT / Copy::U_ROW_STEP; ++j) {
     const int t = c.urow + Copy::U_ROW_STEP * j;
     const bool ok = t < L;
-    cp_async16(st.u + t * LDU + c.ucol, c.u + (size_t)(tok0 + (ok ? t : 0)) * c.u_stride, ok);
+    cp_async16(u + t * LDU + c.ucol, c.u + (size_t)(tok0 + (ok ? t : 0)) * c.u_stride, ok);
   }
   if (c.tid < BT) {
     const bool ok = c.tid < L;
-    cp_async4(st.g + c.tid, c.g + (size_t)(tok0 + (ok ? c.tid : 0)) * c.g_stride, ok);
+    cp_async4(reinterpret_cast<float*>(stage + Layout::STAGE_G) + c.tid,
+              c.g + (size_t)(tok0 + (ok ? c.tid : 0)) * c.g_stride, ok);
   }
 }
 
@@ -650,13 +729,341 @@ __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float a, float b) {
   return *reinterpret_cast<const unsigned*>(&x);
 }
 
+namespace scan {
+
+using chunk::BT;
+using chunk::D;
+constexpr int NT = BT / 8;  // token tiles of the chunk products
+constexpr int KT = D / 8;   // key tiles of the state
+
+// The state's A fragment of keys 16 kk ... 16 kk + 15: two adjacent key tiles packed to fp16 pairs.
+__device__ __forceinline__ void state_fragment(const float (&s)[KT][4], int kk, unsigned (&a)[4]) {
+  a[0] = pack_half2(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = pack_half2(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// The decays of a chunk: e^g (eg) and e^{g_L-g} (tail) of tokens 2 lane + {0, 1} (4 expf per lane), and
+// e^{g_L}. A thread needs those of tokens nt*8 + q2 + {0, 1} for each token tile nt: lane nt*4 + lane%4's,
+// fetched by shuffles where they are used.
+struct ChunkDecays {
+  float eg[2];
+  float tail[2];
+  float e_last;
+};
+
+__device__ __forceinline__ ChunkDecays chunk_decays(const float* g, int L, int lane) {
+  static_assert(BT == 64, "one token pair per lane");
+  const float g_last = g[L - 1];
+  const float2 g_pair = *reinterpret_cast<const float2*>(g + 2 * lane);
+  return {{expf(g_pair.x), expf(g_pair.y)}, {expf(g_last - g_pair.x), expf(g_last - g_pair.y)}, expf(g_last)};
+}
+
+// Token tile nt's pair of `pair` (eg or tail), as this thread needs it.
+__device__ __forceinline__ float2 tile_decays(const float (&pair)[2], int nt, int lane) {
+  const int src = nt * 4 + (lane & 3);
+  return make_float2(__shfl_sync(0xffffffffu, pair[0], src), __shfl_sync(0xffffffffu, pair[1], src));
+}
+
+// U~^T of this warp's 16 value rows (v0 = the warp's first) in the accumulator layout, as fp16 pairs.
+__device__ __forceinline__ void load_u_tilde(unsigned (&ut)[NT / 2][2][2], const __half* u, int ldu, int v0,
+                                             int lane) {
+#pragma unroll
+  for (int np = 0; np < NT / 2; ++np) ldmatrix_c_pair_trans(ut[np], u + np * 16 * ldu + v0, ldu, lane);
+}
+
+// U^T = U~^T - X as two sets of A fragments (k = tokens): au for O, ad = U^T diag(e^{g_L-g}) for the state.
+// Rows past L: W, U~ and gamma are zero there, so U is zero.
+__device__ __forceinline__ void u_fragments(const unsigned (&ut)[NT / 2][2][2], const float (&x)[NT][4],
+                                            const ChunkDecays& dc, int lane, unsigned (&au)[NT / 2][4],
+                                            unsigned (&ad)[NT / 2][4]) {
+#pragma unroll
+  for (int np = 0; np < NT / 2; ++np) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int nt = 2 * np + i;
+      const float2 tail = tile_decays(dc.tail, nt, lane);
+#pragma unroll
+      for (int half_row = 0; half_row < 2; ++half_row) {
+        const float2 u_in = __half22float2(*reinterpret_cast<const __half2*>(&ut[np][i][half_row]));
+        const float u0 = u_in.x - x[nt][2 * half_row], u1 = u_in.y - x[nt][2 * half_row + 1];
+        au[np][2 * i + half_row] = pack_half2(u0, u1);
+        ad[np][2 * i + half_row] = pack_half2(u0 * tail.x, u1 * tail.y);
+      }
+    }
+  }
+}
+
+// Y diag(e^g): column (token) scaling of the accumulator tiles.
+__device__ __forceinline__ void scale_tokens(float (&y)[NT][4], const ChunkDecays& dc, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const float2 eg = tile_decays(dc.eg, nt, lane);
+#pragma unroll
+    for (int half_row = 0; half_row < 2; ++half_row) {
+      y[nt][2 * half_row] *= eg.x;
+      y[nt][2 * half_row + 1] *= eg.y;
+    }
+  }
+}
+
+__device__ __forceinline__ void scale_state(float (&s)[KT][4], float e_last) {
+#pragma unroll
+  for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[kt][e] *= e_last;
+}
+
+// scale * O^T in the output type, each 8x8 block (values x tokens) transposed in registers: o[nt][0] holds
+// token nt*8 + g8, values q2 + {0, 1} of the warp's first 8 rows, o[nt][1] the same of the next 8, so a
+// thread stores two adjacent values of one token (4 bytes per store instead of 2).
+template <typename T>
+__device__ __forceinline__ void pack_output(const float (&y)[NT][4], float scale, unsigned (&o)[NT][2]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    o[nt][0] = movmatrix_trans(pack2<T>(scale * y[nt][0], scale * y[nt][1]));
+    o[nt][1] = movmatrix_trans(pack2<T>(scale * y[nt][2], scale * y[nt][3]));
+  }
+}
+
+// rows: the chunk's first token at this thread's value columns; the chunk has L tokens.
+template <typename T>
+__device__ __forceinline__ void store_output(const unsigned (&o)[NT][2], T* rows, size_t stride, int L, int g8) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int t = nt * 8 + g8;
+    if (t < L) {
+      T* row = rows + (size_t)t * stride;
+      *reinterpret_cast<unsigned*>(row) = o[nt][0];
+      *reinterpret_cast<unsigned*>(row + 8) = o[nt][1];
+    }
+  }
+}
+
+// What a warp's chunk loop needs besides the state.
+template <typename T, int VT>
+struct Walk {
+  const ScanCopy<VT>& copy;
+  unsigned char* stages;
+  RowSpan span;
+  int chunks;
+  T* out;             // token 0 of the call at this thread's output columns (this head)
+  size_t out_stride;  // elements per token
+  float scale;
+  int lane, v0;
+};
+
+// Waits until the stage of chunk ci has landed for every thread, which also means that every warp is done
+// with the other stage. Returns chunk ci's stage.
+template <int VT>
+__device__ __forceinline__ ScanStage stage_landed(unsigned char* stages, int ci) {
+  cp_async_wait<0>();
+#if OHK_SCAN_WGMMA
+  fence_proxy_async_shared();  // this thread's cp.async writes -> the wgmma that read them (after the barrier)
+#endif
+  __syncthreads();
+  return scan_stage<VT>(stages, ci & 1);
+}
+
+// Starts filling the other stage with chunk ci + 1 (if any).
+template <typename T, int VT>
+__device__ __forceinline__ void load_next_stage(const Walk<T, VT>& w, int ci) {
+  const int t1 = (ci + 1) * BT;
+  if (ci + 1 < w.chunks)
+    scan_load_stage(w.copy, w.stages + ((ci + 1) & 1) * chunk::ScanLayout<VT>::STAGE_BYTES, w.span.start + t1,
+                    min(BT, w.span.len - t1));
+  cp_async_commit();
+}
+
+#if !OHK_SCAN_WGMMA
+
+template <typename T, int VT>
+__device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>& w) {
+  constexpr int LDU = chunk::ScanLayout<VT>::LDU;
+  using chunk::LDH;
+  using chunk::LDT;
+  const int lane = w.lane;
+  for (int ci = 0; ci < w.chunks; ++ci) {
+    const int t0 = ci * BT;
+    const int L = min(BT, w.span.len - t0);
+    const ScanStage st = stage_landed<VT>(w.stages, ci);
+    load_next_stage(w, ci);
+
+    // 1. X = S0^T W^T and Y = S0^T Q^T: one A fragment of the state per 16 keys serves both.
+    float x[NT][4], y[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      unsigned a[4];
+      state_fragment(s, kk, a);
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        unsigned bw[2][2], bq[2][2];
+        ldmatrix_b_pair(bw, st.w + np * 16 * LDH + kk * 16, LDH, lane);
+        ldmatrix_b_pair(bq, st.q + np * 16 * LDH + kk * 16, LDH, lane);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          mma_16816(x[2 * np + i], a, bw[i]);
+          mma_16816(y[2 * np + i], a, bq[i]);
+        }
+      }
+    }
+
+    const ChunkDecays dc = chunk_decays(st.g, L, lane);
+    unsigned ut[NT / 2][2][2], au[NT / 2][4], ad[NT / 2][4];
+    load_u_tilde(ut, st.u, LDU, w.v0, lane);
+    u_fragments(ut, x, dc, lane, au, ad);
+    scale_tokens(y, dc, lane);
+
+    // 2. O^T = Y + U^T P^T. P is lower triangular: token tiles 2np, 2np + 1 need only k blocks j <= np.
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+#pragma unroll
+      for (int j = 0; j <= np; ++j) {
+        unsigned bp[2][2];
+        ldmatrix_b_pair(bp, st.p + np * 16 * LDT + j * 16, LDT, lane);
+        mma_16816(y[2 * np], au[j], bp[0]);
+        mma_16816(y[2 * np + 1], au[j], bp[1]);
+      }
+    }
+    unsigned o[NT][2];
+    pack_output<T>(y, w.scale, o);
+    store_output(o, w.out + (size_t)(w.span.start + t0) * w.out_stride, w.out_stride, L, lane >> 2);
+
+    // 3. S^T = e^{g_L} S0^T + (U^T diag(e^{g_L-g})) K, on this warp's registers.
+    scale_state(s, dc.e_last);
+#pragma unroll
+    for (int kp = 0; kp < KT / 2; ++kp) {
+#pragma unroll
+      for (int j = 0; j < NT / 2; ++j) {
+        unsigned bk[2][2];
+        ldmatrix_b_pair_trans(bk, st.k + j * 16 * LDH + kp * 16, LDH, lane);
+        mma_16816(s[2 * kp], ad[j], bk[0]);
+        mma_16816(s[2 * kp + 1], ad[j], bk[1]);
+      }
+    }
+  }
+}
+
+#else  // OHK_SCAN_WGMMA
+
+// Descriptors of the stage's B operands (layouts: ScanLayout, wgmma.cuh). SBO is always 1024 bytes: 8 rows
+// of 128 bytes. K-major ones have no LBO (16 bytes by convention); K read MN-major steps from keys 0-63 to
+// keys 64-127 by LBO = one key half.
+__device__ __forceinline__ unsigned long long k_major_desc(const void* operand) {
+  return wgmma_desc_sw128(smem_addr(operand), 16, kWgmmaAtomBytes);
+}
+
+// Start of the k-16 step kk (keys 16 kk ...) of W or Q: key half kk / 4, 32 bytes per step inside its rows.
+__device__ constexpr unsigned key_step_offset(int kk) {
+  return (kk / 4) * chunk::ScanLayout<chunk::VT_NARROW>::KEY_HALF + (kk % 4) * 32;
+}
+
+template <typename T, int VT>
+__device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>& w) {
+  using Layout = chunk::ScanLayout<VT>;
+  static_assert(Layout::KEY_HALF == chunk::ScanLayout<chunk::VT_NARROW>::KEY_HALF, "one key-half size");
+  const int lane = w.lane;
+  // Accumulators of X and Y. The first k step of each chunk overwrites them (scale-d 0); they are defined
+  // here only because the instruction names them as inputs too.
+  float x[NT][4], y[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = 0.f;
+  // The previous chunk's output, packed: stored while this chunk's X and Y run. (Packing it from y here too
+  // would read registers of an earlier wgmma while X runs, and ptxas then waits for X: C7517.)
+  unsigned o[NT][2];
+  T* o_rows = nullptr;
+  int o_len = 0;
+
+  for (int ci = 0; ci < w.chunks; ++ci) {
+    const int t0 = ci * BT;
+    const int L = min(BT, w.span.len - t0);
+    const ScanStage st = stage_landed<VT>(w.stages, ci);
+
+    // X = S0^T W^T, then Y = S0^T Q^T (two commit groups: U needs only X). B = W, Q, K-major.
+    unsigned sa[KT / 2][4];
+#pragma unroll
+    for (int kk = 0; kk < KT / 2; ++kk) state_fragment(s, kk, sa[kk]);
+    register_fence(sa);
+    register_fence(x);
+    register_fence(y);
+    wgmma_fence();
+    const unsigned long long w_desc = k_major_desc(st.w), q_desc = k_major_desc(st.q);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_m64k16_rs<NT, 0, 0>(x, sa[kk], wgmma_desc_advance(w_desc, key_step_offset(kk)), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_m64k16_rs<NT, 0, 0>(y, sa[kk], wgmma_desc_advance(q_desc, key_step_offset(kk)), kk > 0);
+    wgmma_commit();
+
+    // Meanwhile: the next chunk's loads, the previous chunk's output, this chunk's decays and U~.
+    load_next_stage(w, ci);
+    if (ci > 0) store_output(o, o_rows, w.out_stride, o_len, lane >> 2);
+    const ChunkDecays dc = chunk_decays(st.g, L, lane);
+    unsigned ut[NT / 2][2][2];
+    load_u_tilde(ut, st.u, Layout::LDU, w.v0, lane);
+
+    wgmma_wait<1>();  // X
+    register_fence(x);
+    unsigned au[NT / 2][4], ad[NT / 2][4];
+    u_fragments(ut, x, dc, lane, au, ad);
+    // Not while X runs: ptxas then waits for it before this write to the state registers (C7517).
+    scale_state(s, dc.e_last);
+
+    // S^T = e^{g_L} S0^T + (U^T diag(e^{g_L-g})) K with the state registers as the accumulator. B = K,
+    // MN-major: token step j starts 16 rows (2048 bytes) further; keys 64-127 one key half (LBO) further.
+    register_fence(ad);
+    register_fence(s);
+    wgmma_fence();
+    const unsigned long long k_desc = wgmma_desc_sw128(smem_addr(st.k), Layout::KEY_HALF, kWgmmaAtomBytes);
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j)
+      wgmma_m64k16_rs<KT, 0, 1>(s, ad[j], wgmma_desc_advance(k_desc, j * 2 * kWgmmaAtomBytes), 1);
+    wgmma_commit();
+
+    // O^T = Y diag(e^g) + U^T P^T, k block j = source tokens 16 j ...: 32 bytes per k step inside P's rows
+    // (B = P, K-major). All n = 64 tokens each time: P's blocks above the diagonal are zero in the stage. A
+    // product over tokens 16 j onwards only (on accumulator tiles 2 j ...) would skip them, but ptxas
+    // serializes wgmma on partly overlapping accumulators (C7511).
+    wgmma_wait<1>();  // Y (the state update may still run)
+    register_fence(y);
+    scale_tokens(y, dc, lane);
+    register_fence(y);
+    register_fence(au);
+    wgmma_fence();
+    const unsigned long long p_desc = k_major_desc(st.p);
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j) wgmma_m64k16_rs<NT, 0, 0>(y, au[j], wgmma_desc_advance(p_desc, j * 32), 1);
+    wgmma_commit();
+
+    // Both done before the next chunk: its barrier frees this stage for refilling.
+    wgmma_wait<0>();
+    register_fence(s);
+    register_fence(y);
+    pack_output<T>(y, w.scale, o);
+    o_rows = w.out + (size_t)(w.span.start + t0) * w.out_stride;
+    o_len = L;
+  }
+  if (w.chunks > 0) store_output(o, o_rows, w.out_stride, o_len, lane >> 2);
+}
+
+#endif  // OHK_SCAN_WGMMA
+
+}  // namespace scan
+
 template <typename T, int VT>
 __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
   using namespace chunk;
+  using scan::KT;
   constexpr int THREADS = ScanLayout<VT>::THREADS;
-  constexpr int LDU = ScanLayout<VT>::LDU;
-  constexpr int NT = BT / 8;  // token tiles of the chunk products
-  constexpr int KT = D / 8;   // key tiles of the state
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int tid = threadIdx.x;
@@ -686,9 +1093,9 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
     }
   }
 
-  const int n = chunks_of(span.len);
   const ScanCopy<VT> copy = scan_copy<VT>(p, chunk_workspace(p), h, hk, c0, tid);
-  scan_load_stage(copy, scan_stage<VT>(smem, 0), span.start, min(BT, span.len));
+  unsigned char* stages = scan_stages<VT>(smem);
+  scan_load_stage(copy, stages, span.start, min(BT, span.len));
   cp_async_commit();
 
   // The fp32 state S^T in the accumulator layout: s[kt] holds value rows v0 + {g8, g8 + 8}, key columns
@@ -709,121 +1116,11 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
       s[kt][2 * half_row + 1] = x.y;
     }
   }
+
   // Output: this thread writes tokens g8 of each token tile, value columns v0 + q2 + {0, 1} and + 8 of them.
-  T* ob = static_cast<T*>(p.out) + (size_t)h * D + c0 + v0 + q2;
-  const size_t out_stride = (size_t)p.hv * D;
-
-  for (int ci = 0; ci < n; ++ci) {
-    const int t0 = ci * BT;
-    const int L = min(BT, span.len - t0);
-    cp_async_wait<0>();
-    __syncthreads();  // this chunk's stage has landed for every thread, and every warp is done with the other
-    if (ci + 1 < n)
-      scan_load_stage(copy, scan_stage<VT>(smem, (ci + 1) & 1), span.start + t0 + BT, min(BT, span.len - t0 - BT));
-    cp_async_commit();
-    const ScanStage st = scan_stage<VT>(smem, ci & 1);
-
-    // 1. X = S0^T W^T and Y = S0^T Q^T: one A fragment of the state per 16 keys serves both.
-    float x[NT][4], y[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const unsigned a[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                             pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        unsigned bw[2][2], bq[2][2];
-        ldmatrix_b_pair(bw, st.w + np * 16 * LDH + kk * 16, LDH, lane);
-        ldmatrix_b_pair(bq, st.q + np * 16 * LDH + kk * 16, LDH, lane);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          mma_16816(x[2 * np + i], a, bw[i]);
-          mma_16816(y[2 * np + i], a, bq[i]);
-        }
-      }
-    }
-
-    // The decays of tokens 2 lane + {0, 1}: e^g and e^{g_L-g}. A thread needs those of tokens nt*8 + q2 +
-    // {0, 1}, i.e. of lane nt*4 + lane%4.
-    const float gL = st.g[L - 1];
-    const float2 g_pair = *reinterpret_cast<const float2*>(st.g + 2 * lane);
-    const float eg_pair[2] = {expf(g_pair.x), expf(g_pair.y)};
-    const float tail_pair[2] = {expf(gL - g_pair.x), expf(gL - g_pair.y)};
-    static_assert(BT == 64, "one token pair per lane");
-
-    // U^T = U~^T - X as two sets of A fragments (k = tokens): au for O, ad = U^T diag(e^{g_L-g}) for the
-    // state. Y becomes Y diag(e^g). Rows past L: W, U~ and gamma are zero there, so U is zero.
-    unsigned au[NT / 2][4], ad[NT / 2][4];
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      unsigned ut[2][2];
-      ldmatrix_c_pair_trans(ut, st.u + np * 16 * LDU + v0, LDU, lane);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int nt = 2 * np + i;
-        const int src = nt * 4 + (lane & 3);
-        const float eg0 = __shfl_sync(0xffffffffu, eg_pair[0], src), eg1 = __shfl_sync(0xffffffffu, eg_pair[1], src);
-        const float tail0 = __shfl_sync(0xffffffffu, tail_pair[0], src);
-        const float tail1 = __shfl_sync(0xffffffffu, tail_pair[1], src);
-#pragma unroll
-        for (int half_row = 0; half_row < 2; ++half_row) {
-          const float2 u_in = __half22float2(*reinterpret_cast<const __half2*>(&ut[i][half_row]));
-          const float u0 = u_in.x - x[nt][2 * half_row], u1 = u_in.y - x[nt][2 * half_row + 1];
-          au[np][2 * i + half_row] = pack_half2(u0, u1);
-          ad[np][2 * i + half_row] = pack_half2(u0 * tail0, u1 * tail1);
-          y[nt][2 * half_row] *= eg0;
-          y[nt][2 * half_row + 1] *= eg1;
-        }
-      }
-    }
-
-    // 2. O^T = Y + U^T P^T. P is lower triangular: token tiles 2np, 2np + 1 need only k blocks j <= np.
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-#pragma unroll
-      for (int j = 0; j <= np; ++j) {
-        unsigned bp[2][2];
-        ldmatrix_b_pair(bp, st.p + np * 16 * LDT + j * 16, LDT, lane);
-        mma_16816(y[2 * np], au[j], bp[0]);
-        mma_16816(y[2 * np + 1], au[j], bp[1]);
-      }
-    }
-    // Each 8x8 block (values x tokens) is transposed in registers, so a thread stores two adjacent values of
-    // one token: 4 bytes per store instead of 2.
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const unsigned lo = movmatrix_trans(pack2<T>(p.scale * y[nt][0], p.scale * y[nt][1]));
-      const unsigned hi = movmatrix_trans(pack2<T>(p.scale * y[nt][2], p.scale * y[nt][3]));
-      const int t = nt * 8 + g8;
-      if (t < L) {
-        T* row = ob + (size_t)(span.start + t0 + t) * out_stride;
-        *reinterpret_cast<unsigned*>(row) = lo;
-        *reinterpret_cast<unsigned*>(row + 8) = hi;
-      }
-    }
-
-    // 3. S^T = e^{g_L} S0^T + (U^T diag(e^{g_L-g})) K, on this warp's registers.
-    const float eL = expf(gL);
-#pragma unroll
-    for (int kp = 0; kp < KT / 2; ++kp) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[2 * kp][e] *= eL;
-        s[2 * kp + 1][e] *= eL;
-      }
-#pragma unroll
-      for (int j = 0; j < NT / 2; ++j) {
-        unsigned bk[2][2];
-        ldmatrix_b_pair_trans(bk, st.k + j * 16 * LDH + kp * 16, LDH, lane);
-        mma_16816(s[2 * kp], ad[j], bk[0]);
-        mma_16816(s[2 * kp + 1], ad[j], bk[1]);
-      }
-    }
-  }
+  T* out = static_cast<T*>(p.out) + (size_t)h * D + c0 + v0 + q2;
+  const scan::Walk<T, VT> walk{copy, stages, span, chunks_of(span.len), out, (size_t)p.hv * D, p.scale, lane, v0};
+  scan::scan_chunks(s, walk);
 
   if (p.state_out != nullptr) {
 #pragma unroll

@@ -35,7 +35,14 @@ bool ChunkedAligned(const GdnParams& p) {
 }
 
 // plan.chunk_smem_needed: every chunked kernel variant fits.
-constexpr int kChunkSmemNeeded = std::max({cp::kChunkSmemBytes, cp::kChunkWideSmemBytes, cp::kChunkPrepSmemBytes});
+constexpr int kChunkSmemNeeded = std::max({cp::kChunkSmemBytes, cp::kChunkWideSmemBytes, cp::kChunkWgmmaSmemBytes,
+                                           cp::kChunkWgmmaWideSmemBytes, cp::kChunkPrepSmemBytes});
+
+// plan.chunk_scan_smem_bytes.
+int ChunkScanSmemBytes(int vt, int arch) {
+  if (arch == cp::kChunkWgmmaArch) return vt == cp::kChunkVt ? cp::kChunkWgmmaSmemBytes : cp::kChunkWgmmaWideSmemBytes;
+  return vt == cp::kChunkVt ? cp::kChunkSmemBytes : cp::kChunkWideSmemBytes;
+}
 
 // plan.chunk_scan_width.
 int ChunkScanWidth(const GdnGeometry& geo) {
@@ -126,7 +133,7 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
     launches.push_back({KernelName("gdn_chunked_", type).Append("_d").Append(cp::kChunkD).Append("_v").Append(vt),
                         {U(geo.head_size_v / vt), U(geo.num_heads_v), U(geo.batch)},
                         {U(vt / 16 * 32), 1, 1},
-                        vt == cp::kChunkVt ? cp::kChunkSmemBytes : cp::kChunkWideSmemBytes,
+                        ChunkScanSmemBytes(vt, arch),
                         params});
   }
   GdnParams rec = params;
