@@ -997,11 +997,11 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
     const unsigned long long w_desc = k_major_desc(st.w), q_desc = k_major_desc(st.q);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_m64k16_rs<NT, 0, 0>(x, sa[kk], wgmma_desc_advance(w_desc, key_step_offset(kk)), kk > 0);
+      wgmma_m64k16_rs<NT, 0>(x, sa[kk], wgmma_desc_advance(w_desc, key_step_offset(kk)), kk > 0);
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_m64k16_rs<NT, 0, 0>(y, sa[kk], wgmma_desc_advance(q_desc, key_step_offset(kk)), kk > 0);
+      wgmma_m64k16_rs<NT, 0>(y, sa[kk], wgmma_desc_advance(q_desc, key_step_offset(kk)), kk > 0);
     wgmma_commit();
 
     // Meanwhile: the next chunk's loads, the previous chunk's output, this chunk's decays and U~.
@@ -1026,7 +1026,7 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
     const unsigned long long k_desc = wgmma_desc_sw128(smem_addr(st.k), Layout::KEY_HALF, kWgmmaAtomBytes);
 #pragma unroll
     for (int j = 0; j < NT / 2; ++j)
-      wgmma_m64k16_rs<KT, 0, 1>(s, ad[j], wgmma_desc_advance(k_desc, j * 2 * kWgmmaAtomBytes), 1);
+      wgmma_m64k16_rs<KT, 1>(s, ad[j], wgmma_desc_advance(k_desc, j * 2 * kWgmmaAtomBytes), 1);
     wgmma_commit();
 
     // O^T = Y diag(e^g) + U^T P^T, k block j = source tokens 16 j ...: 32 bytes per k step inside P's rows
@@ -1041,7 +1041,7 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
     wgmma_fence();
     const unsigned long long p_desc = k_major_desc(st.p);
 #pragma unroll
-    for (int j = 0; j < NT / 2; ++j) wgmma_m64k16_rs<NT, 0, 0>(y, au[j], wgmma_desc_advance(p_desc, j * 32), 1);
+    for (int j = 0; j < NT / 2; ++j) wgmma_m64k16_rs<NT, 0>(y, au[j], wgmma_desc_advance(p_desc, j * 32), 1);
     wgmma_commit();
 
     // Both done before the next chunk: its barrier frees this stage for refilling.

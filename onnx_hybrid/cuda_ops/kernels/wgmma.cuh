@@ -79,52 +79,31 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 #define OHK_WGMMA_IN(a, desc, scale_d, trans_b) \
   "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d), "n"(trans_b)
 
-// D[:, 8 FIRST .. 8 (FIRST + TILES)) (+)= A B for an m64 n(8 TILES) k16 product, d holding the accumulator tiles
-// of the warpgroup's 64 rows: tile FIRST + i of d is column tile i of this product. accumulate = 0 ignores
-// the old contents of d. TRANS_B: 0 if B is K-major in shared memory, 1 if MN-major.
-template <int TILES, int FIRST, int TRANS_B, int ALL>
-__device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[ALL][4], const unsigned (&a)[4], unsigned long long b_desc,
+// D (+)= A B for an m64 n(8 TILES) k16 product, d holding the accumulator tiles of the warpgroup's 64 rows
+// (tile i = column tile i of the product). accumulate = 0 ignores the old contents of d. TRANS_B: 0 if B is
+// K-major in shared memory, 1 if MN-major. The widths the scan uses: n64 (X, Y, O) and n128 (the state).
+template <int TILES, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[TILES][4], const unsigned (&a)[4], unsigned long long b_desc,
                                                 int accumulate) {
-  static_assert(FIRST + TILES <= ALL, "the product's column tiles lie inside d");
-  if constexpr (TILES == 2) {
-    asm volatile(OHK_WGMMA_RS("m64n16k16", "{%0, %1, %2, %3, %4, %5, %6, %7}", "{%8, %9, %10, %11}", "%12", "%13",
-                              "%14")
-                 : OHK_ACC(d, FIRST), OHK_ACC(d, FIRST + 1)
-                 : OHK_WGMMA_IN(a, b_desc, accumulate, TRANS_B));
-  } else if constexpr (TILES == 4) {
-    asm volatile(OHK_WGMMA_RS("m64n32k16",
-                              "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}",
-                              "{%16, %17, %18, %19}", "%20", "%21", "%22")
-                 : OHK_ACC(d, FIRST), OHK_ACC(d, FIRST + 1), OHK_ACC(d, FIRST + 2), OHK_ACC(d, FIRST + 3)
-                 : OHK_WGMMA_IN(a, b_desc, accumulate, TRANS_B));
-  } else if constexpr (TILES == 6) {
-    asm volatile(OHK_WGMMA_RS("m64n48k16",
-                              "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
-                              "%18, %19, %20, %21, %22, %23}",
-                              "{%24, %25, %26, %27}", "%28", "%29", "%30")
-                 : OHK_ACC(d, FIRST), OHK_ACC(d, FIRST + 1), OHK_ACC(d, FIRST + 2), OHK_ACC(d, FIRST + 3),
-                   OHK_ACC(d, FIRST + 4), OHK_ACC(d, FIRST + 5)
-                 : OHK_WGMMA_IN(a, b_desc, accumulate, TRANS_B));
-  } else if constexpr (TILES == 8) {
+  if constexpr (TILES == 8) {
     asm volatile(OHK_WGMMA_RS("m64n64k16",
                               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
                               "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}",
                               "{%32, %33, %34, %35}", "%36", "%37", "%38")
-                 : OHK_ACC(d, FIRST), OHK_ACC(d, FIRST + 1), OHK_ACC(d, FIRST + 2), OHK_ACC(d, FIRST + 3),
-                   OHK_ACC(d, FIRST + 4), OHK_ACC(d, FIRST + 5), OHK_ACC(d, FIRST + 6), OHK_ACC(d, FIRST + 7)
+                 : OHK_ACC(d, 0), OHK_ACC(d, 1), OHK_ACC(d, 2), OHK_ACC(d, 3), OHK_ACC(d, 4), OHK_ACC(d, 5),
+                   OHK_ACC(d, 6), OHK_ACC(d, 7)
                  : OHK_WGMMA_IN(a, b_desc, accumulate, TRANS_B));
   } else {
-    static_assert(TILES == 16, "instantiated widths: n16, n32, n48, n64, n128");
+    static_assert(TILES == 16, "instantiated widths: n64, n128");
     asm volatile(OHK_WGMMA_RS("m64n128k16",
                               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
                               "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
                               "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
                               "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}",
                               "{%64, %65, %66, %67}", "%68", "%69", "%70")
-                 : OHK_ACC(d, FIRST), OHK_ACC(d, FIRST + 1), OHK_ACC(d, FIRST + 2), OHK_ACC(d, FIRST + 3),
-                   OHK_ACC(d, FIRST + 4), OHK_ACC(d, FIRST + 5), OHK_ACC(d, FIRST + 6), OHK_ACC(d, FIRST + 7),
-                   OHK_ACC(d, FIRST + 8), OHK_ACC(d, FIRST + 9), OHK_ACC(d, FIRST + 10), OHK_ACC(d, FIRST + 11),
-                   OHK_ACC(d, FIRST + 12), OHK_ACC(d, FIRST + 13), OHK_ACC(d, FIRST + 14), OHK_ACC(d, FIRST + 15)
+                 : OHK_ACC(d, 0), OHK_ACC(d, 1), OHK_ACC(d, 2), OHK_ACC(d, 3), OHK_ACC(d, 4), OHK_ACC(d, 5),
+                   OHK_ACC(d, 6), OHK_ACC(d, 7), OHK_ACC(d, 8), OHK_ACC(d, 9), OHK_ACC(d, 10), OHK_ACC(d, 11),
+                   OHK_ACC(d, 12), OHK_ACC(d, 13), OHK_ACC(d, 14), OHK_ACC(d, 15)
                  : OHK_WGMMA_IN(a, b_desc, accumulate, TRANS_B));
   }
 }
