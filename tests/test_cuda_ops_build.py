@@ -22,6 +22,9 @@ def cache(tmp_path_factory):
 def test_every_kernel_compiles_offline(cache, arch):
     image = compiler.compile_image(arch)
     assert image[:4] == b"\x7fELF"
+    # the whole ELF: it ends where its header says its program header table ends (compiler._whole_elf)
+    phoff, phentsize, phnum = int.from_bytes(image[0x20:0x28], "little"), image[0x36], image[0x38]
+    assert len(image) == phoff + phentsize * phnum
     missing = [name for name in plan.kernel_names() if name.encode() + b"\0" not in image]
     assert not missing, f"kernels missing from the sm_{arch} cubin: {missing}"
     cached = cache / f"{compiler.cache_key(arch)}.cubin"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +21,8 @@ CACHE_ENV = "ONNX_HYBRID_KERNEL_CACHE"
 # No --use_fast_math: the state update's rounding is written out with __fmul_rn / __fmaf_rn, and the gate
 # and norm use accurate expf / log1pf (spec/native_library.md §9.3).
 BASE_OPTIONS = ("-std=c++17", "--device-int128")
+# Bumped when what the cache holds for the same sources changes (2: whole ELF images, see _whole_elf).
+CACHE_FORMAT = 2
 
 
 class KernelBuildError(RuntimeError):
@@ -87,6 +90,7 @@ def cache_key(arch: int) -> str:
     # The include path differs between machines; the options that change code are what matter.
     h.update("\0".join(BASE_OPTIONS + (f"-arch={target(arch)}",)).encode())
     h.update(repr(nvrtc_version()).encode())
+    h.update(f"format {CACHE_FORMAT}".encode())
     return f"sm{arch}-{h.hexdigest()[:24]}"
 
 
@@ -121,6 +125,23 @@ def _compile(arch: int) -> bytes:
             nvrtc.compileProgram(prog, options(arch))
         except nvrtc.NVRTCError as exc:
             raise KernelBuildError(f"NVRTC failed for sm_{arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
-        return nvrtc.getCUBIN(prog)
+        return _whole_elf(nvrtc.getCUBIN(prog), arch)
     finally:
         nvrtc.destroyProgram(prog)
+
+
+def _whole_elf(image: bytes, arch: int) -> bytes:
+    """The cubin as NVRTC built it. CuPy's getCUBIN returns it like a C string, without its last byte: the top
+    byte of the last program header's alignment, which is zero. The driver loads the short image, but cuobjdump
+    and nvdisasm reject it, and it should not depend on leniency: the byte is put back, checked against the end
+    the ELF header declares for its section and program header tables."""
+    if image[:5] != b"\x7fELF\x02":
+        raise KernelBuildError(f"NVRTC returned no 64-bit ELF cubin for sm_{arch}")
+    phoff, shoff = struct.unpack_from("<QQ", image, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", image, 0x36)
+    end = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+    if len(image) == end - 1:
+        return image + b"\0"
+    if len(image) < end:
+        raise KernelBuildError(f"the sm_{arch} cubin is {len(image)} bytes, its ELF header declares {end}")
+    return image
