@@ -147,19 +147,6 @@ __device__ __forceinline__ ChunkWorkspace chunk_workspace(const GdnParams& p) {
   return ws;
 }
 
-// 16-byte global -> shared copy, zero-filled when !valid (src is then not read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 template <typename T>
 __device__ __forceinline__ void unpack4(uint2 r, float (&x)[4]) {
   const T* e = reinterpret_cast<const T*>(&r);
@@ -217,12 +204,6 @@ __device__ __forceinline__ ChunkRef find_chunk(const GdnParams& p, int x, int la
 // ---------------------------------------------------------------------------------------------------------
 // Prep: everything of a chunk that does not depend on the state. Grid-strided over the call's chunks (the
 // grid is sized from an upper bound that well-formed offsets respect; a loop keeps malformed ones covered).
-
-// 8-byte global -> shared copy, zero-filled when !valid (src is then not read).
-__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 8 : 0));
-}
 
 template <typename E>
 __device__ __forceinline__ float2 to_f32x2(unsigned x);

@@ -208,9 +208,8 @@ __device__ __forceinline__ unsigned long long l2_evict_first_policy() {
 
 // 16 bytes global -> shared, evict-first in L2 like the state's other accesses (__ldcs, __stcs).
 __device__ __forceinline__ void stage_copy16(float* dst, const float* src, unsigned long long policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(
-                   static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-               "l"(src), "l"(policy)
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "l"(policy)
                : "memory");
 }
 
@@ -242,13 +241,13 @@ __device__ __forceinline__ void stage_rows(const GdnParams& p, bool vec, size_t 
 #pragma unroll
     for (int j = 0; j < ROWS; ++j) stash_put<NPL>(stage[j], lane, S[j]);
   }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  cp_async_commit();
 }
 
 // The staged rows into registers, once their copies have landed.
 template <int NPL, int ROWS>
 __device__ __forceinline__ void unstage_rows(const RecStage<NPL, ROWS>& stage, int lane, float (&S)[ROWS][NPL]) {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  cp_async_wait<0>();
 #pragma unroll
   for (int j = 0; j < ROWS; ++j) stash_get<NPL>(stage[j], lane, S[j]);
 }

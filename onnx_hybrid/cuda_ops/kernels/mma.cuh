@@ -4,11 +4,9 @@
 #pragma once
 #include <cuda_fp16.h>
 
-namespace ohk {
+#include "common.cuh"
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
+namespace ohk {
 
 // A fragment of a 16x16 tile at `tile` (row-major, leading dimension ld halves).
 __device__ __forceinline__ void ldmatrix_a(unsigned (&a)[4], const __half* tile, int ld, int lane) {
@@ -26,20 +24,21 @@ __device__ __forceinline__ void ldmatrix_b(unsigned (&b)[2], const __half* tile,
                : "r"(smem_addr(p)));
 }
 
-// B fragment (16 k x 8 n) from storage [k][n] (n contiguous), tile at (k0, n0).
-__device__ __forceinline__ void ldmatrix_b_trans(unsigned (&b)[2], const __half* tile, int ld, int lane) {
-  const __half* p = tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(b[0]), "=r"(b[1])
-               : "r"(smem_addr(p)));
-}
-
 __device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Four transposed 8x8 tiles of 16-bit elements (any 16-bit type). Lane l addresses row l % 8 of tile l / 8 at
+// `row`; r[i] receives tile i transposed: this lane holds its stored rows 2 (lane % 4) and 2 (lane % 4) + 1 at
+// stored column lane / 4, i.e. the C-fragment layout of the tile's transpose.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row)));
 }
 
 // The x4 loads below fetch the fragments of two adjacent 8-wide n tiles at once: out[i] is tile n0 + 8 i.
@@ -54,19 +53,17 @@ __device__ __forceinline__ void ldmatrix_b_pair(unsigned (&b)[2][2], const __hal
 
 // B fragments of n tiles (n0, n0 + 8), 16 k each, from storage [k][n] (n contiguous), tile at (k0, n0).
 __device__ __forceinline__ void ldmatrix_b_pair_trans(unsigned (&b)[2][2], const __half* tile, int ld, int lane) {
-  const __half* p = tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(b[0][0]), "=r"(b[0][1]), "=r"(b[1][0]), "=r"(b[1][1])
-               : "r"(smem_addr(p)));
+  unsigned r[4];
+  ldmatrix_x4_trans(r, tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8);
+  b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
 
 // A 16 m x 16 n tile in the accumulator layout, as fp16 pairs, from storage [n][m] (m contiguous), tile at
 // (n0, m0): c[i][0] holds rows lane/4, c[i][1] rows lane/4 + 8 of n tile n0 + 8 i.
 __device__ __forceinline__ void ldmatrix_c_pair_trans(unsigned (&c)[2][2], const __half* tile, int ld, int lane) {
-  const __half* p = tile + ((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(c[0][0]), "=r"(c[0][1]), "=r"(c[1][0]), "=r"(c[1][1])
-               : "r"(smem_addr(p)));
+  unsigned r[4];
+  ldmatrix_x4_trans(r, tile + ((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8);
+  c[0][0] = r[0], c[0][1] = r[1], c[1][0] = r[2], c[1][1] = r[3];
 }
 
 // Transpose of an 8x8 tile of 16-bit pairs held in the fragment layout (lane: row lane/4, columns
@@ -75,15 +72,6 @@ __device__ __forceinline__ unsigned movmatrix_trans(unsigned x) {
   unsigned y;
   asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
-}
-
-// Four transposed 8x8 tiles of 16-bit elements (any 16-bit type). Lane l addresses row l % 8 of tile l / 8 at
-// `row`; r[i] receives tile i transposed: this lane holds its stored rows 2 (lane % 4) and 2 (lane % 4) + 1 at
-// stored column lane / 4, i.e. the C-fragment layout of the tile's transpose.
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(row)));
 }
 
 // Two fp32 values as one fp16x2 register (round to nearest), the first in the low half: the C -> A fragment
