@@ -183,8 +183,10 @@ def gated_delta_net_chunked(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.
             g = np.stack([np.broadcast_to(_as_key_axis(p.log_gate(tok)), (hv, dk)) for tok in toks], axis=1)
             beta = np.stack([p.beta_at(tok) for tok in toks], axis=1)  # [Hv, L]
             gamma = np.cumsum(g, axis=1)  # [Hv, L, Dk]
-            lower = np.tril(np.ones((length, length)))
-            ratio = np.exp(gamma[:, :, None, :] - gamma[:, None, :, :]) * lower[None, :, :, None]  # [Hv,t,s,Dk]
+            # e^{γ_t − γ_s} for s <= t only (<= 1); above the diagonal the exponent is masked to −inf before
+            # exp, since there it can overflow and inf * 0 would turn the masked entries into nan.
+            lower = np.tril(np.ones((length, length), dtype=bool))[None, :, :, None]
+            ratio = np.exp(np.where(lower, gamma[:, :, None, :] - gamma[:, None, :, :], -np.inf))  # [Hv,t,s,Dk]
             kk = np.einsum("htr,hsr,htsr->hts", k, k, ratio)
             qk_ = np.einsum("htr,hsr,htsr->hts", q, k, ratio)
             if p.has_delta:
