@@ -124,7 +124,7 @@ def test_scan_width_follows_the_grid():
         return plan.gdn_plan(_geo(lengths), "float16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM, **kw)[1]
     narrow, wide = scan([8192]), scan([4096, 4096])
     assert (narrow.kernel, narrow.grid, narrow.block, narrow.smem) == \
-        ("gdn_chunked_f16_d128_v64", (2, 48, 1), (128, 1, 1), plan.CHUNK_WGMMA_SMEM_BYTES)
+        ("gdn_chunked_f16_d128_v64", (2, 48, 1), (256, 1, 1), plan.CHUNK_WGMMA_SMEM_BYTES)
     assert (wide.kernel, wide.grid, wide.block, wide.smem) == \
         ("gdn_chunked_f16_d128_v128", (1, 48, 2), (256, 1, 1), plan.CHUNK_WGMMA_WIDE_SMEM_BYTES)
     assert scan([8192], scan_width=128).kernel == "gdn_chunked_f16_d128_v128"
@@ -139,11 +139,15 @@ def test_scan_shared_memory_follows_the_image():
                 80: (plan.CHUNK_SMEM_BYTES, plan.CHUNK_WIDE_SMEM_BYTES),
                 100: (plan.CHUNK_SMEM_BYTES, plan.CHUNK_WIDE_SMEM_BYTES)}
     for arch, smem in expected.items():
-        scans = [plan.gdn_plan(_geo(lengths), "float16", plan.GdnParams(), arch=arch, smem_optin=A100_SMEM)[1]
+        optin = H100_SMEM if arch == 90 else A100_SMEM
+        scans = [plan.gdn_plan(_geo(lengths), "float16", plan.GdnParams(), arch=arch, smem_optin=optin)[1]
                  for lengths in ([8192], [4096, 4096])]
         assert [(ln.kernel[-4:], ln.smem) for ln in scans] == [("_v64", smem[0]), ("v128", smem[1])], arch
     assert compiler.target(90) == "sm_90a" and compiler.target(80) == "sm_80"
-    assert plan.chunk_smem_needed() <= A100_SMEM
+    assert plan.chunk_smem_needed(80) <= A100_SMEM and plan.chunk_smem_needed(90) <= H100_SMEM
+    # the narrow scan on sm_90a has a producer warpgroup besides its 4 compute warps
+    assert [plan.chunk_scan_threads(vt, 90) for vt in (64, 128)] == [256, 256]
+    assert [plan.chunk_scan_threads(vt, 80) for vt in (64, 128)] == [128, 256]
 
 
 def test_plan_grids_follow_the_geometry():

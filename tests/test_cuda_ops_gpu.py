@@ -169,6 +169,7 @@ def test_chunked_smem_matches_plan():
     arch = launch.device_arch(device)
     for vt in (plan.CHUNK_VT, plan.CHUNK_VT_WIDE):
         assert launch.global_int(device, f"gdn_chunked_v{vt}_smem_bytes") == plan.chunk_scan_smem_bytes(vt, arch)
+        assert launch.global_int(device, f"gdn_chunked_v{vt}_threads") == plan.chunk_scan_threads(vt, arch)
     assert launch.global_int(device, "gdn_chunk_prep_smem_bytes") == plan.CHUNK_PREP_SMEM_BYTES
 
 

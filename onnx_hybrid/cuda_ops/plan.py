@@ -85,9 +85,12 @@ CHUNK_D, CHUNK_VT, CHUNK_THREADS, CHUNK_TOKENS = 128, 64, 256, 64
 CHUNK_VT_WIDE = 128
 CHUNK_NARROW_MAX_BLOCKS = 132
 CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES = 141824, 158208  # the scan on mma.sync (every image but sm_90's)
-# The sm_90 image (built for sm_90a) runs the scan on wgmma, its stage in wgmma's swizzled layout.
+# The sm_90 image (built for sm_90a) runs the scan on wgmma, its stage in wgmma's swizzled layout. There the
+# narrow width adds a producer warpgroup (CHUNK_WGMMA_PRODUCER_THREADS threads after the compute warps) that
+# fills three stages; the wide one keeps two, filled by its compute warps.
 CHUNK_WGMMA_ARCH = 90
-CHUNK_WGMMA_SMEM_BYTES, CHUNK_WGMMA_WIDE_SMEM_BYTES = 136192, 152576
+CHUNK_WGMMA_SMEM_BYTES, CHUNK_WGMMA_WIDE_SMEM_BYTES = 203776, 152576
+CHUNK_WGMMA_PRODUCER_THREADS = 128
 CHUNK_PREP_SMEM_BYTES = 111616
 # The prep kernel serves a key head's whole group of value heads per block (q/k loads, norms and the two Gram
 # products once for the group) while that grid keeps at least this many blocks: two per SM on an H200's 132
@@ -145,9 +148,9 @@ def chunk_prep_blocks(geo: GdnGeometry) -> int:
     return (geo.total_tokens + (CHUNK_TOKENS - 1) * geo.batch) // CHUNK_TOKENS
 
 
-def chunk_smem_needed() -> int:
-    """Opt-in shared memory per block that every chunked kernel variant fits in."""
-    return max(CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES, CHUNK_WGMMA_SMEM_BYTES, CHUNK_WGMMA_WIDE_SMEM_BYTES,
+def chunk_smem_needed(arch: int) -> int:
+    """Opt-in shared memory per block that every chunked kernel variant of the image for ``sm_<arch>`` fits in."""
+    return max(chunk_scan_smem_bytes(CHUNK_VT, arch), chunk_scan_smem_bytes(CHUNK_VT_WIDE, arch),
                CHUNK_PREP_SMEM_BYTES)
 
 
@@ -156,6 +159,13 @@ def chunk_scan_smem_bytes(vt: int, arch: int) -> int:
     if arch == CHUNK_WGMMA_ARCH:
         return CHUNK_WGMMA_SMEM_BYTES if vt == CHUNK_VT else CHUNK_WGMMA_WIDE_SMEM_BYTES
     return CHUNK_SMEM_BYTES if vt == CHUNK_VT else CHUNK_WIDE_SMEM_BYTES
+
+
+def chunk_scan_threads(vt: int, arch: int) -> int:
+    """Threads per block of the scan of width ``vt`` in the image for ``sm_<arch>``: a warp per 16 value columns,
+    plus the producer warpgroup of the narrow width on wgmma."""
+    producers = CHUNK_WGMMA_PRODUCER_THREADS if arch == CHUNK_WGMMA_ARCH and vt == CHUNK_VT else 0
+    return vt // 16 * 32 + producers
 
 
 def chunk_scan_width(geo: GdnGeometry) -> int:
@@ -179,10 +189,10 @@ def chunk_prep_heads(geo: GdnGeometry, heads: int | None = None) -> int:
 
 def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int) -> bool:
     """Shapes and devices the tensor-core chunked kernel serves (like ORT: Dk = Dv = 128, scalar decay,
-    SM >= 80, and the device's opt-in shared memory per block holds ``chunk_smem_needed()``: sm_80 and sm_90
+    SM >= 80, and the device's opt-in shared memory per block holds ``chunk_smem_needed(arch)``: sm_80 and sm_90
     do, the 99 KB parts (sm_86, sm_89, sm_120) do not). The pointers must also pass ``chunked_aligned``."""
     return (dtype in ("float16", "bfloat16") and geo.head_size_k == CHUNK_D and geo.head_size_v == CHUNK_D
-            and not geo.per_key_decay and arch >= 80 and smem_optin >= chunk_smem_needed())
+            and not geo.per_key_decay and arch >= 80 and smem_optin >= chunk_smem_needed(arch))
 
 
 def chunked_aligned(params: GdnParams) -> bool:
@@ -209,7 +219,7 @@ def gdn_uses_chunked(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: i
         raise PlanError(f"GatedDeltaNet: the chunked engine needs float16/bfloat16, head sizes 128/128, "
                         f"scalar decay and sm_80+; got {dtype}, {geo.head_size_k}/{geo.head_size_v}, "
                         f"per-key decay {geo.per_key_decay}, sm_{arch} with {smem_optin} B of opt-in shared "
-                        f"memory (needs {chunk_smem_needed()}), aligned inputs {aligned}")
+                        f"memory (needs {chunk_smem_needed(arch)}), aligned inputs {aligned}")
     return chunked and (engine == "chunked" or
                         (engine == "auto" and geo.total_tokens >= SEQUENTIAL_MIN_TOKENS * geo.batch))
 
@@ -245,7 +255,8 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
         if vt not in (CHUNK_VT, CHUNK_VT_WIDE):
             raise ValueError(f"scan_width {vt} is not instantiated: {(CHUNK_VT, CHUNK_VT_WIDE)}")
         launches.append(Launch(f"gdn_chunked_{sfx}_d128_v{vt}", (geo.head_size_v // vt, geo.num_heads_v, geo.batch),
-                               (vt // 16 * 32, 1, 1), chunk_scan_smem_bytes(vt, arch), _copy(params)))
+                               (chunk_scan_threads(vt, arch), 1, 1), chunk_scan_smem_bytes(vt, arch),
+                               _copy(params)))
     rec = _copy(params)
     rec.tail_only = int(use_chunked)
     rows = rec_rows or (REC_ROWS_LARGE[kmax] if rec_row_groups(geo, REC_ROWS_LARGE[kmax]) > 1

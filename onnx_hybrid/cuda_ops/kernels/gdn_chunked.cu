@@ -61,12 +61,14 @@ constexpr int PREP_SMEM_BYTES = P_OFF_VEC + WARPS * 3 * BT * 4;
 static_assert(WARPS * 32 == RHS && U_WARPS * 32 == D, "32 solve columns per warp");
 static_assert(2 * PREP_SMEM_BYTES + 2048 <= 228 * 1024, "two prep CTAs per sm_90 SM");
 
-// Scan kernel, VT value columns per CTA (VT / 16 warps of 16 value rows each), instantiated for two widths:
-// the narrow one gives more CTAs, the wide one two warps per scheduler. Every operand read from the workspace
-// has two buffers, so the next chunk's arrive during the whole current chunk; the stage is all the shared
-// memory. The two bodies (mma.sync, wgmma: see the scan below) store W, Q, K and P differently; each layout
-// names, for the copy, the byte offset of the 16-byte piece `piece` of token row t of W/Q/K (16 pieces) and
-// of P (8 pieces), and the bytes from row t to row t + 8 (each thread copies rows a multiple of 8 apart).
+// Scan kernel, VT value columns per CTA (VT / 16 compute warps of 16 value rows each), instantiated for two
+// widths: the narrow one gives more CTAs, the wide one two warps per scheduler. Every operand read from the
+// workspace has STAGES buffers, so the next chunks' arrive while the current one runs; the stages are all the
+// shared memory. The two bodies (mma.sync, wgmma: see the scan below) store W, Q, K and P differently; each
+// layout names, for the copy, the byte offset of the 16-byte piece `piece` of token row t of W/Q/K (16 pieces)
+// and of P (8 pieces), and the bytes from row t to row t + 8 (each thread copies rows a multiple of 8 apart).
+// PRODUCER_WARPS > 0 (sm_90a, narrow width): a second warpgroup does all the copies (COPY_THREADS threads)
+// and hands the stages over through named barriers; otherwise every thread copies and computes.
 constexpr int VT_NARROW = 64;
 constexpr int VT_WIDE = 128;
 #if OHK_SCAN_WGMMA
@@ -77,8 +79,15 @@ constexpr int VT_WIDE = 128;
 template <int VT>
 struct ScanLayout {
   static_assert(VT % 64 == 0 && D % VT == 0, "whole warpgroups of 64 value rows");
-  static constexpr int WARPS = VT / 16;
-  static constexpr int THREADS = WARPS * 32;
+  static constexpr int WARPS = VT / 16;  // compute warps (warps 0 ...), whole warpgroups
+  // The narrow width's one compute warpgroup is alone on its SM (one warp per scheduler), and each of its
+  // warps issued 33 cp.async and ~230 address instructions per chunk besides the wgmma work: a producer
+  // warpgroup takes those over. The wide width keeps its warps' copies (two warps per scheduler already, and
+  // a third stage would not fit).
+  static constexpr int PRODUCER_WARPS = VT == VT_NARROW ? 4 : 0;
+  static constexpr int THREADS = (WARPS + PRODUCER_WARPS) * 32;
+  static constexpr int COPY_THREADS = PRODUCER_WARPS > 0 ? PRODUCER_WARPS * 32 : THREADS;
+  static constexpr int STAGES = PRODUCER_WARPS > 0 ? 3 : 2;
   static constexpr int LDU = VT + 8;                        // halves per VT-wide row of U~ (ldmatrix, unswizzled)
   static constexpr int KEY_HALF = BT * 128;                 // bytes of 64 keys of every token
   static constexpr int STAGE_W = 0;
@@ -87,9 +96,11 @@ struct ScanLayout {
   static constexpr int STAGE_P = STAGE_K + 2 * KEY_HALF;
   static constexpr int STAGE_U = STAGE_P + BT * 128;        // U~ of this CTA's columns, fp16 [BT][LDU]
   static constexpr int STAGE_G = STAGE_U + BT * LDU * 2;    // gamma, fp32 [BT]
+  // With producer warps: e^g [BT], e^{g_L-g} [BT] and e^{g_L}, fp32, written by them (StagedDecays).
+  static constexpr int STAGE_E = STAGE_G + BT * 4;
   static constexpr int ALIGN = 1024;                        // swizzle atoms start on 1024-byte boundaries
-  static constexpr int STAGE_BYTES = (STAGE_G + BT * 4 + ALIGN - 1) / ALIGN * ALIGN;
-  static constexpr int SMEM_BYTES = 2 * STAGE_BYTES + ALIGN;  // + the run-time alignment of the first stage
+  static constexpr int STAGE_BYTES = (STAGE_E + (2 * BT + 4) * 4 + ALIGN - 1) / ALIGN * ALIGN;
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + ALIGN;  // + the run-time alignment of the first stage
   static constexpr int WQK_ROW8_BYTES = 8 * 128, P_ROW8_BYTES = 8 * 128;
   static __device__ __forceinline__ unsigned wqk_offset(int t, int piece) {
     return (piece >> 3) * KEY_HALF + swizzle128_offset(t, piece & 7);
@@ -104,7 +115,10 @@ template <int VT>
 struct ScanLayout {
   static_assert(VT % 16 == 0 && D % VT == 0, "whole warps of 16 value rows");
   static constexpr int WARPS = VT / 16;
+  static constexpr int PRODUCER_WARPS = 0;
   static constexpr int THREADS = WARPS * 32;
+  static constexpr int COPY_THREADS = THREADS;
+  static constexpr int STAGES = 2;
   static constexpr int LDU = VT + 8;                        // halves per VT-wide row
   static constexpr int STAGE_W = 0;                         // W, fp16 [BT][LDH]
   static constexpr int STAGE_K = STAGE_W + BT * LDH * 2;    // K, fp16 [BT][LDH]
@@ -114,7 +128,7 @@ struct ScanLayout {
   static constexpr int STAGE_G = STAGE_U + BT * LDU * 2;    // gamma, fp32 [BT]
   static constexpr int ALIGN = 16;
   static constexpr int STAGE_BYTES = STAGE_G + BT * 4;
-  static constexpr int SMEM_BYTES = 2 * STAGE_BYTES;
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;
   static constexpr int WQK_ROW8_BYTES = 8 * LDH * 2, P_ROW8_BYTES = 8 * LDT * 2;
   static __device__ __forceinline__ unsigned wqk_offset(int t, int piece) { return (t * LDH + piece * 8) * 2; }
   static __device__ __forceinline__ unsigned p_offset(int t, int piece) { return (t * LDT + piece * 8) * 2; }
@@ -598,15 +612,15 @@ __device__ __forceinline__ unsigned char* scan_stages(unsigned char* smem) {
   return smem + ((align - smem_addr(smem) % align) % align);
 }
 
-// This thread's share of loading a stage: fixed 16-byte slots, so each chunk costs one address per slot.
-// W, K, Q: rows row + ROW_STEP j, piece col / 8; P: rows prow + P_ROW_STEP j, piece pcol / 8; U~: rows
-// urow + U_ROW_STEP j at ucol; gamma: row tid (tid < BT). The row steps are multiples of 8, so a slot's
-// shared-memory offset is its first row's plus j times a constant (also under the swizzle, which depends on
-// t % 8 only).
+// This thread's share of loading a stage (tid counts the copying threads): fixed 16-byte slots, so each chunk
+// costs one address per slot. W, K, Q: rows row + ROW_STEP j, piece col / 8; P: rows prow + P_ROW_STEP j,
+// piece pcol / 8; U~: rows urow + U_ROW_STEP j at ucol; gamma: row tid (tid < BT). The row steps are multiples
+// of 8, so a slot's shared-memory offset is its first row's plus j times a constant (also under the swizzle,
+// which depends on t % 8 only).
 template <int VT>
 struct ScanCopy {
   using Layout = chunk::ScanLayout<VT>;
-  static constexpr int THREADS = Layout::THREADS;
+  static constexpr int THREADS = Layout::COPY_THREADS;
   static constexpr int ROW_STEP = THREADS / (chunk::D / 8);
   static constexpr int P_ROW_STEP = THREADS / (chunk::BT / 8);
   static constexpr int U_ROW_STEP = THREADS / (VT / 8);
@@ -732,6 +746,9 @@ struct ChunkDecays {
   float eg[2];
   float tail[2];
   float e_last;
+  __device__ __forceinline__ float2 eg_tile(int nt, int lane) const;
+  __device__ __forceinline__ float2 tail_tile(int nt, int lane) const;
+  __device__ __forceinline__ float last() const { return e_last; }
 };
 
 __device__ __forceinline__ ChunkDecays chunk_decays(const float* g, int L, int lane) {
@@ -746,6 +763,10 @@ __device__ __forceinline__ float2 tile_decays(const float (&pair)[2], int nt, in
   const int src = nt * 4 + (lane & 3);
   return make_float2(__shfl_sync(0xffffffffu, pair[0], src), __shfl_sync(0xffffffffu, pair[1], src));
 }
+__device__ __forceinline__ float2 ChunkDecays::eg_tile(int nt, int lane) const { return tile_decays(eg, nt, lane); }
+__device__ __forceinline__ float2 ChunkDecays::tail_tile(int nt, int lane) const {
+  return tile_decays(tail, nt, lane);
+}
 
 // U~^T of this warp's 16 value rows (v0 = the warp's first) in the accumulator layout, as fp16 pairs.
 __device__ __forceinline__ void load_u_tilde(unsigned (&ut)[NT / 2][2][2], const __half* u, int ldu, int v0,
@@ -756,15 +777,17 @@ __device__ __forceinline__ void load_u_tilde(unsigned (&ut)[NT / 2][2][2], const
 
 // U^T = U~^T - X as two sets of A fragments (k = tokens): au for O, ad = U^T diag(e^{g_L-g}) for the state.
 // Rows past L: W, U~ and gamma are zero there, so U is zero.
+// Decays: ChunkDecays, or (with producer warps) StagedDecays; both give a token tile's pairs.
+template <typename Decays>
 __device__ __forceinline__ void u_fragments(const unsigned (&ut)[NT / 2][2][2], const float (&x)[NT][4],
-                                            const ChunkDecays& dc, int lane, unsigned (&au)[NT / 2][4],
+                                            const Decays& dc, int lane, unsigned (&au)[NT / 2][4],
                                             unsigned (&ad)[NT / 2][4]) {
 #pragma unroll
   for (int np = 0; np < NT / 2; ++np) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int nt = 2 * np + i;
-      const float2 tail = tile_decays(dc.tail, nt, lane);
+      const float2 tail = dc.tail_tile(nt, lane);
 #pragma unroll
       for (int half_row = 0; half_row < 2; ++half_row) {
         const float2 u_in = __half22float2(*reinterpret_cast<const __half2*>(&ut[np][i][half_row]));
@@ -777,10 +800,11 @@ __device__ __forceinline__ void u_fragments(const unsigned (&ut)[NT / 2][2][2], 
 }
 
 // Y diag(e^g): column (token) scaling of the accumulator tiles.
-__device__ __forceinline__ void scale_tokens(float (&y)[NT][4], const ChunkDecays& dc, int lane) {
+template <typename Decays>
+__device__ __forceinline__ void scale_tokens(float (&y)[NT][4], const Decays& dc, int lane) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const float2 eg = tile_decays(dc.eg, nt, lane);
+    const float2 eg = dc.eg_tile(nt, lane);
 #pragma unroll
     for (int half_row = 0; half_row < 2; ++half_row) {
       y[nt][2 * half_row] *= eg.x;
@@ -808,17 +832,20 @@ __device__ __forceinline__ void pack_output(const float (&y)[NT][4], float scale
   }
 }
 
-// rows: the chunk's first token at this thread's value columns; the chunk has L tokens.
+// rows: the chunk's first token at this thread's value columns; the chunk has L tokens. The row pointer steps
+// by 8 tokens (one 64-bit add per token tile, and predicated stores: with the address formed inside each
+// guarded block, the loop paid a product and a branch per tile).
 template <typename T>
 __device__ __forceinline__ void store_output(const unsigned (&o)[NT][2], T* rows, size_t stride, int L, int g8) {
+  T* row = rows + (size_t)g8 * stride;
+  const size_t step = 8 * stride;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const int t = nt * 8 + g8;
-    if (t < L) {
-      T* row = rows + (size_t)t * stride;
+    if (nt * 8 + g8 < L) {
       *reinterpret_cast<unsigned*>(row) = o[nt][0];
       *reinterpret_cast<unsigned*>(row + 8) = o[nt][1];
     }
+    row += step;
   }
 }
 
@@ -944,10 +971,78 @@ __device__ constexpr unsigned key_step_offset(int kk) {
   return (kk / 4) * chunk::ScanLayout<chunk::VT_NARROW>::KEY_HALF + (kk % 4) * 32;
 }
 
+// The producer warpgroup's hand-off (ScanLayout::PRODUCER_WARPS > 0), on named barriers that count all the
+// CTA's threads: the producers arrive on "full" once stage s holds its chunk (their copies landed and fenced
+// for the async proxy), and the compute warps on "free" once their wgmma and loads of it are done.
+constexpr int kMaxStages = 3;
+constexpr int kStageFullBarrier = 1;  // + stage; barrier 0 is __syncthreads'
+constexpr int kStageFreeBarrier = kStageFullBarrier + kMaxStages;
+
+constexpr int kProducerBarrier = kStageFreeBarrier + kMaxStages;  // the producer warps alone
+
+template <int VT>
+__device__ __forceinline__ int next_stage(int s) {
+  return s + 1 == chunk::ScanLayout<VT>::STAGES ? 0 : s + 1;
+}
+
+// The decays of a chunk as the producer warps leave them in the stage (STAGE_E): a token tile's pairs are
+// adjacent floats, one 8-byte load each, instead of chunk_decays' expf and shuffles in the compute warps.
+// The same expf of the same gamma, so the same values.
+struct StagedDecays {
+  const float* e;  // e^g [BT], then e^{g_L-g} [BT], then e^{g_L}
+  int q2;          // this thread's first token within a tile
+  __device__ __forceinline__ float2 eg_tile(int nt, int) const {
+    return *reinterpret_cast<const float2*>(e + nt * 8 + q2);
+  }
+  __device__ __forceinline__ float2 tail_tile(int nt, int) const {
+    return *reinterpret_cast<const float2*>(e + BT + nt * 8 + q2);
+  }
+  __device__ __forceinline__ float last() const { return e[2 * BT]; }
+};
+
+// Producer thread tid's share of StagedDecays (tid < BT: token tid; thread 0 also e^{g_L}), once every
+// producer's gamma copy has landed. Gamma is zero past L, as chunk_decays reads it.
+__device__ __forceinline__ void stage_decays(const float* g, float* e, int L, int tid) {
+  if (tid < BT) {
+    const float g_last = g[L - 1], gt = g[tid];
+    e[tid] = expf(gt);
+    e[BT + tid] = expf(g_last - gt);
+    if (tid == 0) e[2 * BT] = expf(g_last);
+  }
+}
+
+// The producer warps' loop: chunk ci into stage ci % STAGES, once the compute warps have freed it (chunk
+// ci - STAGES done). A producer waits for its own copies before it arrives, so it runs at most STAGES - 1
+// chunks ahead of the compute warps, one chunk's copies in flight at a time.
+template <int VT>
+__device__ __forceinline__ void produce_stages(const ScanCopy<VT>& c, unsigned char* stages, RowSpan span,
+                                               int chunks) {
+  using Layout = chunk::ScanLayout<VT>;
+  static_assert(Layout::PRODUCER_WARPS > 0 && Layout::STAGES <= kMaxStages, "a producer warpgroup");
+  int st = 0;
+  for (int ci = 0; ci < chunks; ++ci) {
+    if (ci >= Layout::STAGES) named_barrier_sync(kStageFreeBarrier + st, Layout::THREADS);
+    const int t0 = ci * BT;
+    const int L = min(BT, span.len - t0);
+    unsigned char* stage = stages + st * Layout::STAGE_BYTES;
+    scan_load_stage(c, stage, span.start + t0, L);
+    cp_async_commit();
+    cp_async_wait<0>();
+    named_barrier_sync(kProducerBarrier, Layout::COPY_THREADS);  // all of gamma landed
+    stage_decays(reinterpret_cast<const float*>(stage + Layout::STAGE_G),
+                 reinterpret_cast<float*>(stage + Layout::STAGE_E), L, c.tid);
+    fence_proxy_async_shared();  // these cp.async writes -> the wgmma that read them
+    named_barrier_arrive(kStageFullBarrier + st, Layout::THREADS);
+    st = next_stage<VT>(st);
+  }
+}
+
 template <typename T, int VT>
 __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>& w) {
   using Layout = chunk::ScanLayout<VT>;
   static_assert(Layout::KEY_HALF == chunk::ScanLayout<chunk::VT_NARROW>::KEY_HALF, "one key-half size");
+  constexpr bool producers = Layout::PRODUCER_WARPS > 0;
+  static_assert(producers || Layout::STAGES == 2, "without producers: two stages, refilled by every thread");
   const int lane = w.lane;
   // Accumulators of X and Y. The first k step of each chunk overwrites them (scale-d 0); they are defined
   // here only because the instruction names them as inputs too.
@@ -965,7 +1060,16 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
   for (int ci = 0; ci < w.chunks; ++ci) {
     const int t0 = ci * BT;
     const int L = min(BT, w.span.len - t0);
-    const ScanStage st = stage_landed<VT>(w.stages, ci);
+    // From the loop counter, so that the stage's descriptors stay in uniform registers (a stage index
+    // carried around the loop went to a vector register, and each wgmma then paid a 64-bit add and R2UR).
+    const int stage = ci % Layout::STAGES;
+    ScanStage st;
+    if constexpr (producers) {
+      named_barrier_sync(kStageFullBarrier + stage, Layout::THREADS);
+      st = scan_stage<VT>(w.stages, stage);
+    } else {
+      st = stage_landed<VT>(w.stages, ci);
+    }
 
     // X = S0^T W^T, then Y = S0^T Q^T (two commit groups: U needs only X). B = W, Q, K-major.
     unsigned sa[KT / 2][4];
@@ -985,10 +1089,16 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
       wgmma_m64k16_rs<NT, 0>(y, sa[kk], wgmma_desc_advance(q_desc, key_step_offset(kk)), kk > 0);
     wgmma_commit();
 
-    // Meanwhile: the next chunk's loads, the previous chunk's output, this chunk's decays and U~.
-    load_next_stage(w, ci);
+    // Meanwhile: the next chunk's loads (unless producers do them), the previous chunk's output, this chunk's
+    // decays and U~.
+    if constexpr (!producers) load_next_stage(w, ci);
     if (ci > 0) store_output(o, o_rows, w.out_stride, o_len, lane >> 2);
-    const ChunkDecays dc = chunk_decays(st.g, L, lane);
+    // This chunk's decays: staged by the producer warps, or formed here.
+    const auto dc = [&] {
+      static_assert(Layout::STAGE_E == Layout::STAGE_G + BT * 4, "the decays follow gamma");
+      if constexpr (producers) return StagedDecays{st.g + BT, (lane & 3) * 2};
+      else return chunk_decays(st.g, L, lane);
+    }();
     unsigned ut[NT / 2][2][2];
     load_u_tilde(ut, st.u, Layout::LDU, w.v0, lane);
 
@@ -997,7 +1107,7 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
     unsigned au[NT / 2][4], ad[NT / 2][4];
     u_fragments(ut, x, dc, lane, au, ad);
     // Not while X runs: ptxas then waits for it before this write to the state registers (C7517).
-    scale_state(s, dc.e_last);
+    scale_state(s, dc.last());
 
     // S^T = e^{g_L} S0^T + (U^T diag(e^{g_L-g})) K with the state registers as the accumulator. B = K,
     // MN-major: token step j starts 16 rows (2048 bytes) further; keys 64-127 one key half (LBO) further.
@@ -1025,8 +1135,11 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
     for (int j = 0; j < NT / 2; ++j) wgmma_m64k16_rs<NT, 0>(y, au[j], wgmma_desc_advance(p_desc, j * 32), 1);
     wgmma_commit();
 
-    // Both done before the next chunk: its barrier frees this stage for refilling.
+    // Both done before the next chunk: its barrier (or here the "free" one) lets this stage be refilled.
     wgmma_wait<0>();
+    if constexpr (producers) {
+      if (ci + Layout::STAGES < w.chunks) named_barrier_arrive(kStageFreeBarrier + stage, Layout::THREADS);
+    }
     register_fence(s);
     register_fence(y);
     pack_output<T>(y, w.scale, o);
@@ -1074,10 +1187,25 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
     }
   }
 
-  const ScanCopy<VT> copy = scan_copy<VT>(p, chunk_workspace(p), h, hk, c0, tid);
+  // The copying threads: the producer warps (after the compute warps) if there are any, else all.
+  using Layout = ScanLayout<VT>;
+  constexpr int copy_tid0 = Layout::PRODUCER_WARPS > 0 ? Layout::WARPS * 32 : 0;
+  const ScanCopy<VT> copy = scan_copy<VT>(p, chunk_workspace(p), h, hk, c0, tid - copy_tid0);
   unsigned char* stages = scan_stages<VT>(smem);
-  scan_load_stage(copy, stages, span.start, min(BT, span.len));
-  cp_async_commit();
+#if OHK_SCAN_WGMMA
+  if constexpr (Layout::PRODUCER_WARPS > 0) {
+    // The role as a broadcast value: ptxas then knows the branch is warp-uniform and keeps the compute warps'
+    // loop counter and wgmma descriptors in uniform registers (with tid / 32 it did not, +~150 instructions).
+    if (__shfl_sync(0xffffffffu, warp, 0) >= Layout::WARPS) {
+      scan::produce_stages(copy, stages, span, chunks_of(span.len));
+      return;  // nothing waits for the producers after their last stage
+    }
+  } else
+#endif
+  {
+    scan_load_stage(copy, stages, span.start, min(BT, span.len));
+    cp_async_commit();
+  }
 
   // The fp32 state S^T in the accumulator layout: s[kt] holds value rows v0 + {g8, g8 + 8}, key columns
   // kt*8 + q2 + {0, 1}.
@@ -1117,9 +1245,12 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
 
 }  // namespace ohk
 
-// Dynamic shared memory of the chunked kernels, read by the tests to check the Python plan's copies.
+// Dynamic shared memory and block size of the chunked kernels, read by the tests to check the Python plan's
+// copies (a scan launched with fewer threads than its producer hand-off counts would hang).
 extern "C" __constant__ int gdn_chunked_v64_smem_bytes = ohk::chunk::ScanLayout<ohk::chunk::VT_NARROW>::SMEM_BYTES;
 extern "C" __constant__ int gdn_chunked_v128_smem_bytes = ohk::chunk::ScanLayout<ohk::chunk::VT_WIDE>::SMEM_BYTES;
+extern "C" __constant__ int gdn_chunked_v64_threads = ohk::chunk::ScanLayout<ohk::chunk::VT_NARROW>::THREADS;
+extern "C" __constant__ int gdn_chunked_v128_threads = ohk::chunk::ScanLayout<ohk::chunk::VT_WIDE>::THREADS;
 extern "C" __constant__ int gdn_chunk_prep_smem_bytes = ohk::chunk::PREP_SMEM_BYTES;
 
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2) gdn_chunk_prep_f16_d128(const GdnParams p) {

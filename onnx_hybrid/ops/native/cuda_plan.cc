@@ -34,14 +34,22 @@ bool ChunkedAligned(const GdnParams& p) {
          Aligned(p.state_out, 16);
 }
 
-// plan.chunk_smem_needed: every chunked kernel variant fits.
-constexpr int kChunkSmemNeeded = std::max({cp::kChunkSmemBytes, cp::kChunkWideSmemBytes, cp::kChunkWgmmaSmemBytes,
-                                           cp::kChunkWgmmaWideSmemBytes, cp::kChunkPrepSmemBytes});
-
 // plan.chunk_scan_smem_bytes.
 int ChunkScanSmemBytes(int vt, int arch) {
   if (arch == cp::kChunkWgmmaArch) return vt == cp::kChunkVt ? cp::kChunkWgmmaSmemBytes : cp::kChunkWgmmaWideSmemBytes;
   return vt == cp::kChunkVt ? cp::kChunkSmemBytes : cp::kChunkWideSmemBytes;
+}
+
+// plan.chunk_smem_needed: every chunked kernel variant of the arch's image fits.
+int ChunkSmemNeeded(int arch) {
+  return std::max({ChunkScanSmemBytes(cp::kChunkVt, arch), ChunkScanSmemBytes(cp::kChunkVtWide, arch),
+                   cp::kChunkPrepSmemBytes});
+}
+
+// plan.chunk_scan_threads: a warp per 16 value columns, plus the wgmma narrow width's producer warpgroup.
+int ChunkScanThreads(int vt, int arch) {
+  const int producers = arch == cp::kChunkWgmmaArch && vt == cp::kChunkVt ? cp::kChunkWgmmaProducerThreads : 0;
+  return vt / 16 * 32 + producers;
 }
 
 // plan.chunk_scan_width.
@@ -96,13 +104,13 @@ bool GdnUsesChunked(const GdnGeometry& geo, ElemType type, const GdnParams& para
                     GdnCudaEngine engine) {
   const bool aligned = ChunkedAligned(params);
   const bool chunked = type != ElemType::kFloat && geo.head_size_k == cp::kChunkD && geo.head_size_v == cp::kChunkD &&
-                       !geo.per_key_decay && arch >= 80 && smem_optin >= kChunkSmemNeeded && aligned;
+                       !geo.per_key_decay && arch >= 80 && smem_optin >= ChunkSmemNeeded(arch) && aligned;
   if (engine == GdnCudaEngine::kChunked && !chunked)
     throw std::runtime_error(
         std::string("the chunked engine needs float16/bfloat16, head sizes 128/128, scalar decay and sm_80+; got ") +
         TypeName(type) + ", " + std::to_string(geo.head_size_k) + "/" + std::to_string(geo.head_size_v) +
         ", per-key decay " + (geo.per_key_decay ? "True" : "False") + ", sm_" + std::to_string(arch) + " with " +
-        std::to_string(smem_optin) + " B of opt-in shared memory (needs " + std::to_string(kChunkSmemNeeded) +
+        std::to_string(smem_optin) + " B of opt-in shared memory (needs " + std::to_string(ChunkSmemNeeded(arch)) +
         "), aligned inputs " + (aligned ? "True" : "False"));
   return chunked && (engine == GdnCudaEngine::kChunked ||
                      (engine == GdnCudaEngine::kAuto && geo.total_tokens >= cp::kSequentialMinTokens * geo.batch));
@@ -132,7 +140,7 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
     const int vt = ChunkScanWidth(geo);
     launches.push_back({KernelName("gdn_chunked_", type).Append("_d").Append(cp::kChunkD).Append("_v").Append(vt),
                         {U(geo.head_size_v / vt), U(geo.num_heads_v), U(geo.batch)},
-                        {U(vt / 16 * 32), 1, 1},
+                        {U(ChunkScanThreads(vt, arch)), 1, 1},
                         ChunkScanSmemBytes(vt, arch),
                         params});
   }
