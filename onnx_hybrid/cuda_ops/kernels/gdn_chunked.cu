@@ -980,11 +980,6 @@ constexpr int kStageFreeBarrier = kStageFullBarrier + kMaxStages;
 
 constexpr int kProducerBarrier = kStageFreeBarrier + kMaxStages;  // the producer warps alone
 
-template <int VT>
-__device__ __forceinline__ int next_stage(int s) {
-  return s + 1 == chunk::ScanLayout<VT>::STAGES ? 0 : s + 1;
-}
-
 // The decays of a chunk as the producer warps leave them in the stage (STAGE_E): a token tile's pairs are
 // adjacent floats, one 8-byte load each, instead of chunk_decays' expf and shuffles in the compute warps.
 // The same expf of the same gamma, so the same values.
@@ -1012,28 +1007,38 @@ __device__ __forceinline__ void stage_decays(const float* g, float* e, int L, in
 }
 
 // The producer warps' loop: chunk ci into stage ci % STAGES, once the compute warps have freed it (chunk
-// ci - STAGES done). A producer waits for its own copies before it arrives, so it runs at most STAGES - 1
-// chunks ahead of the compute warps, one chunk's copies in flight at a time.
+// ci - STAGES done). Two chunks' copies are in flight: chunk ci + 1 is issued before chunk ci is waited for
+// and published. (With one, waiting for each chunk's copies before issuing the next, the chain of issue,
+// memory latency and hand-off was longer than the compute warps' chunk: 2.0 us per chunk at 1x8192 on the
+// H200, against 1.85 us for the scan without producers.)
 template <int VT>
 __device__ __forceinline__ void produce_stages(const ScanCopy<VT>& c, unsigned char* stages, RowSpan span,
                                                int chunks) {
   using Layout = chunk::ScanLayout<VT>;
   static_assert(Layout::PRODUCER_WARPS > 0 && Layout::STAGES <= kMaxStages, "a producer warpgroup");
-  int st = 0;
-  for (int ci = 0; ci < chunks; ++ci) {
-    if (ci >= Layout::STAGES) named_barrier_sync(kStageFreeBarrier + st, Layout::THREADS);
+  static_assert(Layout::STAGES >= 3, "chunk ci + 1 is loaded while ci - 1 may still be read");
+  const auto load = [&](int ci) {
     const int t0 = ci * BT;
-    const int L = min(BT, span.len - t0);
+    scan_load_stage(c, stages + ci % Layout::STAGES * Layout::STAGE_BYTES, span.start + t0,
+                    min(BT, span.len - t0));
+  };
+  load(0);  // chunks >= 1: the kernel serves rows of at least OHK_SEQUENTIAL_MIN_TOKENS tokens
+  cp_async_commit();
+  for (int ci = 0; ci < chunks; ++ci) {
+    if (ci + 1 < chunks) {
+      const int next = (ci + 1) % Layout::STAGES;
+      if (ci + 1 >= Layout::STAGES) named_barrier_sync(kStageFreeBarrier + next, Layout::THREADS);
+      load(ci + 1);
+    }
+    cp_async_commit();   // one group per chunk, empty past the last
+    cp_async_wait<1>();  // this thread's copies of chunk ci landed
+    named_barrier_sync(kProducerBarrier, Layout::COPY_THREADS);  // everyone's: all of gamma
+    const int st = ci % Layout::STAGES;
     unsigned char* stage = stages + st * Layout::STAGE_BYTES;
-    scan_load_stage(c, stage, span.start + t0, L);
-    cp_async_commit();
-    cp_async_wait<0>();
-    named_barrier_sync(kProducerBarrier, Layout::COPY_THREADS);  // all of gamma landed
     stage_decays(reinterpret_cast<const float*>(stage + Layout::STAGE_G),
-                 reinterpret_cast<float*>(stage + Layout::STAGE_E), L, c.tid);
+                 reinterpret_cast<float*>(stage + Layout::STAGE_E), min(BT, span.len - ci * BT), c.tid);
     fence_proxy_async_shared();  // these cp.async writes -> the wgmma that read them
     named_barrier_arrive(kStageFullBarrier + st, Layout::THREADS);
-    st = next_stage<VT>(st);
   }
 }
 
