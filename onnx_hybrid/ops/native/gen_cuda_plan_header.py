@@ -58,7 +58,8 @@ def render(c: dict[str, object]) -> str:
     decode_rows = ", ".join(padded(decode.get(k, ())) for k in keys)
     scalars = ("REC_WARPS", "REC_MIN_BLOCKS", "CHUNK_D", "CHUNK_VT", "CHUNK_THREADS", "CHUNK_TOKENS",
                "CHUNK_VT_WIDE", "CHUNK_NARROW_MAX_BLOCKS", "CHUNK_SMEM_BYTES", "CHUNK_WIDE_SMEM_BYTES",
-               "CHUNK_WGMMA_ARCH", "CHUNK_WGMMA_SMEM_BYTES", "CHUNK_WGMMA_WIDE_SMEM_BYTES", "CHUNK_WGMMA_PRODUCER_THREADS",
+               "CHUNK_WGMMA_ARCH", "CHUNK_WGMMA_SMEM_BYTES", "CHUNK_WGMMA_WIDE_SMEM_BYTES",
+               "CHUNK_WGMMA_PRODUCER_THREADS",
                "CHUNK_PREP_SMEM_BYTES", "CHUNK_PREP_SHARED_MIN_BLOCKS", "SEQUENTIAL_MIN_TOKENS",
                "CONV_THREADS", "CONV_TOKENS", "CONV_SHORT_TOKENS", "CONV_ROW_TOKENS")
     lines = [
