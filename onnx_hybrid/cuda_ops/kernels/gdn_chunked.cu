@@ -57,8 +57,10 @@ constexpr int P_OFF_V = P_OFF_Q + BT * LDH * 2;           // V slices, input typ
 constexpr int P_OFF_M = P_OFF_V + 2 * U_WARPS * BT * LDV * 2;  // -M, fp16 [BT][LDT]
 constexpr int P_OFF_DINV = P_OFF_M + BT * LDT * 2;        // inverses of the diagonal blocks, fp16 [BT][LDD]
 constexpr int P_OFF_MD = P_OFF_DINV + BT * LDD * 2;       // diagonal blocks of M, fp32 [BT][LDM]
-constexpr int P_OFF_VEC = P_OFF_MD + BT * LDM * 4;        // per warp: gamma, beta, beta e^gamma, fp32 [WARPS][3][BT]
-constexpr int PREP_SMEM_BYTES = P_OFF_VEC + WARPS * 3 * BT * 4;
+constexpr int P_OFF_VEC = P_OFF_MD + BT * LDM * 4;        // gamma, beta, beta e^gamma, fp32 [2 heads][3][BT]
+constexpr int P_OFF_STG = P_OFF_VEC + 2 * 3 * BT * 4;     // per warp: 16 output rows of 64 bytes (swizzled)
+constexpr int PREP_SMEM_BYTES = P_OFF_STG + WARPS * 16 * 64;
+constexpr int VEC_WARP = 6;  // forms the next head's vectors while warps 0-5 and 7 form T (prep_vectors)
 // T diag(coef), transposed ([source token s][token t], 128-byte rows, 16-byte piece c of row s at c ^ (s % 8):
 // the 8 rows of every ldmatrix / store phase hit distinct banks), for W and for U~, in the dead Q region.
 constexpr int T_BYTES = BT * BT * 2;
@@ -257,12 +259,11 @@ __device__ __forceinline__ PrepScalars prep_load_scalars(const GdnParams& p, int
   return s;
 }
 
-// Value head h's per-row vectors into this warp's own copies (no block barrier): gamma, the inclusive
-// cumulative log decay (padding rows add 0), beta, and beta e^gamma (0 without the delta rule). Warp 0 also
-// stores gamma to the workspace.
+// Value head h's per-row vectors, formed by one warp for the CTA (VEC_WARP, a head ahead; a block barrier
+// publishes them): gamma, the inclusive cumulative log decay (padding rows add 0), beta, and beta e^gamma (0
+// without the delta rule) into vec = [gamma | beta | beta e^gamma]; gamma also to the workspace.
 __device__ __forceinline__ void prep_vectors(const GdnParams& p, const ChunkWorkspace& ws, int h, const PrepScalars& s,
-                                             size_t tok0, int L, int warp, int lane, float* gam, float* bet,
-                                             float* rco) {
+                                             size_t tok0, int L, int lane, float* vec) {
   float a[2], b[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -285,10 +286,10 @@ __device__ __forceinline__ void prep_vectors(const GdnParams& p, const ChunkWork
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int t = 2 * lane + i;
-    gam[t] = gg[i];
-    bet[t] = b[i];
-    rco[t] = p.has_delta ? b[i] * expf(gg[i]) : 0.f;
-    if (warp == 0 && t < L) ws.g[(tok0 + t) * p.hv + h] = gg[i];
+    vec[t] = gg[i];
+    vec[chunk::BT + t] = b[i];
+    vec[2 * chunk::BT + t] = p.has_delta ? b[i] * expf(gg[i]) : 0.f;
+    if (t < L) ws.g[(tok0 + t) * p.hv + h] = gg[i];
   }
 }
 
@@ -377,11 +378,13 @@ __device__ __forceinline__ void prep_load_b<__nv_bfloat16>(unsigned (&b)[2][2], 
 // One warp's 32 columns of [W | U~]: out = Tc src, Tc = T diag(coef) from its transposed store (t_offset),
 // src: this warp's first column of the chunk's rows ([token][column], 16-bit E, ld elements per row). Each
 // 16-token block i of the output is the sum of i + 1 independent products over source blocks j <= i (T is
-// block lower-triangular); nothing chains. Rows t < L leave as 4-byte column pairs (row t at
-// dst + t * dst_stride; 64 dst_stride fits an int).
+// block lower-triangular); nothing chains. A block leaves through the warp's stage (16 rows of 64 bytes,
+// 16-byte piece c of row r at c ^ (r / 2 % 4): the pair stores and the 16-byte loads meet no bank twice), so
+// each lane stores 16 bytes and every 32-byte sector is written whole by one instruction (row t < L at
+// dst + t * dst_stride; 64 dst_stride fits an int; dst is 16-byte aligned: plan.chunked_aligned).
 template <typename E>
 __device__ __forceinline__ void prep_apply(const E* src, int ld, const __half* Tc, __half* dst, int dst_stride, int L,
-                                           int lane) {
+                                           unsigned* stage, int lane) {
   using namespace chunk;
   const int g8 = lane >> 2;
   const int q2 = (lane & 3) * 2;
@@ -405,15 +408,21 @@ __device__ __forceinline__ void prep_apply(const E* src, int ld, const __half* T
         mma_16816(acc[2 * np + 1], a, b[1]);
       }
     }
+    // (The __syncwarp opening the block also orders the previous block's stage reads before these writes.)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int t = i * 16 + g8 + 8 * r;
-      if (t < L) {
-        __half* row = dst + (t * dst_stride + q2);
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-          *reinterpret_cast<unsigned*>(row + nt * 8) = pack_half2(acc[nt][2 * r], acc[nt][2 * r + 1]);
-      }
+      for (int nt = 0; nt < 4; ++nt)
+        stage[(g8 + 8 * r) * 16 + ((nt ^ ((g8 >> 1) & 3)) << 2) + (lane & 3)] =
+            pack_half2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = (lane >> 2) + 8 * r;  // 16-byte piece lane % 4 of it
+      const uint4 v = *reinterpret_cast<const uint4*>(stage + row * 16 + (((lane & 3) ^ ((lane >> 3) & 3)) << 2));
+      const int t = i * 16 + row;
+      if (t < L) *reinterpret_cast<uint4*>(dst + (t * dst_stride + (lane & 3) * 8)) = v;
     }
   }
 }
@@ -430,6 +439,9 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   __half* Tw = Qh;  // T diag(beta e^g) and T diag(beta), transposed, once the Gram has read Q
   __half* Tu = Qh + BT * BT;
   __shared__ ChunkRef found;
+  // Whether this CTA stores the group's shared normalised Q and K (one CTA of the group does), kept in shared
+  // memory: held in a register across the chunk loop, it was the value ptxas spilled at 128 registers.
+  __shared__ bool write_qk_shared;
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -438,7 +450,6 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   const int h_first = blockIdx.y * heads;
   const int group = p.hv / p.hk;
   const int hk = h_first / group;
-  const bool write_qk = h_first % group == 0;  // one CTA of the group stores the shared normalised Q and K
   const ChunkWorkspace ws = chunk_workspace(p);
   const T* qb = static_cast<const T*>(p.q) + (size_t)hk * D;
   const T* kb = static_cast<const T*>(p.k) + (size_t)hk * D;
@@ -452,10 +463,10 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   const int col0 = warp % U_WARPS * 32;
   T* const v_slices = reinterpret_cast<T*>(smem + P_OFF_V) + warp % U_WARPS * BT * LDV;  // buffer b: + b * V_BUF
   constexpr int V_BUF = U_WARPS * BT * LDV;
-  float* gam = reinterpret_cast<float*>(smem + P_OFF_VEC) + warp * 3 * BT;  // this warp's copies
-  float* bet = gam + BT;
-  float* rco = bet + BT;
+  float* const vecs = reinterpret_cast<float*>(smem + P_OFF_VEC);  // head hi's at + (hi & 1) * 3 * BT
+  const bool vec_warp = warp == VEC_WARP;
 
+  if (tid == 0) write_qk_shared = h_first % group == 0;  // read after the chunk loop's first barrier
   for (int x = blockIdx.x;; x += gridDim.x) {
     if (warp == 0) {
       const ChunkRef c = find_chunk(p, x, lane);
@@ -483,40 +494,51 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
         cp_async_commit();
       }
     }
-    PrepScalars next = prep_load_scalars(p, h_first, tok0, L, lane);
-    uint2 rq[kPrepRows], rk[kPrepRows];
+    PrepScalars next;  // VEC_WARP's: the inputs of the next head's vectors
+    if (vec_warp) next = prep_load_scalars(p, h_first, tok0, L, lane);
+    const bool write_qk = write_qk_shared;
+    // Two halves of the warp's rows, each with all its loads issued before any use (their latencies overlap);
+    // all rows at once left too few registers (the images spilled).
 #pragma unroll
-    for (int j = 0; j < kPrepRows; ++j) {
-      const int t = warp * kPrepRows + j;
-      rq[j] = rk[j] = make_uint2(0u, 0u);
-      if (t < L) {
-        const size_t tok = tok0 + t;
-        rq[j] = *reinterpret_cast<const uint2*>(qb + tok * p.q_stride + lane * 4);
-        rk[j] = *reinterpret_cast<const uint2*>(kb + tok * p.k_stride + lane * 4);
+    for (int j0 = 0; j0 < kPrepRows; j0 += kPrepRows / 2) {
+      uint2 rq[kPrepRows / 2], rk[kPrepRows / 2];
+#pragma unroll
+      for (int j = 0; j < kPrepRows / 2; ++j) {
+        const int t = warp * kPrepRows + j0 + j;
+        rq[j] = rk[j] = make_uint2(0u, 0u);
+        if (t < L) {
+          const size_t tok = tok0 + t;
+          rq[j] = *reinterpret_cast<const uint2*>(qb + tok * p.q_stride + lane * 4);
+          rk[j] = *reinterpret_cast<const uint2*>(kb + tok * p.k_stride + lane * 4);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kPrepRows / 2; ++j) {
+        const int t = warp * kPrepRows + j0 + j;
+        float qv[4], kv[4];
+        unpack4<T>(rq[j], qv);
+        unpack4<T>(rk[j], kv);
+        if (p.l2norm) {  // padding rows are zero and stay zero
+          float sq = 0.f, sk = 0.f;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) { sq = fmaf(qv[i], qv[i], sq); sk = fmaf(kv[i], kv[i], sk); }
+          const float iq = rsqrtf(warp_sum(sq) + 1e-12f), ik = rsqrtf(warp_sum(sk) + 1e-12f);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) { qv[i] *= iq; kv[i] *= ik; }
+        }
+        const uint2 qh = pack4_half(qv), kh = pack4_half(kv);
+        *reinterpret_cast<uint2*>(Qh + t * LDH + lane * 4) = qh;
+        *reinterpret_cast<uint2*>(Kh + t * LDH + lane * 4) = kh;
+        if (write_qk && t < L) {
+          const size_t row = (tok0 + t) * p.hk + hk;
+          *reinterpret_cast<uint2*>(ws.q + row * D + lane * 4) = qh;
+          *reinterpret_cast<uint2*>(ws.k + row * D + lane * 4) = kh;
+        }
       }
     }
-#pragma unroll
-    for (int j = 0; j < kPrepRows; ++j) {
-      const int t = warp * kPrepRows + j;
-      float qv[4], kv[4];
-      unpack4<T>(rq[j], qv);
-      unpack4<T>(rk[j], kv);
-      if (p.l2norm) {  // padding rows are zero and stay zero
-        float sq = 0.f, sk = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) { sq = fmaf(qv[i], qv[i], sq); sk = fmaf(kv[i], kv[i], sk); }
-        const float iq = rsqrtf(warp_sum(sq) + 1e-12f), ik = rsqrtf(warp_sum(sk) + 1e-12f);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) { qv[i] *= iq; kv[i] *= ik; }
-      }
-      const uint2 qh = pack4_half(qv), kh = pack4_half(kv);
-      *reinterpret_cast<uint2*>(Qh + t * LDH + lane * 4) = qh;
-      *reinterpret_cast<uint2*>(Kh + t * LDH + lane * 4) = kh;
-      if (write_qk && t < L) {
-        const size_t row = (tok0 + t) * p.hk + hk;
-        *reinterpret_cast<uint2*>(ws.q + row * D + lane * 4) = qh;
-        *reinterpret_cast<uint2*>(ws.k + row * D + lane * 4) = kh;
-      }
+    if (vec_warp) {
+      prep_vectors(p, ws, h_first, next, tok0, L, lane, vecs);
+      if (heads > 1) next = prep_load_scalars(p, h_first + 1, tok0, L, lane);
     }
     __syncthreads();
 
@@ -540,13 +562,14 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
 
     // Per value head: two block barriers. (A) -M and the diagonal inverses are complete: T's column blocks
     // form. (B) T is complete: every warp applies it. Each buffer is written before one barrier and read
-    // before the next barrier of the same kind, so -M, Dinv and T need one buffer each; the V slices, loaded
-    // a head ahead, two.
+    // before the next barrier of the same kind, so -M, Dinv and T need one buffer each; the vectors and the V
+    // slices, formed or loaded a head ahead, two.
     for (int hi = 0; hi < heads; ++hi) {
       const int h = h_first + hi;
-      const PrepScalars cur = next;
-      if (hi + 1 < heads) next = prep_load_scalars(p, h + 1, tok0, L, lane);
-      __syncwarp();  // this warp is done with the previous head's vectors, V slice and Md
+      const float* gam = vecs + (hi & 1) * 3 * BT;
+      const float* bet = gam + BT;
+      const float* rco = bet + BT;
+      __syncwarp();  // this warp is done with the previous head's V slice
       if (u_warp && hi >= 1) {  // the next head's V goes into the slice the previous head used
         if (hi + 1 < heads) {
           const T* v = static_cast<const T*>(p.v) + (size_t)(h + 1) * D + col0;
@@ -554,8 +577,6 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
         }
         cp_async_commit();
       }
-      prep_vectors(p, ws, h, cur, tok0, L, warp, lane, gam, bet, rco);
-      __syncwarp();
 
       // 3. -M and its diagonal blocks (fp32) from the raw K K^T, P from Q K^T straight to the workspace (one
       //    64-bit row address, 32-bit offsets from it: fewer live registers).
@@ -619,7 +640,8 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
 
       // 5. T diag(coef) into the transposed stores: the diagonal blocks from the inverting warps' fp32
       //    columns (lane j: row s = 16 wm + j, 16 tokens as two 16-byte pieces), the blocks below them by
-      //    warps 1, 3 and 4 (column blocks 0, 1, 2; the first has the longest chain).
+      //    warps 1, 3 and 4 (column blocks 0, 1, 2; the first has the longest chain). Meanwhile VEC_WARP forms
+      //    the next head's vectors.
       if (inverts) {
         if (lane < 16) {
           const int s = wm * 16 + lane;  // the column of T this lane's Md row holds
@@ -643,17 +665,21 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
         prep_t_column<1>(Mh, Dh, rco, bet, Tw, Tu, lane);
       } else if (warp == 4) {
         prep_t_column<2>(Mh, Dh, rco, bet, Tw, Tu, lane);
+      } else if (vec_warp && hi + 1 < heads) {  // the next head's vectors, into the other buffer
+        prep_vectors(p, ws, h + 1, next, tok0, L, lane, vecs + ((hi + 1) & 1) * 3 * BT);
+        if (hi + 2 < heads) next = prep_load_scalars(p, h + 2, tok0, L, lane);
       }
       __syncthreads();  // (B)
 
       // 6. [W | U~] = T diag(coef) [K | V]: 32 columns per warp, no chains.
       const size_t first = tok0 * out_row + col0;
       const size_t head = (size_t)h * D;
+      unsigned* const stage = reinterpret_cast<unsigned*>(smem + P_OFF_STG) + warp * 16 * 16;
       if (u_warp)
         prep_apply<T>(reinterpret_cast<T*>(smem + P_OFF_V) + ((hi & 1) * U_WARPS + warp % U_WARPS) * BT * LDV, LDV, Tu,
-                      static_cast<__half*>(p.out) + first + head, out_row, L, lane);
+                      static_cast<__half*>(p.out) + first + head, out_row, L, stage, lane);
       else
-        prep_apply<__half>(Kh + col0, LDH, Tw, ws.w + first + head, out_row, L, lane);
+        prep_apply<__half>(Kh + col0, LDH, Tw, ws.w + first + head, out_row, L, stage, lane);
     }
     __syncthreads();  // the next chunk's inputs overwrite this one's
   }
