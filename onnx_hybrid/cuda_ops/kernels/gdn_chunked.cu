@@ -375,26 +375,49 @@ __device__ __forceinline__ void prep_load_b<__nv_bfloat16>(unsigned (&b)[2][2], 
   }
 }
 
+// A warp's 16 x 32 tile in the mma accumulator layout (acc[nt]: rows g8 and g8 + 8, columns 8 nt + q2 + {0, 1})
+// as fp16 to its rows r < rows at dst + r * stride, through the warp's stage (16 rows of 64 bytes, 16-byte
+// piece c of row r at c ^ (r / 2 % 4): the pair stores and the 16-byte loads meet no bank twice). Each lane
+// then stores 16 bytes, and every 32-byte sector is written whole by one instruction (dst and stride keep
+// rows 16-byte aligned: plan.chunked_aligned for the output). The caller orders earlier reads of the stage
+// before this call (__syncwarp).
+__device__ __forceinline__ void prep_store_tile(const float (&acc)[4][4], unsigned* stage, __half* dst, int stride,
+                                                int rows, int lane) {
+  const int g8 = lane >> 2;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+      stage[(g8 + 8 * r) * 16 + ((nt ^ ((g8 >> 1) & 3)) << 2) + (lane & 3)] =
+          pack_half2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = (lane >> 2) + 8 * r;  // 16-byte piece lane % 4 of it
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + row * 16 + (((lane & 3) ^ ((lane >> 3) & 3)) << 2));
+    if (row < rows) *reinterpret_cast<uint4*>(dst + (row * stride + (lane & 3) * 8)) = v;
+  }
+}
+
 // One warp's 32 columns of [W | U~]: out = Tc src, Tc = T diag(coef) from its transposed store (t_offset),
 // src: this warp's first column of the chunk's rows ([token][column], 16-bit E, ld elements per row). Each
 // 16-token block i of the output is the sum of i + 1 independent products over source blocks j <= i (T is
-// block lower-triangular); nothing chains. A block leaves through the warp's stage (16 rows of 64 bytes,
-// 16-byte piece c of row r at c ^ (r / 2 % 4): the pair stores and the 16-byte loads meet no bank twice), so
-// each lane stores 16 bytes and every 32-byte sector is written whole by one instruction (row t < L at
-// dst + t * dst_stride; 64 dst_stride fits an int; dst is 16-byte aligned: plan.chunked_aligned).
+// block lower-triangular); nothing chains. Each block leaves through prep_store_tile (row t < L at
+// dst + t * dst_stride; 64 dst_stride fits an int).
 template <typename E>
 __device__ __forceinline__ void prep_apply(const E* src, int ld, const __half* Tc, __half* dst, int dst_stride, int L,
                                            unsigned* stage, int lane) {
   using namespace chunk;
-  const int g8 = lane >> 2;
-  const int q2 = (lane & 3) * 2;
   // ldmatrix_x4_trans of the A tile (i, j) = Tc[16 i.., 16 j..] from [s][t] rows: row s = 16 j + a_row, piece
   // 2 i + a_piece, swizzled by s % 8 = lane % 8.
   const __half* a_base = Tc + ((lane & 7) + (lane >> 4) * 8) * BT;
   const int a_piece = ((lane >> 3) & 1) ^ (lane & 7);
 #pragma unroll
   for (int i = 0; i < BT / 16; ++i) {
-    __syncwarp();  // bounds ptxas's scheduling to one token block at a time (else the images spill)
+    // Bounds ptxas's scheduling to one token block at a time (else the images spill), and orders the previous
+    // block's reads of the stage before this block's writes.
+    __syncwarp();
     float acc[4][4] = {};  // n tiles of 8 columns
 #pragma unroll
     for (int j = 0; j <= i; ++j) {
@@ -408,22 +431,7 @@ __device__ __forceinline__ void prep_apply(const E* src, int ld, const __half* T
         mma_16816(acc[2 * np + 1], a, b[1]);
       }
     }
-    // (The __syncwarp opening the block also orders the previous block's stage reads before these writes.)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-        stage[(g8 + 8 * r) * 16 + ((nt ^ ((g8 >> 1) & 3)) << 2) + (lane & 3)] =
-            pack_half2(acc[nt][2 * r], acc[nt][2 * r + 1]);
-    }
-    __syncwarp();
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = (lane >> 2) + 8 * r;  // 16-byte piece lane % 4 of it
-      const uint4 v = *reinterpret_cast<const uint4*>(stage + row * 16 + (((lane & 3) ^ ((lane >> 3) & 3)) << 2));
-      const int t = i * 16 + row;
-      if (t < L) *reinterpret_cast<uint4*>(dst + (t * dst_stride + (lane & 3) * 8)) = v;
-    }
+    prep_store_tile(acc, stage, dst + i * 16 * dst_stride, dst_stride, L - i * 16, lane);
   }
 }
 
@@ -578,15 +586,16 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
         cp_async_commit();
       }
 
-      // 3. -M and its diagonal blocks (fp32) from the raw K K^T, P from Q K^T straight to the workspace (one
-      //    64-bit row address, 32-bit offsets from it: fewer live registers).
-      __half* p_row = ws.p + ((tok0 + wm * 16 + g8) * p.hv + h) * BT + wn * 32 + q2;
+      // 3. -M and its diagonal blocks (fp32) from the raw K K^T, P from Q K^T to the workspace through the
+      //    warp's stage (free since the __syncwarp above).
+      unsigned* const stage = reinterpret_cast<unsigned*>(smem + P_OFF_STG) + warp * 16 * 16;
+      float pt[4][4];  // P's tile, accumulator layout
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
         for (int half_row = 0; half_row < 2; ++half_row) {
           const int t = wm * 16 + g8 + half_row * 8;
-          float pv[2], mv[2];
+          float mv[2];
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const int e = half_row * 2 + j;
@@ -594,12 +603,12 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
             const float ratio = col <= t ? __expf(gam[t] - gam[col]) : 0.f;  // <= 1; ex2.approx: 2 instructions
             mv[j] = (p.has_delta && col < t) ? bet[t] * kk[nt][e] * ratio : 0.f;
             if ((col >> 4) == (t >> 4)) Md[t * LDM + (col & 15)] = mv[j];
-            pv[j] = qk[nt][e] * ratio;
+            pt[nt][e] = qk[nt][e] * ratio;
           }
           store_half2(Mh + t * LDT + wn * 32 + nt * 8 + q2, -mv[0], -mv[1]);
-          if (t < L) store_half2(p_row + half_row * 8 * p.hv * BT + nt * 8, pv[0], pv[1]);
         }
       }
+      prep_store_tile(pt, stage, ws.p + ((tok0 + wm * 16) * p.hv + h) * BT + wn * 32, p.hv * BT, L - wm * 16, lane);
 
       // 4. Exact inverses of the unit lower-triangular diagonal blocks of (I + M), lane j < 16 solving column
       //    j by forward substitution, each by the warp that just wrote its block: fp16 into Dh, and fp32 over
@@ -674,7 +683,6 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
       // 6. [W | U~] = T diag(coef) [K | V]: 32 columns per warp, no chains.
       const size_t first = tok0 * out_row + col0;
       const size_t head = (size_t)h * D;
-      unsigned* const stage = reinterpret_cast<unsigned*>(smem + P_OFF_STG) + warp * 16 * 16;
       if (u_warp)
         prep_apply<T>(reinterpret_cast<T*>(smem + P_OFF_V) + ((hi & 1) * U_WARPS + warp % U_WARPS) * BT * LDV, LDV, Tu,
                       static_cast<__half*>(p.out) + first + head, out_row, L, stage, lane);
