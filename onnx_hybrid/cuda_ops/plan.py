@@ -88,7 +88,7 @@ CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES = 141824, 158208  # the scan on mma.sync
 # The sm_90 image (built for sm_90a) runs the scan on wgmma, its stage in wgmma's swizzled layout.
 CHUNK_WGMMA_ARCH = 90
 CHUNK_WGMMA_SMEM_BYTES, CHUNK_WGMMA_WIDE_SMEM_BYTES = 136192, 152576
-CHUNK_PREP_SMEM_BYTES = 102912
+CHUNK_PREP_SMEM_BYTES = 115200
 # The prep kernel serves a key head's whole group of value heads per block (q/k loads, norms and the two Gram
 # products once for the group) while that grid keeps at least this many blocks: two per SM on an H200's 132
 # SMs. Below it, one value head per block: more blocks in flight for short calls.

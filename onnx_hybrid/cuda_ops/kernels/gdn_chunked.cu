@@ -59,7 +59,9 @@ constexpr int P_OFF_DINV = P_OFF_M + BT * LDT * 2;        // inverses of the dia
 constexpr int P_OFF_MD = P_OFF_DINV + BT * LDD * 2;       // diagonal blocks of M, fp32 [BT][LDM]
 constexpr int P_OFF_VEC = P_OFF_MD + BT * LDM * 4;        // gamma, beta, beta e^gamma, fp32 [2 heads][3][BT]
 constexpr int P_OFF_STG = P_OFF_VEC + 2 * 3 * BT * 4;     // per warp: 16 output rows of 64 bytes (swizzled)
-constexpr int PREP_SMEM_BYTES = P_OFF_STG + WARPS * 16 * 64;
+constexpr int GRAM_WARPS = 6;                             // warps whose 16x32 Gram tile meets the lower triangle
+constexpr int P_OFF_KK = P_OFF_STG + WARPS * 16 * 64;     // raw K K^T tiles, fp32 [GRAM_WARPS][4 n tiles][32 lanes][4]
+constexpr int PREP_SMEM_BYTES = P_OFF_KK + GRAM_WARPS * 4 * 32 * 16;
 constexpr int VEC_WARP = 6;  // forms the next head's vectors while warps 0-5 and 7 form T (prep_vectors)
 // T diag(coef), transposed ([source token s][token t], 128-byte rows, 16-byte piece c of row s at c ^ (s % 8):
 // the 8 rows of every ldmatrix / store phase hit distinct banks), for W and for U~, in the dead Q region.
@@ -550,9 +552,13 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
     }
     __syncthreads();
 
-    // 2. The raw K K^T and Q K^T (lower triangle), shared by the CTA's heads: kept in registers.
-    float kk[4][4] = {}, qk[4][4] = {};
+    // 2. The raw K K^T and Q K^T (lower triangle), shared by the CTA's heads: Q K^T kept in registers, K K^T
+    //    in shared memory (each lane its own accumulators, 16-byte pieces in lane order: no bank conflicts).
+    //    Both in registers across the head loop left too few for the rest (the images spilled).
+    float4* const kk_tile = reinterpret_cast<float4*>(smem + P_OFF_KK) + (warp < 4 ? warp / 2 : warp - 2) * 4 * 32 + lane;
+    float qk[4][4] = {};
     if (gram_warp) {
+      float kk[4][4] = {};
 #pragma unroll
       for (int kstep = 0; kstep < D / 16; ++kstep) {
         unsigned ak[4], aq[4];
@@ -566,6 +572,8 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
           mma_16816(qk[nt], aq, bk);
         }
       }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) kk_tile[nt * 32] = make_float4(kk[nt][0], kk[nt][1], kk[nt][2], kk[nt][3]);
     }
 
     // Per value head: two block barriers. (A) -M and the diagonal inverses are complete: T's column blocks
@@ -587,25 +595,49 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
       }
 
       // 3. -M and its diagonal blocks (fp32) from the raw K K^T, P from Q K^T to the workspace through the
-      //    warp's stage (free since the __syncwarp above).
+      //    warp's stage (free since the __syncwarp above). The gamma and beta values are read into registers
+      //    first (the Md / Mh stores would otherwise make the compiler reload them for every element), and the
+      //    decay exponent above the diagonal is masked to -inf instead of branching around __expf, which then
+      //    gives +0 there: the same values as before, without a branch per element.
       unsigned* const stage = reinterpret_cast<unsigned*>(smem + P_OFF_STG) + warp * 16 * 16;
       float pt[4][4];  // P's tile, accumulator layout
+      if (gram_warp) {
+        float g_row[2], b_row[2];
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+        for (int r = 0; r < 2; ++r) {
+          g_row[r] = gam[wm * 16 + g8 + 8 * r];
+          b_row[r] = bet[wm * 16 + g8 + 8 * r];
+        }
 #pragma unroll
-        for (int half_row = 0; half_row < 2; ++half_row) {
-          const int t = wm * 16 + g8 + half_row * 8;
-          float mv[2];
+        for (int nt = 0; nt < 4; ++nt) {
+          const float2 g_col = *reinterpret_cast<const float2*>(gam + wn * 32 + nt * 8 + q2);
+          const float4 k4 = kk_tile[nt * 32];
+          const float kk[4] = {k4.x, k4.y, k4.z, k4.w};
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int e = half_row * 2 + j;
-            const int col = wn * 32 + nt * 8 + q2 + j;
-            const float ratio = col <= t ? __expf(gam[t] - gam[col]) : 0.f;  // <= 1; ex2.approx: 2 instructions
-            mv[j] = (p.has_delta && col < t) ? bet[t] * kk[nt][e] * ratio : 0.f;
-            if ((col >> 4) == (t >> 4)) Md[t * LDM + (col & 15)] = mv[j];
-            pt[nt][e] = qk[nt][e] * ratio;
+          for (int half_row = 0; half_row < 2; ++half_row) {
+            const int t = wm * 16 + g8 + half_row * 8;
+            float mv[2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int e = half_row * 2 + j;
+              const int col = wn * 32 + nt * 8 + q2 + j;
+              const float d = col <= t ? g_row[half_row] - (j ? g_col.y : g_col.x) : __int_as_float(0xff800000);
+              const float ratio = __expf(d);  // <= 1 (0 above the diagonal); ex2.approx: 2 instructions
+              mv[j] = (p.has_delta && col < t) ? b_row[half_row] * kk[e] * ratio : 0.f;
+              if ((col >> 4) == (t >> 4)) Md[t * LDM + (col & 15)] = mv[j];
+              pt[nt][e] = qk[nt][e] * ratio;
+            }
+            store_half2(Mh + t * LDT + wn * 32 + nt * 8 + q2, -mv[0], -mv[1]);
           }
-          store_half2(Mh + t * LDT + wn * 32 + nt * 8 + q2, -mv[0], -mv[1]);
+        }
+      } else {  // the tile lies above the diagonal: -M and P are zero there
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) pt[nt][e] = 0.f;
+#pragma unroll
+          for (int half_row = 0; half_row < 2; ++half_row)
+            *reinterpret_cast<unsigned*>(Mh + (wm * 16 + g8 + half_row * 8) * LDT + wn * 32 + nt * 8 + q2) = 0u;
         }
       }
       prep_store_tile(pt, stage, ws.p + ((tok0 + wm * 16) * p.hv + h) * BT + wn * 32, p.hv * BT, L - wm * 16, lane);
