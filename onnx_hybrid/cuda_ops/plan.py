@@ -91,7 +91,7 @@ CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES = 141824, 158208  # the scan on mma.sync
 CHUNK_WGMMA_ARCH = 90
 CHUNK_WGMMA_SMEM_BYTES, CHUNK_WGMMA_WIDE_SMEM_BYTES = 203776, 152576
 CHUNK_WGMMA_PRODUCER_THREADS = 128
-CHUNK_PREP_SMEM_BYTES = 111616
+CHUNK_PREP_SMEM_BYTES = 115200
 # The prep kernel serves a key head's whole group of value heads per block (q/k loads, norms and the two Gram
 # products once for the group) while that grid keeps at least this many blocks: two per SM on an H200's 132
 # SMs. Below it, one value head per block: more blocks in flight for short calls.

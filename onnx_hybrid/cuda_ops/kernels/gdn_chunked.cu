@@ -45,20 +45,29 @@ constexpr int LDM = 16 + 4;  // floats per 16-wide row (16-byte rows: float4 loa
 
 // Prep kernel: one CTA serves `heads` value heads of one key head's group (gridDim.y = Hv / heads). Q, K,
 // their norms and the raw Gram products K K^T and Q K^T are formed once per CTA; per value head the decay
-// ratios and beta scale them into M and P, and the solve's right-hand side has 2D columns
-// ([beta e^g K | beta V]), 32 per warp: warps 0-3 solve W, warps 4-7 U~.
+// ratios and beta scale them into M and P, T = (I+M)^{-1} is formed once (64 columns) and scaled into
+// T diag(beta e^g) and T diag(beta), and [W | U~] = T diag(coef) [K | V] are chain-free products, 32 columns
+// per warp: warps 0-3 W, warps 4-7 U~.
 constexpr int RHS = 2 * D;
-constexpr int U_WARPS = WARPS / 2;  // warps solving U~, each with its own slice of V
+constexpr int U_WARPS = WARPS / 2;  // warps forming U~, each with its own slice of V
 constexpr int LDV = 32 + 8;         // elements per row of a U~ warp's V slice (32 columns, 16-bit)
 constexpr int P_OFF_K = 0;                                // K chunk, fp16 [BT][LDH]
-constexpr int P_OFF_Q = P_OFF_K + BT * LDH * 2;           // Q chunk, fp16 [BT][LDH]
+constexpr int P_OFF_Q = P_OFF_K + BT * LDH * 2;           // Q chunk, fp16 [BT][LDH]; after the Gram: T_W, T_U
 constexpr int P_OFF_V = P_OFF_Q + BT * LDH * 2;           // V slices, input type [2 heads][U_WARPS][BT][LDV]
-constexpr int P_OFF_M = P_OFF_V + 2 * U_WARPS * BT * LDV * 2;  // -M, fp16 [2 heads][BT][LDT]
-constexpr int P_OFF_DINV = P_OFF_M + 2 * BT * LDT * 2;    // inverses of the diagonal blocks, fp16 [2 heads][BT][LDD]
-constexpr int P_OFF_MD = P_OFF_DINV + 2 * BT * LDD * 2;   // diagonal blocks of M, fp32 [BT][LDM]
-constexpr int P_OFF_VEC = P_OFF_MD + BT * LDM * 4;        // per warp: gamma, beta, beta e^gamma, fp32 [WARPS][3][BT]
-constexpr int PREP_SMEM_BYTES = P_OFF_VEC + WARPS * 3 * BT * 4;
-static_assert(WARPS * 32 == RHS && U_WARPS * 32 == D, "32 solve columns per warp");
+constexpr int P_OFF_M = P_OFF_V + 2 * U_WARPS * BT * LDV * 2;  // -M, fp16 [BT][LDT]
+constexpr int P_OFF_DINV = P_OFF_M + BT * LDT * 2;        // inverses of the diagonal blocks, fp16 [BT][LDD]
+constexpr int P_OFF_MD = P_OFF_DINV + BT * LDD * 2;       // diagonal blocks of M, fp32 [BT][LDM]
+constexpr int P_OFF_VEC = P_OFF_MD + BT * LDM * 4;        // gamma, beta, beta e^gamma, fp32 [2 heads][3][BT]
+constexpr int P_OFF_STG = P_OFF_VEC + 2 * 3 * BT * 4;     // per warp: 16 output rows of 64 bytes (swizzled)
+constexpr int GRAM_WARPS = 6;                             // warps whose 16x32 Gram tile meets the lower triangle
+constexpr int P_OFF_KK = P_OFF_STG + WARPS * 16 * 64;     // raw K K^T tiles, fp32 [GRAM_WARPS][4 n tiles][32 lanes][4]
+constexpr int PREP_SMEM_BYTES = P_OFF_KK + GRAM_WARPS * 4 * 32 * 16;
+constexpr int VEC_WARP = 6;  // forms the next head's vectors while warps 0-5 and 7 form T (prep_vectors)
+// T diag(coef), transposed ([source token s][token t], 128-byte rows, 16-byte piece c of row s at c ^ (s % 8):
+// the 8 rows of every ldmatrix / store phase hit distinct banks), for W and for U~, in the dead Q region.
+constexpr int T_BYTES = BT * BT * 2;
+static_assert(2 * T_BYTES <= BT * LDH * 2, "T_W and T_U fit the Q region");
+static_assert(WARPS * 32 == RHS && U_WARPS * 32 == D, "32 output columns per warp");
 static_assert(2 * PREP_SMEM_BYTES + 2048 <= 228 * 1024, "two prep CTAs per sm_90 SM");
 
 // Scan kernel, VT value columns per CTA (VT / 16 compute warps of 16 value rows each), instantiated for two
@@ -266,12 +275,11 @@ __device__ __forceinline__ PrepScalars prep_load_scalars(const GdnParams& p, int
   return s;
 }
 
-// Value head h's per-row vectors into this warp's own copies (no block barrier): gamma, the inclusive
-// cumulative log decay (padding rows add 0), beta, and beta e^gamma (0 without the delta rule). Warp 0 also
-// stores gamma to the workspace.
+// Value head h's per-row vectors, formed by one warp for the CTA (VEC_WARP, a head ahead; a block barrier
+// publishes them): gamma, the inclusive cumulative log decay (padding rows add 0), beta, and beta e^gamma (0
+// without the delta rule) into vec = [gamma | beta | beta e^gamma]; gamma also to the workspace.
 __device__ __forceinline__ void prep_vectors(const GdnParams& p, const ChunkWorkspace& ws, int h, const PrepScalars& s,
-                                             size_t tok0, int L, int warp, int lane, float* gam, float* bet,
-                                             float* rco) {
+                                             size_t tok0, int L, int lane, float* vec) {
   float a[2], b[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -294,81 +302,152 @@ __device__ __forceinline__ void prep_vectors(const GdnParams& p, const ChunkWork
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int t = 2 * lane + i;
-    gam[t] = gg[i];
-    bet[t] = b[i];
-    rco[t] = p.has_delta ? b[i] * expf(gg[i]) : 0.f;
-    if (warp == 0 && t < L) ws.g[(tok0 + t) * p.hv + h] = gg[i];
+    vec[t] = gg[i];
+    vec[chunk::BT + t] = b[i];
+    vec[2 * chunk::BT + t] = p.has_delta ? b[i] * expf(gg[i]) : 0.f;
+    if (t < L) ws.g[(tok0 + t) * p.hv + h] = gg[i];
   }
 }
 
-// One warp's 32 columns of [W | U~] = (I+M)^{-1} diag(coef) src by block substitution on the transposes:
-//   X_i^T = R_i^T + sum_{j<i} Sol_j^T (-M_ij)^T,   Sol_i^T = X_i^T Dinv_i^T,
-// columns as the mma rows and tokens as its columns, 16 columns at a time (fewer live registers). Each
-// accumulator becomes the A operand of the next product in registers (C -> A fragments), so nothing of the
-// chain passes through shared memory. src: this warp's first column of the chunk's rows ([token][column],
-// 16-bit, ld elements per row). Solved blocks leave through 8x8 transposes as column pairs of one token (row
-// t at dst + t * dst_stride, rows < L; 64 dst_stride fits an int).
-template <typename E>
-__device__ __forceinline__ void prep_solve(const E* src, int ld, const float* coef, const __half* Mh, const __half* Dh,
-                                           __half* dst, int dst_stride, int L, int lane) {
+// Byte-free element offset of the pair (s, t), (s, t + 1) in a transposed T store (P_OFF_Q's comment): row s,
+// 16-byte piece t / 8 swizzled by s % 8.
+__device__ __forceinline__ int t_offset(int s, int t) { return s * chunk::BT + (((t >> 3) ^ (s & 7)) << 3) + (t & 7); }
+
+// Column block J (16 columns) of T = (I+M)^{-1} below the diagonal, by block forward substitution on the
+// transposes, with the identity as the right-hand side:
+//   X_i^T = sum_{J<=j<i} T_jJ^T (-M_ij)^T,   T_iJ^T = X_i^T Dinv_i^T   (i > J; T_JJ = Dinv_J)
+// The block's columns are the mma rows and tokens its columns, so each accumulator is reused as the next A
+// operand in registers (C -> A fragments). B operands come straight from -M and Dinv with ldmatrix. X and the
+// T blocks are rounded to fp16 as operands (as the old solve rounded X and its solution); the fp32 T blocks
+// leave scaled by their columns' coefficients into the transposed stores Tw = (T diag(beta e^g))^T and
+// Tu = (T diag(beta))^T, one 4-byte pair per accumulator pair. The diagonal blocks are not written here.
+template <int J>
+__device__ __forceinline__ void prep_t_column(const __half* Mh, const __half* Dh, const float* rco, const float* bet,
+                                              __half* Tw, __half* Tu, int lane) {
   using namespace chunk;
   const int g8 = lane >> 2;
   const int q2 = (lane & 3) * 2;
-  const int tile_row = (lane >> 4) * 8 + (lane & 7);  // ldmatrix_x4_trans: tiles (tokens 0-7 | 8-15) x
-  const int tile_col = ((lane >> 3) & 1) * 8;         // (columns 0-7 | 8-15)
-  // One 16-column pass after the other, each opened by a __syncwarp that bounds ptxas's scheduling: unrolled,
-  // or without the fence, the NVRTC image spills.
-#pragma unroll 1
-  for (int mt = 0; mt < 2; ++mt) {
-    __syncwarp();
-    unsigned sol[BT / 16 - 1][4];  // Sol_j^T of these 16 columns as A fragments
+  unsigned sol[BT / 16 - 1][4];  // T_jJ^T as A fragments (m = the block's 16 columns, k = tokens of block j)
+  // T_JJ^T = Dinv_J^T: Dh holds Dinv_J row-major ([k][m] for this A), so the transposing load gives it.
+  ldmatrix_x4_trans(sol[J], Dh + (J * 16 + (lane & 7) + (lane >> 4) * 8) * LDD + ((lane >> 3) & 1) * 8);
+  const int s0 = J * 16 + g8;  // this lane's columns of T: s0 and s0 + 8
+  const float cw[2] = {rco[s0], rco[s0 + 8]}, cu[2] = {bet[s0], bet[s0 + 8]};
 #pragma unroll
-    for (int i = 0; i < BT / 16; ++i) {
-      float acc[2][4];  // per 8-token half of block i
-      unsigned r[4];
-      ldmatrix_x4_trans(r, src + (i * 16 + tile_row) * ld + mt * 16 + tile_col);
+  for (int i = J + 1; i < BT / 16; ++i) {
+    float acc[2][4] = {};  // per 8-token half of block i
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const float c0 = coef[i * 16 + nt * 8 + q2], c1 = coef[i * 16 + nt * 8 + q2 + 1];
-        const float2 lo = to_f32x2<E>(r[2 * nt]), hi = to_f32x2<E>(r[2 * nt + 1]);
-        acc[nt][0] = c0 * lo.x;
-        acc[nt][1] = c1 * lo.y;
-        acc[nt][2] = c0 * hi.x;
-        acc[nt][3] = c1 * hi.y;
-      }
-#pragma unroll
-      for (int j = 0; j < i; ++j) {
-        unsigned m[4];  // (-M_ij)^T as B fragments: token half nt of block i is {m[nt], m[nt + 2]}
-        ldmatrix_a(m, Mh + i * 16 * LDT + j * 16, LDT, lane);
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const unsigned b[2] = {m[nt], m[nt + 2]};
-          mma_16816(acc[nt], sol[j], b);
-        }
-      }
-      unsigned d[4];  // Dinv_i^T as B fragments, the same way
-      ldmatrix_a(d, Dh + i * 16 * LDD, LDD, lane);
-      const unsigned x[4] = {pack_half2(acc[0][0], acc[0][1]), pack_half2(acc[0][2], acc[0][3]),
-                             pack_half2(acc[1][0], acc[1][1]), pack_half2(acc[1][2], acc[1][3])};
+    for (int j = J; j < i; ++j) {
+      unsigned m[4];  // (-M_ij)^T as B fragments: token half nt of block i is {m[nt], m[nt + 2]}
+      ldmatrix_a(m, Mh + i * 16 * LDT + j * 16, LDT, lane);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
-        const unsigned b[2] = {d[nt], d[nt + 2]};
-        mma_16816(s, x, b);
-        const unsigned lo = pack_half2(s[0], s[1]), hi = pack_half2(s[2], s[3]);  // columns g8, g8 + 8
-        if (i < BT / 16 - 1) {
-          sol[i][2 * nt] = lo;
-          sol[i][2 * nt + 1] = hi;
-        }
-        const unsigned lo_t = movmatrix_trans(lo), hi_t = movmatrix_trans(hi);  // token g8: columns q2, q2 + 1
-        const int t = i * 16 + nt * 8 + g8;
-        if (t < L) {
-          __half* row = dst + (t * dst_stride + mt * 16 + q2);  // 32-bit offset: fewer live registers
-          *reinterpret_cast<unsigned*>(row) = lo_t;
-          *reinterpret_cast<unsigned*>(row + 8) = hi_t;
-        }
+        const unsigned b[2] = {m[nt], m[nt + 2]};
+        mma_16816(acc[nt], sol[j], b);
       }
     }
+    unsigned d[4];  // Dinv_i^T as B fragments, the same way
+    ldmatrix_a(d, Dh + i * 16 * LDD, LDD, lane);
+    const unsigned x[4] = {pack_half2(acc[0][0], acc[0][1]), pack_half2(acc[0][2], acc[0][3]),
+                           pack_half2(acc[1][0], acc[1][1]), pack_half2(acc[1][2], acc[1][3])};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      float t[4] = {0.f, 0.f, 0.f, 0.f};  // T[i * 16 + nt * 8 + q2 + {0, 1}][s0 + {0, 8}]
+      const unsigned b[2] = {d[nt], d[nt + 2]};
+      mma_16816(t, x, b);
+      if (i < BT / 16 - 1) {
+        sol[i][2 * nt] = pack_half2(t[0], t[1]);
+        sol[i][2 * nt + 1] = pack_half2(t[2], t[3]);
+      }
+      const int tok = i * 16 + nt * 8 + q2;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int o = t_offset(s0 + 8 * r, tok);
+        *reinterpret_cast<unsigned*>(Tw + o) = pack_half2(t[2 * r] * cw[r], t[2 * r + 1] * cw[r]);
+        *reinterpret_cast<unsigned*>(Tu + o) = pack_half2(t[2 * r] * cu[r], t[2 * r + 1] * cu[r]);
+      }
+    }
+  }
+}
+
+// B fragments of n tiles (n0, n0 + 8) from a [k][n] slice of 16-bit E, as fp16 operands (bf16 converted; the
+// solve has always rounded the right-hand side to fp16).
+template <typename E>
+__device__ __forceinline__ void prep_load_b(unsigned (&b)[2][2], const E* tile, int ld, int lane);
+template <>
+__device__ __forceinline__ void prep_load_b<__half>(unsigned (&b)[2][2], const __half* tile, int ld, int lane) {
+  ldmatrix_b_pair_trans(b, tile, ld, lane);
+}
+template <>
+__device__ __forceinline__ void prep_load_b<__nv_bfloat16>(unsigned (&b)[2][2], const __nv_bfloat16* tile, int ld,
+                                                           int lane) {
+  ldmatrix_b_pair_trans(b, reinterpret_cast<const __half*>(tile), ld, lane);
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float2 f = to_f32x2<__nv_bfloat16>(b[n][k]);
+      b[n][k] = pack_half2(f.x, f.y);
+    }
+  }
+}
+
+// A warp's 16 x 32 tile in the mma accumulator layout (acc[nt]: rows g8 and g8 + 8, columns 8 nt + q2 + {0, 1})
+// as fp16 to its rows r < rows at dst + r * stride, through the warp's stage (16 rows of 64 bytes, 16-byte
+// piece c of row r at c ^ (r / 2 % 4): the pair stores and the 16-byte loads meet no bank twice). Each lane
+// then stores 16 bytes, and every 32-byte sector is written whole by one instruction (dst and stride keep
+// rows 16-byte aligned: plan.chunked_aligned for the output). The caller orders earlier reads of the stage
+// before this call (__syncwarp).
+__device__ __forceinline__ void prep_store_tile(const float (&acc)[4][4], unsigned* stage, __half* dst, int stride,
+                                                int rows, int lane) {
+  const int g8 = lane >> 2;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+      stage[(g8 + 8 * r) * 16 + ((nt ^ ((g8 >> 1) & 3)) << 2) + (lane & 3)] =
+          pack_half2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = (lane >> 2) + 8 * r;  // 16-byte piece lane % 4 of it
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + row * 16 + (((lane & 3) ^ ((lane >> 3) & 3)) << 2));
+    if (row < rows) *reinterpret_cast<uint4*>(dst + (row * stride + (lane & 3) * 8)) = v;
+  }
+}
+
+// One warp's 32 columns of [W | U~]: out = Tc src, Tc = T diag(coef) from its transposed store (t_offset),
+// src: this warp's first column of the chunk's rows ([token][column], 16-bit E, ld elements per row). Each
+// 16-token block i of the output is the sum of i + 1 independent products over source blocks j <= i (T is
+// block lower-triangular); nothing chains. Each block leaves through prep_store_tile (row t < L at
+// dst + t * dst_stride; 64 dst_stride fits an int).
+template <typename E>
+__device__ __forceinline__ void prep_apply(const E* src, int ld, const __half* Tc, __half* dst, int dst_stride, int L,
+                                           unsigned* stage, int lane) {
+  using namespace chunk;
+  // ldmatrix_x4_trans of the A tile (i, j) = Tc[16 i.., 16 j..] from [s][t] rows: row s = 16 j + a_row, piece
+  // 2 i + a_piece, swizzled by s % 8 = lane % 8.
+  const __half* a_base = Tc + ((lane & 7) + (lane >> 4) * 8) * BT;
+  const int a_piece = ((lane >> 3) & 1) ^ (lane & 7);
+#pragma unroll
+  for (int i = 0; i < BT / 16; ++i) {
+    // Bounds ptxas's scheduling to one token block at a time (else the images spill), and orders the previous
+    // block's reads of the stage before this block's writes.
+    __syncwarp();
+    float acc[4][4] = {};  // n tiles of 8 columns
+#pragma unroll
+    for (int j = 0; j <= i; ++j) {
+      unsigned a[4];
+      ldmatrix_x4_trans(a, a_base + j * 16 * BT + ((a_piece ^ (2 * i)) << 3));
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        unsigned b[2][2];
+        prep_load_b<E>(b, src + j * 16 * ld + np * 16, ld, lane);
+        mma_16816(acc[2 * np], a, b[0]);
+        mma_16816(acc[2 * np + 1], a, b[1]);
+      }
+    }
+    prep_store_tile(acc, stage, dst + i * 16 * dst_stride, dst_stride, L - i * 16, lane);
   }
 }
 
@@ -379,7 +458,14 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   __half* Kh = reinterpret_cast<__half*>(smem + P_OFF_K);
   __half* Qh = reinterpret_cast<__half*>(smem + P_OFF_Q);
   float* Md = reinterpret_cast<float*>(smem + P_OFF_MD);
+  __half* Mh = reinterpret_cast<__half*>(smem + P_OFF_M);
+  __half* Dh = reinterpret_cast<__half*>(smem + P_OFF_DINV);
+  __half* Tw = Qh;  // T diag(beta e^g) and T diag(beta), transposed, once the Gram has read Q
+  __half* Tu = Qh + BT * BT;
   __shared__ ChunkRef found;
+  // Whether this CTA stores the group's shared normalised Q and K (one CTA of the group does), kept in shared
+  // memory: held in a register across the chunk loop, it was the value ptxas spilled at 128 registers.
+  __shared__ bool write_qk_shared;
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -388,7 +474,6 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   const int h_first = blockIdx.y * heads;
   const int group = p.hv / p.hk;
   const int hk = h_first / group;
-  const bool write_qk = h_first % group == 0;  // one CTA of the group stores the shared normalised Q and K
   const ChunkWorkspace ws = chunk_workspace(p);
   const T* qb = static_cast<const T*>(p.q) + (size_t)hk * D;
   const T* kb = static_cast<const T*>(p.k) + (size_t)hk * D;
@@ -402,10 +487,10 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   const int col0 = warp % U_WARPS * 32;
   T* const v_slices = reinterpret_cast<T*>(smem + P_OFF_V) + warp % U_WARPS * BT * LDV;  // buffer b: + b * V_BUF
   constexpr int V_BUF = U_WARPS * BT * LDV;
-  float* gam = reinterpret_cast<float*>(smem + P_OFF_VEC) + warp * 3 * BT;  // this warp's copies
-  float* bet = gam + BT;
-  float* rco = bet + BT;
+  float* const vecs = reinterpret_cast<float*>(smem + P_OFF_VEC);  // head hi's at + (hi & 1) * 3 * BT
+  const bool vec_warp = warp == VEC_WARP;
 
+  if (tid == 0) write_qk_shared = h_first % group == 0;  // read after the chunk loop's first barrier
   for (int x = blockIdx.x;; x += gridDim.x) {
     if (warp == 0) {
       const ChunkRef c = find_chunk(p, x, lane);
@@ -433,46 +518,61 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
         cp_async_commit();
       }
     }
-    PrepScalars next = prep_load_scalars(p, h_first, tok0, L, lane);
-    uint2 rq[kPrepRows], rk[kPrepRows];
+    PrepScalars next;  // VEC_WARP's: the inputs of the next head's vectors
+    if (vec_warp) next = prep_load_scalars(p, h_first, tok0, L, lane);
+    const bool write_qk = write_qk_shared;
+    // Two halves of the warp's rows, each with all its loads issued before any use (their latencies overlap);
+    // all rows at once left too few registers (the images spilled).
 #pragma unroll
-    for (int j = 0; j < kPrepRows; ++j) {
-      const int t = warp * kPrepRows + j;
-      rq[j] = rk[j] = make_uint2(0u, 0u);
-      if (t < L) {
-        const size_t tok = tok0 + t;
-        rq[j] = *reinterpret_cast<const uint2*>(qb + tok * p.q_stride + lane * 4);
-        rk[j] = *reinterpret_cast<const uint2*>(kb + tok * p.k_stride + lane * 4);
+    for (int j0 = 0; j0 < kPrepRows; j0 += kPrepRows / 2) {
+      uint2 rq[kPrepRows / 2], rk[kPrepRows / 2];
+#pragma unroll
+      for (int j = 0; j < kPrepRows / 2; ++j) {
+        const int t = warp * kPrepRows + j0 + j;
+        rq[j] = rk[j] = make_uint2(0u, 0u);
+        if (t < L) {
+          const size_t tok = tok0 + t;
+          rq[j] = *reinterpret_cast<const uint2*>(qb + tok * p.q_stride + lane * 4);
+          rk[j] = *reinterpret_cast<const uint2*>(kb + tok * p.k_stride + lane * 4);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kPrepRows / 2; ++j) {
+        const int t = warp * kPrepRows + j0 + j;
+        float qv[4], kv[4];
+        unpack4<T>(rq[j], qv);
+        unpack4<T>(rk[j], kv);
+        if (p.l2norm) {  // padding rows are zero and stay zero
+          float sq = 0.f, sk = 0.f;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) { sq = fmaf(qv[i], qv[i], sq); sk = fmaf(kv[i], kv[i], sk); }
+          const float iq = rsqrtf(warp_sum(sq) + 1e-12f), ik = rsqrtf(warp_sum(sk) + 1e-12f);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) { qv[i] *= iq; kv[i] *= ik; }
+        }
+        const uint2 qh = pack4_half(qv), kh = pack4_half(kv);
+        *reinterpret_cast<uint2*>(Qh + t * LDH + lane * 4) = qh;
+        *reinterpret_cast<uint2*>(Kh + t * LDH + lane * 4) = kh;
+        if (write_qk && t < L) {
+          const size_t row = (tok0 + t) * p.hk + hk;
+          *reinterpret_cast<uint2*>(ws.q + row * D + lane * 4) = qh;
+          *reinterpret_cast<uint2*>(ws.k + row * D + lane * 4) = kh;
+        }
       }
     }
-#pragma unroll
-    for (int j = 0; j < kPrepRows; ++j) {
-      const int t = warp * kPrepRows + j;
-      float qv[4], kv[4];
-      unpack4<T>(rq[j], qv);
-      unpack4<T>(rk[j], kv);
-      if (p.l2norm) {  // padding rows are zero and stay zero
-        float sq = 0.f, sk = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) { sq = fmaf(qv[i], qv[i], sq); sk = fmaf(kv[i], kv[i], sk); }
-        const float iq = rsqrtf(warp_sum(sq) + 1e-12f), ik = rsqrtf(warp_sum(sk) + 1e-12f);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) { qv[i] *= iq; kv[i] *= ik; }
-      }
-      const uint2 qh = pack4_half(qv), kh = pack4_half(kv);
-      *reinterpret_cast<uint2*>(Qh + t * LDH + lane * 4) = qh;
-      *reinterpret_cast<uint2*>(Kh + t * LDH + lane * 4) = kh;
-      if (write_qk && t < L) {
-        const size_t row = (tok0 + t) * p.hk + hk;
-        *reinterpret_cast<uint2*>(ws.q + row * D + lane * 4) = qh;
-        *reinterpret_cast<uint2*>(ws.k + row * D + lane * 4) = kh;
-      }
+    if (vec_warp) {
+      prep_vectors(p, ws, h_first, next, tok0, L, lane, vecs);
+      if (heads > 1) next = prep_load_scalars(p, h_first + 1, tok0, L, lane);
     }
     __syncthreads();
 
-    // 2. The raw K K^T and Q K^T (lower triangle), shared by the CTA's heads: kept in registers.
-    float kk[4][4] = {}, qk[4][4] = {};
+    // 2. The raw K K^T and Q K^T (lower triangle), shared by the CTA's heads: Q K^T kept in registers, K K^T
+    //    in shared memory (each lane its own accumulators, 16-byte pieces in lane order: no bank conflicts).
+    //    Both in registers across the head loop left too few for the rest (the images spilled).
+    float4* const kk_tile = reinterpret_cast<float4*>(smem + P_OFF_KK) + (warp < 4 ? warp / 2 : warp - 2) * 4 * 32 + lane;
+    float qk[4][4] = {};
     if (gram_warp) {
+      float kk[4][4] = {};
 #pragma unroll
       for (int kstep = 0; kstep < D / 16; ++kstep) {
         unsigned ak[4], aq[4];
@@ -486,15 +586,20 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
           mma_16816(qk[nt], aq, bk);
         }
       }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) kk_tile[nt * 32] = make_float4(kk[nt][0], kk[nt][1], kk[nt][2], kk[nt][3]);
     }
 
-    // Per value head: one block barrier. M and the diagonal inverses have two buffers, so a head's epilogue
-    // may overwrite the buffer of two heads back while slower warps still solve the previous head.
+    // Per value head: two block barriers. (A) -M and the diagonal inverses are complete: T's column blocks
+    // form. (B) T is complete: every warp applies it. Each buffer is written before one barrier and read
+    // before the next barrier of the same kind, so -M, Dinv and T need one buffer each; the vectors and the V
+    // slices, formed or loaded a head ahead, two.
     for (int hi = 0; hi < heads; ++hi) {
       const int h = h_first + hi;
-      const PrepScalars cur = next;
-      if (hi + 1 < heads) next = prep_load_scalars(p, h + 1, tok0, L, lane);
-      __syncwarp();  // this warp is done with the previous head's vectors, V slice and Md
+      const float* gam = vecs + (hi & 1) * 3 * BT;
+      const float* bet = gam + BT;
+      const float* rco = bet + BT;
+      __syncwarp();  // this warp is done with the previous head's V slice
       if (u_warp && hi >= 1) {  // the next head's V goes into the slice the previous head used
         if (hi + 1 < heads) {
           const T* v = static_cast<const T*>(p.v) + (size_t)(h + 1) * D + col0;
@@ -502,36 +607,58 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
         }
         cp_async_commit();
       }
-      prep_vectors(p, ws, h, cur, tok0, L, warp, lane, gam, bet, rco);
-      __syncwarp();
-      __half* Mh = reinterpret_cast<__half*>(smem + P_OFF_M) + (hi & 1) * BT * LDT;
-      __half* Dh = reinterpret_cast<__half*>(smem + P_OFF_DINV) + (hi & 1) * BT * LDD;
 
-      // 3. -M and its diagonal blocks (fp32) from the raw K K^T, P from Q K^T straight to the workspace (one
-      //    64-bit row address, 32-bit offsets from it: fewer live registers).
-      __half* p_row = ws.p + ((tok0 + wm * 16 + g8) * p.hv + h) * BT + wn * 32 + q2;
+      // 3. -M and its diagonal blocks (fp32) from the raw K K^T, P from Q K^T to the workspace through the
+      //    warp's stage (free since the __syncwarp above). The gamma and beta values are read into registers
+      //    first (the Md / Mh stores would otherwise make the compiler reload them for every element), and the
+      //    decay exponent above the diagonal is masked to -inf instead of branching around __expf, which then
+      //    gives +0 there: the same values as before, without a branch per element.
+      unsigned* const stage = reinterpret_cast<unsigned*>(smem + P_OFF_STG) + warp * 16 * 16;
+      float pt[4][4];  // P's tile, accumulator layout
+      if (gram_warp) {
+        float g_row[2], b_row[2];
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+        for (int r = 0; r < 2; ++r) {
+          g_row[r] = gam[wm * 16 + g8 + 8 * r];
+          b_row[r] = bet[wm * 16 + g8 + 8 * r];
+        }
 #pragma unroll
-        for (int half_row = 0; half_row < 2; ++half_row) {
-          const int t = wm * 16 + g8 + half_row * 8;
-          float pv[2], mv[2];
+        for (int nt = 0; nt < 4; ++nt) {
+          const float2 g_col = *reinterpret_cast<const float2*>(gam + wn * 32 + nt * 8 + q2);
+          const float4 k4 = kk_tile[nt * 32];
+          const float kk[4] = {k4.x, k4.y, k4.z, k4.w};
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int e = half_row * 2 + j;
-            const int col = wn * 32 + nt * 8 + q2 + j;
-            const float ratio = col <= t ? __expf(gam[t] - gam[col]) : 0.f;  // <= 1; ex2.approx: 2 instructions
-            mv[j] = (p.has_delta && col < t) ? bet[t] * kk[nt][e] * ratio : 0.f;
-            if ((col >> 4) == (t >> 4)) Md[t * LDM + (col & 15)] = mv[j];
-            pv[j] = qk[nt][e] * ratio;
+          for (int half_row = 0; half_row < 2; ++half_row) {
+            const int t = wm * 16 + g8 + half_row * 8;
+            float mv[2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int e = half_row * 2 + j;
+              const int col = wn * 32 + nt * 8 + q2 + j;
+              const float d = col <= t ? g_row[half_row] - (j ? g_col.y : g_col.x) : __int_as_float(0xff800000);
+              const float ratio = __expf(d);  // <= 1 (0 above the diagonal); ex2.approx: 2 instructions
+              mv[j] = (p.has_delta && col < t) ? b_row[half_row] * kk[e] * ratio : 0.f;
+              if ((col >> 4) == (t >> 4)) Md[t * LDM + (col & 15)] = mv[j];
+              pt[nt][e] = qk[nt][e] * ratio;
+            }
+            store_half2(Mh + t * LDT + wn * 32 + nt * 8 + q2, -mv[0], -mv[1]);
           }
-          store_half2(Mh + t * LDT + wn * 32 + nt * 8 + q2, -mv[0], -mv[1]);
-          if (t < L) store_half2(p_row + half_row * 8 * p.hv * BT + nt * 8, pv[0], pv[1]);
+        }
+      } else {  // the tile lies above the diagonal: -M and P are zero there
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) pt[nt][e] = 0.f;
+#pragma unroll
+          for (int half_row = 0; half_row < 2; ++half_row)
+            *reinterpret_cast<unsigned*>(Mh + (wm * 16 + g8 + half_row * 8) * LDT + wn * 32 + nt * 8 + q2) = 0u;
         }
       }
+      prep_store_tile(pt, stage, ws.p + ((tok0 + wm * 16) * p.hv + h) * BT + wn * 32, p.hv * BT, L - wm * 16, lane);
 
       // 4. Exact inverses of the unit lower-triangular diagonal blocks of (I + M), lane j < 16 solving column
-      //    j by forward substitution, each by the warp that just wrote its block.
+      //    j by forward substitution, each by the warp that just wrote its block: fp16 into Dh, and fp32 over
+      //    the block's own rows of Md, transposed (lane j's column as row j), for T's diagonal block.
       if (inverts) {
         __syncwarp();
         const int i0 = wm * 16;
@@ -553,22 +680,60 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
           for (int kq = 0; kq < r; ++kq) acc = fmaf(-m[kq], xv[kq], acc);
           xv[r] = acc;
         }
+        __syncwarp();  // every lane has read the block of M
         if (lane < 16) {
 #pragma unroll
           for (int r = 0; r < 16; ++r) Dh[(i0 + r) * LDD + j] = __float2half_rn(xv[r]);
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            *reinterpret_cast<float4*>(Md + (i0 + j) * LDM + 4 * c) =
+                make_float4(xv[4 * c], xv[4 * c + 1], xv[4 * c + 2], xv[4 * c + 3]);
         }
       }
       if (u_warp) cp_async_wait<1>();  // this head's V slice (the next head's may still be in flight)
-      __syncthreads();
+      __syncthreads();  // (A)
 
-      // 5. [W | U~] = (I+M)^{-1} [diag(beta e^g) K | diag(beta) V]: 32 independent columns per warp.
+      // 5. T diag(coef) into the transposed stores: the diagonal blocks from the inverting warps' fp32
+      //    columns (lane j: row s = 16 wm + j, 16 tokens as two 16-byte pieces), the blocks below them by
+      //    warps 1, 3 and 4 (column blocks 0, 1, 2; the first has the longest chain). Meanwhile VEC_WARP forms
+      //    the next head's vectors.
+      if (inverts) {
+        if (lane < 16) {
+          const int s = wm * 16 + lane;  // the column of T this lane's Md row holds
+          const float cw = rco[s], cu = bet[s];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const float4 x0 = *reinterpret_cast<const float4*>(Md + s * LDM + half * 8);
+            const float4 x1 = *reinterpret_cast<const float4*>(Md + s * LDM + half * 8 + 4);
+            const uint4 pw = make_uint4(pack_half2(x0.x * cw, x0.y * cw), pack_half2(x0.z * cw, x0.w * cw),
+                                        pack_half2(x1.x * cw, x1.y * cw), pack_half2(x1.z * cw, x1.w * cw));
+            const uint4 pu = make_uint4(pack_half2(x0.x * cu, x0.y * cu), pack_half2(x0.z * cu, x0.w * cu),
+                                        pack_half2(x1.x * cu, x1.y * cu), pack_half2(x1.z * cu, x1.w * cu));
+            const int o = t_offset(s, wm * 16 + half * 8);
+            *reinterpret_cast<uint4*>(Tw + o) = pw;
+            *reinterpret_cast<uint4*>(Tu + o) = pu;
+          }
+        }
+      } else if (warp == 1) {
+        prep_t_column<0>(Mh, Dh, rco, bet, Tw, Tu, lane);
+      } else if (warp == 3) {
+        prep_t_column<1>(Mh, Dh, rco, bet, Tw, Tu, lane);
+      } else if (warp == 4) {
+        prep_t_column<2>(Mh, Dh, rco, bet, Tw, Tu, lane);
+      } else if (vec_warp && hi + 1 < heads) {  // the next head's vectors, into the other buffer
+        prep_vectors(p, ws, h + 1, next, tok0, L, lane, vecs + ((hi + 1) & 1) * 3 * BT);
+        if (hi + 2 < heads) next = prep_load_scalars(p, h + 2, tok0, L, lane);
+      }
+      __syncthreads();  // (B)
+
+      // 6. [W | U~] = T diag(coef) [K | V]: 32 columns per warp, no chains.
       const size_t first = tok0 * out_row + col0;
       const size_t head = (size_t)h * D;
       if (u_warp)
-        prep_solve<T>(v_slices + (hi & 1) * V_BUF, LDV, bet, Mh, Dh, static_cast<__half*>(p.out) + first + head,
-                      out_row, L, lane);
+        prep_apply<T>(reinterpret_cast<T*>(smem + P_OFF_V) + ((hi & 1) * U_WARPS + warp % U_WARPS) * BT * LDV, LDV, Tu,
+                      static_cast<__half*>(p.out) + first + head, out_row, L, stage, lane);
       else
-        prep_solve<__half>(Kh + col0, LDH, rco, Mh, Dh, ws.w + first + head, out_row, L, lane);
+        prep_apply<__half>(Kh + col0, LDH, Tw, ws.w + first + head, out_row, L, stage, lane);
     }
     __syncthreads();  // the next chunk's inputs overwrite this one's
   }
