@@ -494,12 +494,9 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const int warp = threadIdx.x >> 5;
   const int b = blockIdx.z;
   const int h = blockIdx.y;
-  const int warp_rows = ROWS * p.row_groups;
-  const int c_block = blockIdx.x * kRecWarps * warp_rows;  // < dv: the grid is ceil(dv / rows per block)
-  const int c_warp = c_block + warp * warp_rows;
+  const int c_warp = (blockIdx.x * kRecWarps + warp) * ROWS * p.row_groups;
   // A warp without rows leaves at once; the one barrier (rows of one chunk, below) counts the others.
   if (c_warp >= p.dv) return;
-  const int block_warps = min(kRecWarps, (p.dv - c_block + warp_rows - 1) / warp_rows);
   const int dk = p.dk;
   Stash& stash = stash_all[warp];
   RecStage<NPL, ROWS>& stage = stage_all[warp];
@@ -533,7 +530,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const T* v_lane = static_cast<const T*>(p.v) + (size_t)h * p.dv + c_warp + lane;  // + token * v_stride
   const bool lane_row_ok = lane < ROWS * p.row_groups && c_warp + lane < p.dv;
   const int tok_off = DECODE_LOOP || p.total_tokens <= p.batch ? 0 : warp;
-  const int first_tok = guess >= 0 && guess + tok_off < p.total_tokens ? guess + tok_off : -1;
+  // guess < total_tokens (b < batch), so decode's first token is the guess itself, as before the shared prologue.
+  const int first_tok = tok_off == 0 ? guess : (guess >= 0 && guess + tok_off < p.total_tokens ? guess + tok_off : -1);
   TokenInputs<NPL> first;  // the inputs of token first_tok
   float v_first = 0.0f;    // this lane's row of token `guess`
   if (first_tok >= 0) load_token<T, NPL>(p, first_tok, h, lane, qb, kb, first);
@@ -605,6 +603,13 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   Stash& chunk_stash = one_chunk ? stash_all[0] : stash;
   float v_lanes[kTokens];  // rows of one chunk: this lane's row of each token
   if (one_chunk && span.len > 0) {
+    // The block's warps that hold rows (warp 0 always does: the grid is ceil(dv / rows per block)), counted, not
+    // divided: ptxas (sm_90) put an integer division for it before the first state loads, also in the decode
+    // kernels, and decode measured about 1% slower with it (BENCHMARKS.md, session 13).
+    const int c_block = blockIdx.x * kRecWarps * ROWS * p.row_groups;
+    int block_warps = 1;
+#pragma unroll
+    for (int w = 1; w < kRecWarps; ++w) block_warps += c_block + w * ROWS * p.row_groups < p.dv;
     if (span.start != guess) v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
     v_lanes[0] = v_first;
 #pragma unroll
@@ -614,7 +619,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     }
     // The warp index through a shuffle: the compiler then knows it is the same in every lane, so the prologue's
     // butterflies (whose trip count depends on it) need no fallback for a diverged warp (ptxas, sm_90).
-    const int w = __shfl_sync(0xffffffffu, warp, 0);
+    const int w = __shfl_sync(0xffffffffu, warp, 0);  // this warp's first token of the row
     if (w < span.len && span.start + w != first_tok) load_token<T, NPL>(p, span.start + w, h, lane, qb, kb, first);
     // The capsule's decay and key slots: written by whichever warp computes the token, in the block that holds
     // value row 0 (of a head of the key head's group, for the key).
