@@ -534,8 +534,10 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const int first_tok = tok_off == 0 ? guess : (guess >= 0 && guess + tok_off < p.total_tokens ? guess + tok_off : -1);
   TokenInputs<NPL> first;  // the inputs of token first_tok
   float v_first = 0.0f;    // this lane's row of token `guess`
-  if (first_tok >= 0) load_token<T, NPL>(p, first_tok, h, lane, qb, kb, first);
-  if (guess >= 0 && lane_row_ok) v_first = to_f32(v_lane[(size_t)guess * p.v_stride]);
+  if (guess >= 0) {
+    if (first_tok >= 0) load_token<T, NPL>(p, first_tok, h, lane, qb, kb, first);
+    if (lane_row_ok) v_first = to_f32(v_lane[(size_t)guess * p.v_stride]);
+  }
 
   const RowSpan span = row_span(p.cu_seqlens, p.uniform_len, b, p.total_tokens);
   if (p.tail_only && !gdn_row_is_sequential(p, b, span.len)) {
@@ -552,8 +554,10 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   if (DECODE_LOOP && span.len == 1) {  // only decode instantiations hold this loop (see the file's head)
     // Decode: the token's values stay in registers across the row groups (no stash), and its value, output
     // and delta pointers step by ROWS per group. The arithmetic is the general loop's, in the same order.
-    if (span.start != first_tok) load_token<T, NPL>(p, span.start, h, lane, qb, kb, first);
-    if (span.start != guess) v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
+    if (span.start != guess) {  // first_tok is the guess in decode kernels
+      load_token<T, NPL>(p, span.start, h, lane, qb, kb, first);
+      v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
+    }
     TokenValues<NPL> tv;
     token_values<NPL>(p, first, gate, tv);
     const float beta = token_beta<NPL>(p, first);
@@ -596,37 +600,50 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     return;
   }
 
-  // Rows of at most kTokens tokens (decode, verify) run the prologue once, for every row group, and the
-  // block's warps share it: warp w computes tokens w, w + block_warps, ... into the block's stash (that of
-  // warp 0), so each warp's start waits for one token's inputs and butterflies, not for every token's.
+  // Rows of at most kTokens tokens (decode, verify) run the prologue once, for every row group. In the general
+  // kernels the block's warps share it: warp w computes tokens w, w + block_warps, ... into the block's stash
+  // (that of warp 0), so each warp's start waits for one token's inputs and butterflies, not for every token's,
+  // and the output and delta addresses step per chunk (below). The decode kernels keep a prologue per warp and
+  // per-token addresses (their rows of more than one token are rare): with the general kernels' code their
+  // decode loop's SASS moved, and decode B=32 measured about 1% slower on the H200 (BENCHMARKS.md, session 13).
+  constexpr bool kSharedPrologue = !DECODE_LOOP;
   const bool one_chunk = span.len <= kTokens;
-  Stash& chunk_stash = one_chunk ? stash_all[0] : stash;
+  Stash& chunk_stash = one_chunk && kSharedPrologue ? stash_all[0] : stash;
   float v_lanes[kTokens];  // rows of one chunk: this lane's row of each token
   if (one_chunk && span.len > 0) {
-    // The block's warps that hold rows (warp 0 always does: the grid is ceil(dv / rows per block)), counted, not
-    // divided: ptxas (sm_90) put an integer division for it before the first state loads, also in the decode
-    // kernels, and decode measured about 1% slower with it (BENCHMARKS.md, session 13).
-    const int c_block = blockIdx.x * kRecWarps * ROWS * p.row_groups;
-    int block_warps = 1;
-#pragma unroll
-    for (int w = 1; w < kRecWarps; ++w) block_warps += c_block + w * ROWS * p.row_groups < p.dv;
-    if (span.start != guess) v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
+    if (span.start != guess) {
+      if (!kSharedPrologue) load_token<T, NPL>(p, span.start, h, lane, qb, kb, first);
+      v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
+    }
     v_lanes[0] = v_first;
 #pragma unroll
     for (int t = 1; t < kTokens; ++t) {
       if (t >= span.len) break;  // a branch, not predicated loads: decode issues none of them
       v_lanes[t] = lane_row_ok ? to_f32(v_lane[(size_t)(span.start + t) * p.v_stride]) : 0.0f;
     }
-    // The warp index through a shuffle: the compiler then knows it is the same in every lane, so the prologue's
-    // butterflies (whose trip count depends on it) need no fallback for a diverged warp (ptxas, sm_90).
-    const int w = __shfl_sync(0xffffffffu, warp, 0);  // this warp's first token of the row
-    if (w < span.len && span.start + w != first_tok) load_token<T, NPL>(p, span.start + w, h, lane, qb, kb, first);
-    // The capsule's decay and key slots: written by whichever warp computes the token, in the block that holds
-    // value row 0 (of a head of the key head's group, for the key).
-    token_prologue<T, NPL>(p, chunk_stash, first, span.start, 0, w, block_warps, span.len, h, hk, gate, lane, qb, kb,
-                           m, cap, c_block == 0, c_block == 0 && h % (p.hv / p.hk) == 0);
-    // Every warp of the block that holds rows: the stash (lanes' vectors, lane 0's scalars) is complete.
-    asm volatile("bar.sync 1, %0;\n" ::"r"(32 * block_warps) : "memory");
+    if constexpr (kSharedPrologue) {
+      // The block's warps that hold rows (warp 0 always does: the grid is ceil(dv / rows per block)), counted, not
+      // divided: ptxas (sm_90) put an integer division for it before the first state loads, and decode measured
+      // about 1% slower with it (BENCHMARKS.md, session 13).
+      const int c_block = blockIdx.x * kRecWarps * ROWS * p.row_groups;
+      int block_warps = 1;
+#pragma unroll
+      for (int w = 1; w < kRecWarps; ++w) block_warps += c_block + w * ROWS * p.row_groups < p.dv;
+      // The warp index through a shuffle: the compiler then knows it is the same in every lane, so the
+      // prologue's butterflies (whose trip count depends on it) need no fallback for a diverged warp (ptxas).
+      const int w = __shfl_sync(0xffffffffu, warp, 0);  // this warp's first token of the row
+      if (w < span.len && span.start + w != first_tok) load_token<T, NPL>(p, span.start + w, h, lane, qb, kb, first);
+      // The capsule's decay and key slots: written by whichever warp computes the token, in the block that holds
+      // value row 0 (of a head of the key head's group, for the key).
+      token_prologue<T, NPL>(p, chunk_stash, first, span.start, 0, w, block_warps, span.len, h, hk, gate, lane, qb,
+                             kb, m, cap, c_block == 0, c_block == 0 && h % (p.hv / p.hk) == 0);
+      // Every warp of the block that holds rows: the stash (lanes' vectors, lane 0's scalars) is complete.
+      asm volatile("bar.sync 1, %0;\n" ::"r"(32 * block_warps) : "memory");
+    } else {
+      token_prologue<T, NPL>(p, stash, first, span.start, 0, 0, 1, span.len, h, hk, gate, lane, qb, kb, m, cap,
+                             capture_decay, capture_key);
+      __syncwarp();  // the scalars lane 0 wrote are read by every lane
+    }
   }
 
   const size_t tok_stride = (size_t)p.hv * p.dv;  // between one token's outputs (and delta slots) and the next's
@@ -636,11 +653,13 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
     const bool row_ok = c0 + my_row < p.dv;
     bool staged = !(more && rg > 0);  // the next group's state is requested after this group's first reduction
-    // This lane's output element and delta-capsule slot of the chunk's first token, stepped by a chunk after
-    // each: token t of the chunk is t Hv Dv elements on (t known at compile time), with no 64-bit
-    // token * Hv * Dv product per token. The capsule holds slots 0 .. capacity - 1 of the row.
-    T* ob = static_cast<T*>(p.out) + ((size_t)span.start * p.hv + h) * p.dv + c0 + my_row;
-    float* db = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
+    // General kernels: this lane's output element and delta-capsule slot of the chunk's first token, stepped by a
+    // chunk after each: token t of the chunk is t Hv Dv elements on (t known at compile time), with no 64-bit
+    // token * Hv * Dv product per token. Decode kernels: token 0's, indexed per token (see kSharedPrologue).
+    T* ob = static_cast<T*>(p.out) + (size_t)h * p.dv + c0 + my_row;
+    if (kSharedPrologue) ob += (size_t)span.start * tok_stride;
+    float* delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
+    float* db = delta_cap;
 
     for (int t0 = 0; t0 < span.len; t0 += kTokens) {
       const int n = min(kTokens, span.len - t0);
@@ -680,9 +699,9 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, 16);
         if (first_copy && row_ok) {
           if (lane >= 16) {
-            ob[t * tok_stride] = from_f32<T>(fmaf(u_pair, qk, x));
+            ob[kSharedPrologue ? t * tok_stride : (size_t)tok * p.hv * p.dv] = from_f32<T>(fmaf(u_pair, qk, x));
           } else if (t0 + t < m) {
-            db[t * tok_stride] = u_mine;
+            db[kSharedPrologue ? t * tok_stride : (size_t)(t0 + t) * p.hv * p.dv] = u_mine;
           }
         }
         float k[NPL];  // the update's key: kept in lanes 0-15, sent in 16-31 (RecStash::vec)
@@ -690,11 +709,14 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         for (int i = 0; i < NPL; ++i) k[i] = lane >= 16 ? sent[i] : kept[i];
         update_rows<NPL, ROWS, kShift>(S, k, u_mine);
       }
-      ob += kTokens * tok_stride;
-      if (t0 + kTokens < m) db += kTokens * tok_stride;  // past the capsule only once no slot is left
+      if (kSharedPrologue) {
+        ob += kTokens * tok_stride;
+        if (t0 + kTokens < m) db += kTokens * tok_stride;  // past the capsule only once no slot is left
+      }
     }
     if (!staged) stage_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);  // no tokens
-    float* delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
+    if (kSharedPrologue)  // recomputed: held across the tokens it cost registers (spills at K = 128, ptxas)
+      delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
     finish_group<NPL, ROWS>(p, dk, cap, delta_cap, m, h, hk, lane, rg == 0 && capture_decay, rg == 0 && capture_key,
                             lane < 16 && first_copy && row_ok, vec_out, head_base, c0, more, S, stage);
   }
