@@ -4,10 +4,10 @@
 // of the warp's rows stays in registers across the request's tokens.
 //
 // Per token a prologue that does not depend on the state (normalised q and k, decay, beta, q.k) runs once for
-// all row groups, into a stash in shared memory: for rows of one chunk (decode, verify) the block's warps
-// share it, one token each, and for longer rows each warp runs its own, chunk by chunk. Each row group then needs
-// one reduction per token: with S' = S * decay, the retrieval S'.k and the pre-update output S'.q reduce
-// together, and the output follows as S'.q + u (k.q), because the update adds k u.
+// all row groups, into a stash in shared memory: in the general kernels, for rows of one chunk (verify), the
+// block's warps share it, one token each; otherwise each warp runs its own (chunk by chunk for longer rows).
+// Each row group then needs one reduction per token: with S' = S * decay, the retrieval S'.k and the pre-update
+// output S'.q reduce together, and the output follows as S'.q + u (k.q), because the update adds k u.
 //
 // The decode instantiations (DECODE_LOOP) give rows of one token a loop of their own: the token's values stay
 // in registers (no stash) and the chunk bookkeeping goes. In one kernel with the general loop that made ptxas
