@@ -3,10 +3,11 @@
 // axis (NPL consecutive key columns per lane), so a row's dot products are warp reductions and the state
 // of the warp's rows stays in registers across the request's tokens.
 //
-// Per token a warp first runs a prologue that does not depend on the state (normalised q and k, decay,
-// beta, q.k), once for all its row groups, into a per-warp stash in shared memory. Each row group then needs
-// one reduction per token: with S' = S * decay, the retrieval S'.k and the pre-update output S'.q reduce
-// together, and the output follows as S'.q + u (k.q), because the update adds k u.
+// Per token a prologue that does not depend on the state (normalised q and k, decay, beta, q.k) runs once for
+// all row groups, into a stash in shared memory: in the general kernels, for rows of one chunk (verify), the
+// block's warps share it, one token each; otherwise each warp runs its own (chunk by chunk for longer rows).
+// Each row group then needs one reduction per token: with S' = S * decay, the retrieval S'.k and the pre-update
+// output S'.q reduce together, and the output follows as S'.q + u (k.q), because the update adds k u.
 //
 // The decode instantiations (DECODE_LOOP) give rows of one token a loop of their own: the token's values stay
 // in registers (no stash) and the chunk bookkeeping goes. In one kernel with the general loop that made ptxas
@@ -375,17 +376,19 @@ __device__ __forceinline__ void capture_token(const GdnParams& p, const TokenVal
   }
 }
 
-// The prologue of tokens [t0, t0 + n) of a row (1 <= n <= kTokens) into the warp's stash; `cur` holds token
-// t0's inputs on entry. With `capture_decay` / `capture_key` (the warp holding value row 0, on its first row
-// group) it also writes the captured decay and key slots.
+// The prologue of tokens t0 + t, t = first, first + step, ... < n (n <= kTokens) of a row into a stash; `cur`
+// holds token t0 + first's inputs on entry. A warp alone runs every token (first 0, step 1); the warps of a
+// block share one stash for a row of one chunk (first = warp, step = its warps). With `capture_decay` /
+// `capture_key` (the warps holding value row 0 of the head, or of the key head's group) it also writes the
+// captured decay and key slots. The caller orders the stash writes before their reads (warp or block barrier).
 template <typename T, int NPL>
 __device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<NPL>& st, TokenInputs<NPL> cur,
-                                               int start, int t0, int n, int h, int hk, HeadGate gate, int lane,
-                                               const T* qb, const T* kb, int m, float* cap, bool capture_decay,
-                                               bool capture_key) {
+                                               int start, int t0, int first, int step, int n, int h, int hk,
+                                               HeadGate gate, int lane, const T* qb, const T* kb, int m, float* cap,
+                                               bool capture_decay, bool capture_key) {
   TokenInputs<NPL> nxt;
-  for (int t = 0; t < n; ++t) {
-    if (t + 1 < n) load_token<T, NPL>(p, start + t0 + t + 1, h, lane, qb, kb, nxt);
+  for (int t = first; t < n; t += step) {
+    if (t + step < n) load_token<T, NPL>(p, start + t0 + t + step, h, lane, qb, kb, nxt);
     TokenValues<NPL> tv;
     token_values<NPL>(p, cur, gate, tv);
     stash_put<NPL>(st.vec[t][lane >> 4], lane, tv.k);
@@ -396,9 +399,8 @@ __device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<NPL>
       st.scalar[t][2] = tv.qk();
     }
     if (t0 + t < m) capture_token<NPL>(p, tv, t0 + t, h, hk, lane, cap, capture_decay, capture_key);
-    if (t + 1 < n) cur = nxt;
+    if (t + step < n) cur = nxt;
   }
-  __syncwarp();  // the scalars lane 0 wrote are read by every lane
 }
 
 // The decay of the token at `tok` per key column (per-key rules) or the head's (scalar rules). `dk` is the
@@ -493,7 +495,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const int b = blockIdx.z;
   const int h = blockIdx.y;
   const int c_warp = (blockIdx.x * kRecWarps + warp) * ROWS * p.row_groups;
-  if (c_warp >= p.dv) return;  // the kernel has no block-wide barrier
+  // A warp without rows leaves at once; the one barrier (rows of one chunk, below) counts the others.
+  if (c_warp >= p.dv) return;
   const int dk = p.dk;
   Stash& stash = stash_all[warp];
   RecStage<NPL, ROWS>& stage = stage_all[warp];
@@ -504,8 +507,10 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const bool vec_out = vector_rows<NPL>(p.state_out, dk);
 
   // Every load whose address does not depend on the offsets goes out before them: the first two groups'
-  // state, the gate constants, and the inputs of token b * T / B, where row b starts when every row has the
-  // same length (decode); they are loaded again only when the offsets say otherwise.
+  // state, the gate constants, and the inputs of the token this warp's prologue starts with if row b starts
+  // at b * T / B (every row of the same length): that token for decode, and token `warp` of the row when rows
+  // may be longer (the block's warps share the prologue of rows of one chunk, one token each). They are loaded
+  // again only when the offsets say otherwise.
   // The guess comes first: its 64-bit division is a call, before which ptxas waits for every load in flight.
   const int guess = p.total_tokens > 0 ? (int)((long long)b * p.total_tokens / p.batch) : -1;
   const size_t head_base = ((size_t)b * p.hv + h) * p.dv;
@@ -524,10 +529,13 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   // waited for at the group's start whatever was issued ahead (ptxas, sm_90; BENCHMARKS.md session 12).
   const T* v_lane = static_cast<const T*>(p.v) + (size_t)h * p.dv + c_warp + lane;  // + token * v_stride
   const bool lane_row_ok = lane < ROWS * p.row_groups && c_warp + lane < p.dv;
-  TokenInputs<NPL> first;
-  float v_first = 0.0f;  // this lane's row of token `first`
+  const int tok_off = DECODE_LOOP || p.total_tokens <= p.batch ? 0 : warp;
+  // guess < total_tokens (b < batch), so decode's first token is the guess itself, as before the shared prologue.
+  const int first_tok = tok_off == 0 ? guess : (guess >= 0 && guess + tok_off < p.total_tokens ? guess + tok_off : -1);
+  TokenInputs<NPL> first;  // the inputs of token first_tok
+  float v_first = 0.0f;    // this lane's row of token `guess`
   if (guess >= 0) {
-    load_token<T, NPL>(p, guess, h, lane, qb, kb, first);
+    if (first_tok >= 0) load_token<T, NPL>(p, first_tok, h, lane, qb, kb, first);
     if (lane_row_ok) v_first = to_f32(v_lane[(size_t)guess * p.v_stride]);
   }
 
@@ -546,7 +554,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   if (DECODE_LOOP && span.len == 1) {  // only decode instantiations hold this loop (see the file's head)
     // Decode: the token's values stay in registers across the row groups (no stash), and its value, output
     // and delta pointers step by ROWS per group. The arithmetic is the general loop's, in the same order.
-    if (span.start != guess) {
+    if (span.start != guess) {  // first_tok is the guess in decode kernels
       load_token<T, NPL>(p, span.start, h, lane, qb, kb, first);
       v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
     }
@@ -592,12 +600,19 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     return;
   }
 
-  // Rows of at most kTokens tokens (decode, verify) run the prologue once, for every row group.
+  // Rows of at most kTokens tokens (decode, verify) run the prologue once, for every row group. In the general
+  // kernels the block's warps share it: warp w computes tokens w, w + block_warps, ... into the block's stash
+  // (that of warp 0), so each warp's start waits for one token's inputs and butterflies, not for every token's,
+  // and the output and delta addresses step per chunk (below). The decode kernels keep a prologue per warp and
+  // per-token addresses (their rows of more than one token are rare): with the general kernels' code their
+  // decode loop's SASS moved, and decode B=32 measured about 1% slower on the H200 (BENCHMARKS.md, session 13).
+  constexpr bool kSharedPrologue = !DECODE_LOOP;
   const bool one_chunk = span.len <= kTokens;
+  Stash& chunk_stash = one_chunk && kSharedPrologue ? stash_all[0] : stash;
   float v_lanes[kTokens];  // rows of one chunk: this lane's row of each token
   if (one_chunk && span.len > 0) {
     if (span.start != guess) {
-      load_token<T, NPL>(p, span.start, h, lane, qb, kb, first);
+      if (!kSharedPrologue) load_token<T, NPL>(p, span.start, h, lane, qb, kb, first);
       v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
     }
     v_lanes[0] = v_first;
@@ -606,18 +621,45 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       if (t >= span.len) break;  // a branch, not predicated loads: decode issues none of them
       v_lanes[t] = lane_row_ok ? to_f32(v_lane[(size_t)(span.start + t) * p.v_stride]) : 0.0f;
     }
-    token_prologue<T, NPL>(p, stash, first, span.start, 0, span.len, h, hk, gate, lane, qb, kb, m, cap,
-                           capture_decay, capture_key);
+    if constexpr (kSharedPrologue) {
+      // The block's warps that hold rows (warp 0 always does: the grid is ceil(dv / rows per block)), counted, not
+      // divided: ptxas (sm_90) put an integer division for it before the first state loads, and decode measured
+      // about 1% slower with it (BENCHMARKS.md, session 13).
+      const int c_block = blockIdx.x * kRecWarps * ROWS * p.row_groups;
+      int block_warps = 1;
+#pragma unroll
+      for (int w = 1; w < kRecWarps; ++w) block_warps += c_block + w * ROWS * p.row_groups < p.dv;
+      // The warp index through a shuffle: the compiler then knows it is the same in every lane, so the
+      // prologue's butterflies (whose trip count depends on it) need no fallback for a diverged warp (ptxas).
+      const int w = __shfl_sync(0xffffffffu, warp, 0);  // this warp's first token of the row
+      if (w < span.len && span.start + w != first_tok) load_token<T, NPL>(p, span.start + w, h, lane, qb, kb, first);
+      // The capsule's decay and key slots: written by whichever warp computes the token, in the block that holds
+      // value row 0 (of a head of the key head's group, for the key).
+      token_prologue<T, NPL>(p, chunk_stash, first, span.start, 0, w, block_warps, span.len, h, hk, gate, lane, qb,
+                             kb, m, cap, c_block == 0, c_block == 0 && h % (p.hv / p.hk) == 0);
+      // Every warp of the block that holds rows: the stash (lanes' vectors, lane 0's scalars) is complete.
+      asm volatile("bar.sync 1, %0;\n" ::"r"(32 * block_warps) : "memory");
+    } else {
+      token_prologue<T, NPL>(p, stash, first, span.start, 0, 0, 1, span.len, h, hk, gate, lane, qb, kb, m, cap,
+                             capture_decay, capture_key);
+      __syncwarp();  // the scalars lane 0 wrote are read by every lane
+    }
   }
 
+  const size_t tok_stride = (size_t)p.hv * p.dv;  // between one token's outputs (and delta slots) and the next's
   for (int rg = 0; rg < p.row_groups; ++rg) {
     const int c0 = c_warp + rg * ROWS;
     if (c0 >= p.dv) break;
     const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
     const bool row_ok = c0 + my_row < p.dv;
     bool staged = !(more && rg > 0);  // the next group's state is requested after this group's first reduction
+    // General kernels: this lane's output element and delta-capsule slot of the chunk's first token, stepped by a
+    // chunk after each: token t of the chunk is t Hv Dv elements on (t known at compile time), with no 64-bit
+    // token * Hv * Dv product per token. Decode kernels: token 0's, indexed per token (see kSharedPrologue).
     T* ob = static_cast<T*>(p.out) + (size_t)h * p.dv + c0 + my_row;
+    if (kSharedPrologue) ob += (size_t)span.start * tok_stride;
     float* delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
+    float* db = delta_cap;
 
     for (int t0 = 0; t0 < span.len; t0 += kTokens) {
       const int n = min(kTokens, span.len - t0);
@@ -625,8 +667,9 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         __syncwarp();  // the previous chunk's stash reads are done
         TokenInputs<NPL> cur;
         load_token<T, NPL>(p, span.start + t0, h, lane, qb, kb, cur);
-        token_prologue<T, NPL>(p, stash, cur, span.start, t0, n, h, hk, gate, lane, qb, kb, m, cap,
+        token_prologue<T, NPL>(p, stash, cur, span.start, t0, 0, 1, n, h, hk, gate, lane, qb, kb, m, cap,
                                capture_decay && rg == 0, capture_key && rg == 0);
+        __syncwarp();  // the scalars lane 0 wrote are read by every lane
       }
       float v[kTokens];
 #pragma unroll
@@ -641,11 +684,11 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         if (t >= n) break;
         const int tok = span.start + t0 + t;
         float kept[NPL], sent[NPL], alpha[NPL];
-        stash_get<NPL>(stash.vec[t][0], lane, kept);
-        stash_get<NPL>(stash.vec[t][1], lane, sent);
-        const float beta = stash.scalar[t][1];
-        const float qk = stash.scalar[t][2];
-        token_decay<NPL>(p, dk, tok, h, lane, stash.scalar[t][0], alpha);
+        stash_get<NPL>(chunk_stash.vec[t][0], lane, kept);
+        stash_get<NPL>(chunk_stash.vec[t][1], lane, sent);
+        const float beta = chunk_stash.scalar[t][1];
+        const float qk = chunk_stash.scalar[t][2];
+        token_decay<NPL>(p, dk, tok, h, lane, chunk_stash.scalar[t][0], alpha);
         const float x = decay_and_reduce<NPL, ROWS>(S, alpha, kept, sent, lane);
         if (!staged) {
           stage_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);
@@ -656,9 +699,9 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, 16);
         if (first_copy && row_ok) {
           if (lane >= 16) {
-            ob[(size_t)tok * p.hv * p.dv] = from_f32<T>(fmaf(u_pair, qk, x));
+            ob[kSharedPrologue ? t * tok_stride : (size_t)tok * p.hv * p.dv] = from_f32<T>(fmaf(u_pair, qk, x));
           } else if (t0 + t < m) {
-            delta_cap[(size_t)(t0 + t) * p.hv * p.dv] = u_mine;
+            db[kSharedPrologue ? t * tok_stride : (size_t)(t0 + t) * p.hv * p.dv] = u_mine;
           }
         }
         float k[NPL];  // the update's key: kept in lanes 0-15, sent in 16-31 (RecStash::vec)
@@ -666,8 +709,14 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         for (int i = 0; i < NPL; ++i) k[i] = lane >= 16 ? sent[i] : kept[i];
         update_rows<NPL, ROWS, kShift>(S, k, u_mine);
       }
+      if (kSharedPrologue) {
+        ob += kTokens * tok_stride;
+        if (t0 + kTokens < m) db += kTokens * tok_stride;  // past the capsule only once no slot is left
+      }
     }
     if (!staged) stage_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);  // no tokens
+    if (kSharedPrologue)  // recomputed: held across the tokens it cost registers (spills at K = 128, ptxas)
+      delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
     finish_group<NPL, ROWS>(p, dk, cap, delta_cap, m, h, hk, lane, rg == 0 && capture_decay, rg == 0 && capture_key,
                             lane < 16 && first_copy && row_ok, vec_out, head_base, c0, more, S, stage);
   }
