@@ -1212,8 +1212,16 @@ __device__ __forceinline__ void produce_stages(const ScanCopy<VT>& c, unsigned c
   }
 }
 
+// Packs a chunk's O^T (in the accumulator layout) and stores it: the chunk's rows start at `rows`, len tokens.
+template <typename T, int VT>
+__device__ __forceinline__ void emit_output(const float (&ob)[NT][4], const Walk<T, VT>& w, T* rows, int len) {
+  unsigned o[NT][2];
+  pack_output<T>(ob, w.scale, o);
+  store_output(o, rows, w.out_stride, len, w.lane >> 2);
+}
+
 // O^T's accumulator: Y diag(e^g) into registers of their own (the same products as scale_tokens), so the next
-// chunk's [X | Y] can run while this chunk's output waits there to be packed.
+// chunk's [X | Y] can run while this chunk's output waits there (to be multiplied or packed).
 template <typename Decays>
 __device__ __forceinline__ void scaled_tokens(const float (&y)[NT][4], const Decays& dc, int lane, float (&ob)[NT][4]) {
 #pragma unroll
@@ -1227,18 +1235,62 @@ __device__ __forceinline__ void scaled_tokens(const float (&y)[NT][4], const Dec
   }
 }
 
-// The chunk's wgmma groups, in the order committed: [X | Y] (one n128 product), the state update, O. Chunk c's
-// output is packed and stored while chunk c + 1's [X | Y] runs (O accumulates in `ob`, which that product does
-// not write), so the recurrence (state -> X -> U -> state) no longer waits for the pack and the stores. (Also
-// leaving O in flight across the next chunk's start made ptxas serialize every wgmma, C7514: it does not
-// follow the commit groups across the loop's back edge. So each chunk starts with every wgmma done.)
+// [X | Y] = S0^T [W | Q]^T: one n128 product (B = W's 64 token rows, then Q's; K-major), x holding its tiles
+// 0-7 and y tiles 8-15; one commit group. (As two n64 products X then Y, the state update waited for Y behind
+// X.)
+__device__ __forceinline__ void xy_product(float (&s)[KT][4], const ScanStage& st, float (&x)[NT][4],
+                                           float (&y)[NT][4]) {
+  register_fence(s);
+  unsigned sa[KT / 2][4];
+#pragma unroll
+  for (int kk = 0; kk < KT / 2; ++kk) state_fragment(s, kk, sa[kk]);
+  register_fence(sa);
+  register_fence(x);
+  register_fence(y);
+  wgmma_fence();
+  const unsigned long long wq_desc = k_major_desc(st.w);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_m64n128k16_rs_split<0>(x, y, sa[kk], wgmma_desc_advance(wq_desc, key_step_offset(kk)), kk > 0);
+  wgmma_commit();
+}
+
+// S^T = e^{g_L} S0^T + (U^T diag(e^{g_L-g})) K with the state registers as the accumulator (s already scaled).
+// B = K, MN-major: token step j starts 16 rows (2048 bytes) further; keys 64-127 KEY_STRIDE (LBO) further.
+// One commit group.
+__device__ __forceinline__ void state_product(float (&s)[KT][4], unsigned (&ad)[NT / 2][4], const ScanStage& st) {
+  register_fence(ad);
+  register_fence(s);
+  wgmma_fence();
+  const unsigned long long k_desc =
+      wgmma_desc_sw128(smem_addr(st.k), chunk::ScanLayout<chunk::VT_NARROW>::KEY_STRIDE, kWgmmaAtomBytes);
+#pragma unroll
+  for (int j = 0; j < NT / 2; ++j)
+    wgmma_m64k16_rs<KT, 1>(s, ad[j], wgmma_desc_advance(k_desc, j * 2 * kWgmmaAtomBytes), 1);
+  wgmma_commit();
+}
+
+// O^T = Y diag(e^g) + U^T P^T on ob (holding Y diag(e^g)), k block j = source tokens 16 j ...: 32 bytes per k
+// step inside P's rows (B = P, K-major). All n = 64 tokens each time: P's blocks above the diagonal are zero in
+// the stage. A product over tokens 16 j onwards only (on accumulator tiles 2 j ...) would skip them, but ptxas
+// serializes wgmma on partly overlapping accumulators (C7511). Not committed here.
+__device__ __forceinline__ void o_product(float (&ob)[NT][4], unsigned (&au)[NT / 2][4], const __half* p) {
+  register_fence(ob);
+  register_fence(au);
+  wgmma_fence();
+  const unsigned long long p_desc = k_major_desc(p);
+#pragma unroll
+  for (int j = 0; j < NT / 2; ++j) wgmma_m64k16_rs<NT, 0>(ob, au[j], wgmma_desc_advance(p_desc, j * 32), 1);
+}
+
+// Without producers (the wide width: every thread copies, two stages). The wgmma groups of a chunk, in the order
+// committed: [X | Y], the state update, O. Chunk c's output is packed and stored while chunk c + 1's [X | Y]
+// runs (O accumulates in `ob`, which that product does not write). Each chunk starts with every wgmma done:
+// the other stage, which chunk c's O reads, is refilled after the chunk's barrier.
 template <typename T, int VT>
-__device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>& w) {
+__device__ __forceinline__ void scan_chunks_self_loaded(float (&s)[KT][4], const Walk<T, VT>& w) {
   using Layout = chunk::ScanLayout<VT>;
-  static_assert(Layout::KEY_STRIDE == chunk::ScanLayout<chunk::VT_NARROW>::KEY_STRIDE, "one key-half stride");
-  static_assert(Layout::STAGE_Q == Layout::STAGE_W + BT * 128, "Q's rows follow W's: [X | Y] is one n128 product");
-  constexpr bool producers = Layout::PRODUCER_WARPS > 0;
-  static_assert(producers || Layout::STAGES == 2, "without producers: two stages, refilled by every thread");
+  static_assert(Layout::PRODUCER_WARPS == 0 && Layout::STAGES == 2, "two stages, refilled by every thread");
   const int lane = w.lane;
   // Accumulators of X, Y and O. The first k step of X and Y overwrites them (scale-d 0); they are defined
   // here only because the instruction names them as inputs too. ob is written by scaled_tokens before O.
@@ -1247,67 +1299,22 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = ob[nt][e] = 0.f;
-  // The previous chunk's output rows and length (its O^T waits in ob).
-  T* o_rows = nullptr;
+  T* o_rows = nullptr;  // the previous chunk's output rows and length (its O^T waits in ob)
   int o_len = 0;
-  const auto emit_output = [&] {
-    unsigned o[NT][2];
-    pack_output<T>(ob, w.scale, o);
-    store_output(o, o_rows, w.out_stride, o_len, lane >> 2);
-  };
 
   for (int ci = 0; ci < w.chunks; ++ci) {
     const int t0 = ci * BT;
     const int L = min(BT, w.span.len - t0);
-    // From the loop counter: a few uniform-datapath instructions, and the stage's descriptors stay uniform.
-    const int stage = ci % Layout::STAGES;
-    ScanStage st;
-    if constexpr (producers) {
-      wgmma_wait<0>();  // the previous chunk's state update and O
-      // The previous chunk's wgmma are all done: its stage can be refilled.
-      const int prev = (ci + Layout::STAGES - 1) % Layout::STAGES;
-      if (ci > 0 && ci - 1 + Layout::STAGES < w.chunks)
-        named_barrier_arrive(kStageFreeBarrier + prev, Layout::THREADS);
-      named_barrier_sync(kStageFullBarrier + stage, Layout::THREADS);
-      st = scan_stage<VT>(w.stages, stage);
-    } else {
-      // Every thread refills the other stage after this barrier: the previous chunk's O, which reads it, must
-      // be done in every warpgroup first.
-      wgmma_wait<0>();
-      st = stage_landed<VT>(w.stages, ci);
-    }
-
-    // [X | Y] = S0^T [W | Q]^T: one n128 product (B = W's 64 token rows, then Q's; K-major), x holding its
-    // tiles 0-7 and y tiles 8-15. (As two n64 products X then Y, the state update waited for Y behind X.)
-    register_fence(s);
-    unsigned sa[KT / 2][4];
-#pragma unroll
-    for (int kk = 0; kk < KT / 2; ++kk) state_fragment(s, kk, sa[kk]);
-    register_fence(sa);
-    register_fence(x);
-    register_fence(y);
-    wgmma_fence();
-    const unsigned long long wq_desc = k_major_desc(st.w);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_m64n128k16_rs_split<0>(x, y, sa[kk], wgmma_desc_advance(wq_desc, key_step_offset(kk)), kk > 0);
-    wgmma_commit();
-
-    // This chunk's decays: staged by the producer warps, or formed here.
-    const auto dc = [&] {
-      static_assert(Layout::STAGE_E == Layout::STAGE_G + BT * 4, "the decays follow gamma");
-      if constexpr (producers) return StagedDecays{st.g + BT, (lane & 3) * 2};
-      else return chunk_decays(st.g, L, lane);
-    }();
-    // Meanwhile: the state's decay (ptxas still moves most of these FMUL after the wait below), the next chunk's
-    // loads (unless producers do them), the previous chunk's output and U~.
+    wgmma_wait<0>();
+    const ScanStage st = stage_landed<VT>(w.stages, ci);
+    xy_product(s, st, x, y);
+    // Meanwhile: the state's decay (ptxas still moves most of these FMUL after the wait below), the next
+    // chunk's loads, the previous chunk's output and U~.
+    const ChunkDecays dc = chunk_decays(st.g, L, lane);
     scale_state(s, dc.last());
     register_fence(s);
-    if constexpr (!producers) load_next_stage(w, ci);
-    if (ci > 0) {
-      register_fence(ob);
-      emit_output();
-    }
+    load_next_stage(w, ci);
+    if (ci > 0) emit_output(ob, w, o_rows, o_len);
     unsigned ut[NT / 2][2][2];
     load_u_tilde(ut, st.u, Layout::LDU, w.v0, lane);
 
@@ -1316,40 +1323,111 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
     register_fence(y);
     unsigned au[NT / 2][4], ad[NT / 2][4];
     u_fragments(ut, x, dc, lane, au, ad);
-
-    // S^T = e^{g_L} S0^T + (U^T diag(e^{g_L-g})) K with the state registers as the accumulator. B = K,
-    // MN-major: token step j starts 16 rows (2048 bytes) further; keys 64-127 one key half (LBO) further.
-    register_fence(ad);
-    register_fence(s);
-    wgmma_fence();
-    const unsigned long long k_desc = wgmma_desc_sw128(smem_addr(st.k), Layout::KEY_STRIDE, kWgmmaAtomBytes);
-#pragma unroll
-    for (int j = 0; j < NT / 2; ++j)
-      wgmma_m64k16_rs<KT, 1>(s, ad[j], wgmma_desc_advance(k_desc, j * 2 * kWgmmaAtomBytes), 1);
-    wgmma_commit();
-
-    // O^T = Y diag(e^g) + U^T P^T, k block j = source tokens 16 j ...: 32 bytes per k step inside P's rows
-    // (B = P, K-major). All n = 64 tokens each time: P's blocks above the diagonal are zero in the stage. A
-    // product over tokens 16 j onwards only (on accumulator tiles 2 j ...) would skip them, but ptxas
-    // serializes wgmma on partly overlapping accumulators (C7511).
+    state_product(s, ad, st);
     scaled_tokens(y, dc, lane, ob);  // while the state update runs
-    register_fence(ob);
-    register_fence(au);
-    wgmma_fence();
-    const unsigned long long p_desc = k_major_desc(st.p);
-#pragma unroll
-    for (int j = 0; j < NT / 2; ++j) wgmma_m64k16_rs<NT, 0>(ob, au[j], wgmma_desc_advance(p_desc, j * 32), 1);
+    o_product(ob, au, st.p);
     wgmma_commit();
-
     o_rows = w.out + (size_t)(w.span.start + t0) * w.out_stride;
     o_len = L;
   }
   wgmma_wait<0>();
   register_fence(s);
-  if (w.chunks > 0) {
+  if (w.chunks > 0) emit_output(ob, w, o_rows, o_len);
+}
+
+// With a producer warpgroup (the narrow width, three stages). Chunk c's O is issued after chunk c + 1's [X | Y],
+// so it runs while the compute warps form chunk c + 1's U fragments; the recurrence (state -> [X | Y] -> U ->
+// state) then waits for neither O nor the output pack. The groups of step c, in the order committed: [X | Y] of
+// c, O of c - 1 (of zeros in the first step: one code path, so ptxas can count the groups), the state update
+// of c. Each step starts with every wgmma done (leaving a group in flight across the loop's back edge made
+// ptxas serialize every wgmma: C7514), and frees chunk c - 1's stage once its O is done. The U^T fragments
+// alternate between two register sets, so the ones an O reads in flight are never the ones being formed (with
+// one set and a copy, ptxas merged the two and serialized every wgmma: C7513).
+template <typename T, int VT>
+__device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Walk<T, VT>& w) {
+  using Layout = chunk::ScanLayout<VT>;
+  static_assert(Layout::PRODUCER_WARPS > 0 && Layout::STAGES >= 2, "stage c - 1 is read during chunk c");
+  static_assert(Layout::STAGE_E == Layout::STAGE_G + BT * 4, "the decays follow gamma");
+  const int lane = w.lane;
+  float x[NT][4], y[NT][4], ob[NT][4];  // as in scan_chunks_self_loaded
+  unsigned au0[NT / 2][4], au1[NT / 2][4];  // U^T fragments of the even and odd chunks, for their O
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = ob[nt][e] = 0.f;
+#pragma unroll
+  for (int np = 0; np < NT / 2; ++np)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) au0[np][e] = au1[np][e] = 0u;
+  // Chunk c's output rows and length, and its stage's P: formed again from c where needed (carried across the
+  // loop they took registers, and the image spilled).
+  const auto rows_of = [&](int c) { return w.out + (size_t)(w.span.start + c * BT) * w.out_stride; };
+  const auto len_of = [&](int c) { return min(BT, w.span.len - c * BT); };
+  const auto p_of = [&](int c) { return scan_stage<VT>(w.stages, c % Layout::STAGES).p; };
+
+  // Chunk ci: its U^T fragments into au_next; the previous chunk's O from au_prev.
+  const auto step = [&](int ci, unsigned (&au_prev)[NT / 2][4], unsigned (&au_next)[NT / 2][4]) {
+    const int stage = ci % Layout::STAGES;
+    wgmma_wait<0>();  // the previous chunk's state update
+    named_barrier_sync(kStageFullBarrier + stage, Layout::THREADS);
+    const ScanStage st = scan_stage<VT>(w.stages, stage);
+    xy_product(s, st, x, y);
+    o_product(ob, au_prev, p_of(ci > 0 ? ci - 1 : ci));  // the first: zeros (ob and au_prev are 0) times any P
+    wgmma_commit();
+
+    // Meanwhile: this chunk's decays, the state's decay and U~.
+    const StagedDecays dc{st.g + BT, (lane & 3) * 2};
+    scale_state(s, dc.last());
+    register_fence(s);
+    unsigned ut[NT / 2][2][2];
+    load_u_tilde(ut, st.u, Layout::LDU, w.v0, lane);
+
+    wgmma_wait<1>();  // X and Y (the previous chunk's O may still run)
+    register_fence(x);
+    register_fence(y);
+    unsigned ad[NT / 2][4];
+    u_fragments(ut, x, dc, lane, au_next, ad);
+    state_product(s, ad, st);
+
+    wgmma_wait<1>();  // the previous chunk's O (the state update may still run)
     register_fence(ob);
-    emit_output();
+    if (ci > 0) {
+      // Its stage can be refilled, and its output leaves.
+      const int prev = (ci + Layout::STAGES - 1) % Layout::STAGES;
+      if (ci - 1 + Layout::STAGES < w.chunks) named_barrier_arrive(kStageFreeBarrier + prev, Layout::THREADS);
+      emit_output(ob, w, rows_of(ci - 1), len_of(ci - 1));
+    }
+    scaled_tokens(y, dc, lane, ob);
+  };
+  for (int ci = 0; ci < w.chunks; ci += 2) {
+    step(ci, au1, au0);
+    if (ci + 1 < w.chunks) step(ci + 1, au0, au1);
   }
+  wgmma_wait<0>();
+  register_fence(s);
+  if (w.chunks > 0) {  // the last chunk's O (its stage is not refilled)
+    unsigned au[NT / 2][4];
+    const bool odd = (w.chunks - 1) & 1;
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) au[np][e] = odd ? au1[np][e] : au0[np][e];
+    o_product(ob, au, p_of(w.chunks - 1));
+    wgmma_commit();
+    wgmma_wait<0>();
+    register_fence(ob);
+    emit_output(ob, w, rows_of(w.chunks - 1), len_of(w.chunks - 1));
+  }
+}
+
+template <typename T, int VT>
+__device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>& w) {
+  static_assert(chunk::ScanLayout<VT>::KEY_STRIDE == chunk::ScanLayout<chunk::VT_NARROW>::KEY_STRIDE,
+                "one key-half stride");
+  static_assert(chunk::ScanLayout<VT>::STAGE_Q == chunk::ScanLayout<VT>::STAGE_W + BT * 128,
+                "Q's rows follow W's: [X | Y] is one n128 product");
+  if constexpr (chunk::ScanLayout<VT>::PRODUCER_WARPS > 0) scan_chunks_produced(s, w);
+  else scan_chunks_self_loaded(s, w);
 }
 
 #endif  // OHK_SCAN_WGMMA
