@@ -82,12 +82,14 @@ constexpr int VT_NARROW = 64;
 constexpr int VT_WIDE = 128;
 #if OHK_SCAN_WGMMA
 // W, Q and K: per key half (64 keys) [token][128 bytes], each 8-token block a 128B-swizzle atom (wgmma.cuh),
-// the two key halves of an operand KEY_STRIDE bytes apart. W's and Q's rows of a key half are adjacent
-// ([W half 0][Q half 0][W half 1][Q half 1]), so [X | Y] = S0^T [W | Q]^T is one n128 product (K-major B,
-// n = W's 64 tokens then Q's, k = keys): one wgmma of n128 runs faster than two of n64. K is read as MN-major B
-// by the state update (k = tokens, n = keys); P ([token t][128 bytes over source tokens s], swizzled the same
-// way: K-major B of O^T += U^T P^T, n = t, k = s) fills the gap between K's key halves. Every one of them
-// starts on a 1024-byte boundary.
+// the two key halves of an operand KEY_STRIDE bytes apart. In the wide width (XY_FUSED) W's and Q's rows of a
+// key half are adjacent ([W half 0][Q half 0][W half 1][Q half 1]), so [X | Y] = S0^T [W | Q]^T is one n128
+// product (K-major B, n = W's 64 tokens then Q's, k = keys), and P fills the gap between K's key halves. The
+// narrow width keeps [W][Q][K][P] with each operand's halves adjacent: there two n64 products X then Y let the
+// compute warps form U while Y runs (measured on the H200: the narrow scan lost 16% with the fused product and
+// O deferred, the wide one gained 4% from the fused product). K is read as MN-major B by the state update
+// (k = tokens, n = keys); P is [token t][128 bytes over source tokens s], swizzled the same way: K-major B of
+// O^T += U^T P^T (n = t, k = s). Every one of them starts on a 1024-byte boundary.
 template <int VT>
 struct ScanLayout {
   static_assert(VT % 64 == 0 && D % VT == 0, "whole warpgroups of 64 value rows");
@@ -102,12 +104,13 @@ struct ScanLayout {
   static constexpr int STAGES = PRODUCER_WARPS > 0 ? 3 : 2;
   static constexpr int LDU = VT + 8;                        // halves per VT-wide row of U~ (ldmatrix, unswizzled)
   static constexpr int KEY_HALF = BT * 128;                 // bytes of 64 keys of every token
-  static constexpr int KEY_STRIDE = 2 * KEY_HALF;           // bytes from an operand's key half 0 to half 1
+  static constexpr bool XY_FUSED = VT == VT_WIDE;          // [X | Y] as one n128 product
+  static constexpr int KEY_STRIDE = XY_FUSED ? 2 * KEY_HALF : KEY_HALF;  // an operand's key half 0 -> half 1
   static constexpr int STAGE_W = 0;
-  static constexpr int STAGE_Q = STAGE_W + KEY_HALF;        // Q's rows follow W's in each key half
-  static constexpr int STAGE_K = STAGE_W + 2 * KEY_STRIDE;
-  static constexpr int STAGE_P = STAGE_K + KEY_HALF;        // between K's key halves
-  static constexpr int STAGE_U = STAGE_K + KEY_STRIDE + KEY_HALF;  // U~ of this CTA's columns, fp16 [BT][LDU]
+  static constexpr int STAGE_Q = STAGE_W + (XY_FUSED ? KEY_HALF : 2 * KEY_HALF);  // fused: after W's rows
+  static constexpr int STAGE_K = STAGE_W + 4 * KEY_HALF;
+  static constexpr int STAGE_P = STAGE_K + (XY_FUSED ? KEY_HALF : 2 * KEY_HALF);  // fused: between K's halves
+  static constexpr int STAGE_U = STAGE_W + 7 * KEY_HALF;    // U~ of this CTA's columns, fp16 [BT][LDU]
   static constexpr int STAGE_G = STAGE_U + BT * LDU * 2;    // gamma, fp32 [BT]
   // With producer warps: e^g [BT], e^{g_L-g} [BT] and e^{g_L}, fp32, written by them (StagedDecays).
   static constexpr int STAGE_E = STAGE_G + BT * 4;
@@ -120,7 +123,8 @@ struct ScanLayout {
   }
   static __device__ __forceinline__ unsigned p_offset(int t, int piece) { return swizzle128_offset(t, piece); }
   static_assert(STAGE_P % ALIGN == 0 && KEY_HALF % ALIGN == 0, "swizzle atoms on 1024-byte boundaries");
-  static_assert(BT * 128 == KEY_HALF && STAGE_U == STAGE_P + KEY_STRIDE, "P fills the gap between K's halves");
+  static_assert(BT * 128 == KEY_HALF && STAGE_U == STAGE_P + KEY_STRIDE && STAGE_K + KEY_STRIDE + KEY_HALF <= STAGE_U,
+                "W, Q, K and P do not overlap");
   static_assert(SMEM_BYTES <= 227 * 1024, "the scan fits sm_90's opt-in shared memory per block");
 };
 #else
@@ -1136,9 +1140,11 @@ __device__ __forceinline__ unsigned long long k_major_desc(const void* operand) 
   return wgmma_desc_sw128(smem_addr(operand), 16, kWgmmaAtomBytes);
 }
 
-// Start of the k-16 step kk (keys 16 kk ...) of [W | Q]: key half kk / 4, 32 bytes per step inside its rows.
+// Start of the k-16 step kk (keys 16 kk ...) of W, Q or [W | Q]: key half kk / 4, 32 bytes per step inside its
+// rows.
+template <int VT>
 __device__ constexpr unsigned key_step_offset(int kk) {
-  return (kk / 4) * chunk::ScanLayout<chunk::VT_NARROW>::KEY_STRIDE + (kk % 4) * 32;
+  return (kk / 4) * chunk::ScanLayout<VT>::KEY_STRIDE + (kk % 4) * 32;
 }
 
 // The producer warpgroup's hand-off (ScanLayout::PRODUCER_WARPS > 0), on named barriers that count all the
@@ -1235,35 +1241,53 @@ __device__ __forceinline__ void scaled_tokens(const float (&y)[NT][4], const Dec
   }
 }
 
-// [X | Y] = S0^T [W | Q]^T: one n128 product (B = W's 64 token rows, then Q's; K-major), x holding its tiles
-// 0-7 and y tiles 8-15; one commit group. (As two n64 products X then Y, the state update waited for Y behind
-// X.)
-__device__ __forceinline__ void xy_product(float (&s)[KT][4], const ScanStage& st, float (&x)[NT][4],
-                                           float (&y)[NT][4]) {
+// The first k step of X and Y overwrites their accumulators (scale-d 0); they are defined only because the
+// instruction names them as inputs too. ob (O's) is written by scaled_tokens before O.
+__device__ __forceinline__ void zero_accumulators(float (&x)[NT][4], float (&y)[NT][4], float (&ob)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = ob[nt][e] = 0.f;
+}
+
+// The state's A fragments for X and Y, then the fence before their wgmma (x and y: their accumulators).
+__device__ __forceinline__ void state_operands(float (&s)[KT][4], unsigned (&sa)[KT / 2][4], float (&x)[NT][4],
+                                               float (&y)[NT][4]) {
   register_fence(s);
-  unsigned sa[KT / 2][4];
 #pragma unroll
   for (int kk = 0; kk < KT / 2; ++kk) state_fragment(s, kk, sa[kk]);
   register_fence(sa);
   register_fence(x);
   register_fence(y);
   wgmma_fence();
+}
+
+// [X | Y] = S0^T [W | Q]^T: one n128 product (B = W's 64 token rows, then Q's; K-major), x holding its tiles
+// 0-7 and y tiles 8-15; one commit group. (As two n64 products X then Y, the state update waited for Y behind
+// X.)
+template <int VT>
+__device__ __forceinline__ void xy_product(float (&s)[KT][4], const ScanStage& st, float (&x)[NT][4],
+                                           float (&y)[NT][4]) {
+  static_assert(chunk::ScanLayout<VT>::XY_FUSED, "W's and Q's rows adjacent");
+  unsigned sa[KT / 2][4];
+  state_operands(s, sa, x, y);
   const unsigned long long wq_desc = k_major_desc(st.w);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_m64n128k16_rs_split<0>(x, y, sa[kk], wgmma_desc_advance(wq_desc, key_step_offset(kk)), kk > 0);
+    wgmma_m64n128k16_rs_split<0>(x, y, sa[kk], wgmma_desc_advance(wq_desc, key_step_offset<VT>(kk)), kk > 0);
   wgmma_commit();
 }
 
 // S^T = e^{g_L} S0^T + (U^T diag(e^{g_L-g})) K with the state registers as the accumulator (s already scaled).
 // B = K, MN-major: token step j starts 16 rows (2048 bytes) further; keys 64-127 KEY_STRIDE (LBO) further.
 // One commit group.
+template <int VT>
 __device__ __forceinline__ void state_product(float (&s)[KT][4], unsigned (&ad)[NT / 2][4], const ScanStage& st) {
   register_fence(ad);
   register_fence(s);
   wgmma_fence();
   const unsigned long long k_desc =
-      wgmma_desc_sw128(smem_addr(st.k), chunk::ScanLayout<chunk::VT_NARROW>::KEY_STRIDE, kWgmmaAtomBytes);
+      wgmma_desc_sw128(smem_addr(st.k), chunk::ScanLayout<VT>::KEY_STRIDE, kWgmmaAtomBytes);
 #pragma unroll
   for (int j = 0; j < NT / 2; ++j)
     wgmma_m64k16_rs<KT, 1>(s, ad[j], wgmma_desc_advance(k_desc, j * 2 * kWgmmaAtomBytes), 1);
@@ -1292,13 +1316,8 @@ __device__ __forceinline__ void scan_chunks_self_loaded(float (&s)[KT][4], const
   using Layout = chunk::ScanLayout<VT>;
   static_assert(Layout::PRODUCER_WARPS == 0 && Layout::STAGES == 2, "two stages, refilled by every thread");
   const int lane = w.lane;
-  // Accumulators of X, Y and O. The first k step of X and Y overwrites them (scale-d 0); they are defined
-  // here only because the instruction names them as inputs too. ob is written by scaled_tokens before O.
-  float x[NT][4], y[NT][4], ob[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = ob[nt][e] = 0.f;
+  float x[NT][4], y[NT][4], ob[NT][4];  // accumulators of X, Y and O
+  zero_accumulators(x, y, ob);
   T* o_rows = nullptr;  // the previous chunk's output rows and length (its O^T waits in ob)
   int o_len = 0;
 
@@ -1307,7 +1326,7 @@ __device__ __forceinline__ void scan_chunks_self_loaded(float (&s)[KT][4], const
     const int L = min(BT, w.span.len - t0);
     wgmma_wait<0>();
     const ScanStage st = stage_landed<VT>(w.stages, ci);
-    xy_product(s, st, x, y);
+    xy_product<VT>(s, st, x, y);
     // Meanwhile: the state's decay (ptxas still moves most of these FMUL after the wait below), the next
     // chunk's loads, the previous chunk's output and U~.
     const ChunkDecays dc = chunk_decays(st.g, L, lane);
@@ -1323,7 +1342,7 @@ __device__ __forceinline__ void scan_chunks_self_loaded(float (&s)[KT][4], const
     register_fence(y);
     unsigned au[NT / 2][4], ad[NT / 2][4];
     u_fragments(ut, x, dc, lane, au, ad);
-    state_product(s, ad, st);
+    state_product<VT>(s, ad, st);
     scaled_tokens(y, dc, lane, ob);  // while the state update runs
     o_product(ob, au, st.p);
     wgmma_commit();
@@ -1335,97 +1354,128 @@ __device__ __forceinline__ void scan_chunks_self_loaded(float (&s)[KT][4], const
   if (w.chunks > 0) emit_output(ob, w, o_rows, o_len);
 }
 
-// With a producer warpgroup (the narrow width, three stages). Chunk c's O is issued after chunk c + 1's [X | Y],
-// so it runs while the compute warps form chunk c + 1's U fragments; the recurrence (state -> [X | Y] -> U ->
-// state) then waits for neither O nor the output pack. The groups of step c, in the order committed: [X | Y] of
-// c, O of c - 1 (of zeros in the first step: one code path, so ptxas can count the groups), the state update
-// of c. Each step starts with every wgmma done (leaving a group in flight across the loop's back edge made
-// ptxas serialize every wgmma: C7514), and frees chunk c - 1's stage once its O is done. The U^T fragments
-// alternate between two register sets, so the ones an O reads in flight are never the ones being formed (with
-// one set and a copy, ptxas merged the two and serialized every wgmma: C7513).
+// With a producer warpgroup (the narrow width, three stages). The chunk's wgmma groups, in the order
+// committed: X, Y, the state update, O. Chunk c's output is packed and stored while chunk c + 1's X and Y run
+// (O accumulates in `ob`, which Y does not write), so the recurrence (state -> X -> U -> state) no longer
+// waits for the pack. (Leaving O in flight across the next chunk's start made ptxas serialize every wgmma,
+// C7514; issuing chunk c's O after chunk c + 1's [X | Y], with the stage freed after it, was 16% slower on the
+// H200: so each chunk starts with every wgmma done.) The code for the other width is kept in the constexpr
+// branches, so the two loops stay easy to compare.
 template <typename T, int VT>
 __device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Walk<T, VT>& w) {
   using Layout = chunk::ScanLayout<VT>;
-  static_assert(Layout::PRODUCER_WARPS > 0 && Layout::STAGES >= 2, "stage c - 1 is read during chunk c");
-  static_assert(Layout::STAGE_E == Layout::STAGE_G + BT * 4, "the decays follow gamma");
+  static_assert(!Layout::XY_FUSED && Layout::KEY_STRIDE == Layout::KEY_HALF, "X and Y as two n64 products");
+  constexpr bool producers = Layout::PRODUCER_WARPS > 0;
+  static_assert(producers || Layout::STAGES == 2, "without producers: two stages, refilled by every thread");
   const int lane = w.lane;
-  float x[NT][4], y[NT][4], ob[NT][4];  // as in scan_chunks_self_loaded
-  unsigned au0[NT / 2][4], au1[NT / 2][4];  // U^T fragments of the even and odd chunks, for their O
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = ob[nt][e] = 0.f;
-#pragma unroll
-  for (int np = 0; np < NT / 2; ++np)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) au0[np][e] = au1[np][e] = 0u;
-  // Chunk c's output rows and length, and its stage's P: formed again from c where needed (carried across the
-  // loop they took registers, and the image spilled).
-  const auto rows_of = [&](int c) { return w.out + (size_t)(w.span.start + c * BT) * w.out_stride; };
-  const auto len_of = [&](int c) { return min(BT, w.span.len - c * BT); };
-  const auto p_of = [&](int c) { return scan_stage<VT>(w.stages, c % Layout::STAGES).p; };
+  float x[NT][4], y[NT][4], ob[NT][4];  // accumulators of X, Y and O
+  zero_accumulators(x, y, ob);
+  // The previous chunk's output rows and length (its O^T waits in ob).
+  T* o_rows = nullptr;
+  int o_len = 0;
+  const auto emit = [&] {
+    unsigned o[NT][2];
+    pack_output<T>(ob, w.scale, o);
+    store_output(o, o_rows, w.out_stride, o_len, lane >> 2);
+  };
 
-  // Chunk ci: its U^T fragments into au_next; the previous chunk's O from au_prev.
-  const auto step = [&](int ci, unsigned (&au_prev)[NT / 2][4], unsigned (&au_next)[NT / 2][4]) {
+  for (int ci = 0; ci < w.chunks; ++ci) {
+    const int t0 = ci * BT;
+    const int L = min(BT, w.span.len - t0);
+    // From the loop counter: a few uniform-datapath instructions, and the stage's descriptors stay uniform.
     const int stage = ci % Layout::STAGES;
-    wgmma_wait<0>();  // the previous chunk's state update
-    named_barrier_sync(kStageFullBarrier + stage, Layout::THREADS);
-    const ScanStage st = scan_stage<VT>(w.stages, stage);
-    xy_product(s, st, x, y);
-    o_product(ob, au_prev, p_of(ci > 0 ? ci - 1 : ci));  // the first: zeros (ob and au_prev are 0) times any P
+    ScanStage st;
+    if constexpr (producers) {
+      named_barrier_sync(kStageFullBarrier + stage, Layout::THREADS);
+      wgmma_wait<0>();  // the previous chunk's state update and O
+      st = scan_stage<VT>(w.stages, stage);
+    } else {
+      // Every thread refills the other stage after this barrier: the previous chunk's O, which reads it, must
+      // be done in every warpgroup first.
+      wgmma_wait<0>();
+      st = stage_landed<VT>(w.stages, ci);
+    }
+
+    // X = S0^T W^T, then Y = S0^T Q^T (two commit groups: U needs only X). B = W, Q, K-major.
+    unsigned sa[KT / 2][4];
+    state_operands(s, sa, x, y);
+    const unsigned long long w_desc = k_major_desc(st.w), q_desc = k_major_desc(st.q);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_m64k16_rs<NT, 0>(x, sa[kk], wgmma_desc_advance(w_desc, key_step_offset<VT>(kk)), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_m64k16_rs<NT, 0>(y, sa[kk], wgmma_desc_advance(q_desc, key_step_offset<VT>(kk)), kk > 0);
     wgmma_commit();
 
-    // Meanwhile: this chunk's decays, the state's decay and U~.
-    const StagedDecays dc{st.g + BT, (lane & 3) * 2};
-    scale_state(s, dc.last());
-    register_fence(s);
+    // Meanwhile: the next chunk's loads (unless producers do them), the previous chunk's output, this chunk's
+    // decays and U~.
+    if constexpr (!producers) load_next_stage(w, ci);
+    if (ci > 0) {
+      if constexpr (producers) {
+        // The previous chunk's wgmma are all done: its stage can be refilled.
+        const int prev = (ci + Layout::STAGES - 1) % Layout::STAGES;
+        if (ci - 1 + Layout::STAGES < w.chunks) named_barrier_arrive(kStageFreeBarrier + prev, Layout::THREADS);
+      }
+      register_fence(ob);
+      emit();
+    }
+    // This chunk's decays: staged by the producer warps, or formed here.
+    const auto dc = [&] {
+      static_assert(Layout::STAGE_E == Layout::STAGE_G + BT * 4, "the decays follow gamma");
+      if constexpr (producers) return StagedDecays{st.g + BT, (lane & 3) * 2};
+      else return chunk_decays(st.g, L, lane);
+    }();
     unsigned ut[NT / 2][2][2];
     load_u_tilde(ut, st.u, Layout::LDU, w.v0, lane);
 
-    wgmma_wait<1>();  // X and Y (the previous chunk's O may still run)
+    wgmma_wait<1>();  // X
     register_fence(x);
-    register_fence(y);
-    unsigned ad[NT / 2][4];
-    u_fragments(ut, x, dc, lane, au_next, ad);
-    state_product(s, ad, st);
+    unsigned au[NT / 2][4], ad[NT / 2][4];
+    u_fragments(ut, x, dc, lane, au, ad);
+    // Not while X runs: ptxas then waits for it before this write to the state registers (C7517).
+    scale_state(s, dc.last());
 
-    wgmma_wait<1>();  // the previous chunk's O (the state update may still run)
-    register_fence(ob);
-    if (ci > 0) {
-      // Its stage can be refilled, and its output leaves.
-      const int prev = (ci + Layout::STAGES - 1) % Layout::STAGES;
-      if (ci - 1 + Layout::STAGES < w.chunks) named_barrier_arrive(kStageFreeBarrier + prev, Layout::THREADS);
-      emit_output(ob, w, rows_of(ci - 1), len_of(ci - 1));
-    }
+    // S^T = e^{g_L} S0^T + (U^T diag(e^{g_L-g})) K with the state registers as the accumulator. B = K,
+    // MN-major: token step j starts 16 rows (2048 bytes) further; keys 64-127 one key half (LBO) further.
+    register_fence(ad);
+    register_fence(s);
+    wgmma_fence();
+    const unsigned long long k_desc = wgmma_desc_sw128(smem_addr(st.k), Layout::KEY_HALF, kWgmmaAtomBytes);
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j)
+      wgmma_m64k16_rs<KT, 1>(s, ad[j], wgmma_desc_advance(k_desc, j * 2 * kWgmmaAtomBytes), 1);
+    wgmma_commit();
+
+    // O^T = Y diag(e^g) + U^T P^T, k block j = source tokens 16 j ...: 32 bytes per k step inside P's rows
+    // (B = P, K-major). All n = 64 tokens each time: P's blocks above the diagonal are zero in the stage. A
+    // product over tokens 16 j onwards only (on accumulator tiles 2 j ...) would skip them, but ptxas
+    // serializes wgmma on partly overlapping accumulators (C7511).
+    wgmma_wait<1>();  // Y (the state update may still run)
+    register_fence(y);
     scaled_tokens(y, dc, lane, ob);
-  };
-  for (int ci = 0; ci < w.chunks; ci += 2) {
-    step(ci, au1, au0);
-    if (ci + 1 < w.chunks) step(ci + 1, au0, au1);
+    register_fence(ob);
+    register_fence(au);
+    wgmma_fence();
+    const unsigned long long p_desc = k_major_desc(st.p);
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j) wgmma_m64k16_rs<NT, 0>(ob, au[j], wgmma_desc_advance(p_desc, j * 32), 1);
+    wgmma_commit();
+
+    o_rows = w.out + (size_t)(w.span.start + t0) * w.out_stride;
+    o_len = L;
   }
   wgmma_wait<0>();
   register_fence(s);
-  if (w.chunks > 0) {  // the last chunk's O (its stage is not refilled)
-    unsigned au[NT / 2][4];
-    const bool odd = (w.chunks - 1) & 1;
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) au[np][e] = odd ? au1[np][e] : au0[np][e];
-    o_product(ob, au, p_of(w.chunks - 1));
-    wgmma_commit();
-    wgmma_wait<0>();
+  if (w.chunks > 0) {
     register_fence(ob);
-    emit_output(ob, w, rows_of(w.chunks - 1), len_of(w.chunks - 1));
+    emit();
   }
 }
 
 template <typename T, int VT>
 __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>& w) {
-  static_assert(chunk::ScanLayout<VT>::KEY_STRIDE == chunk::ScanLayout<chunk::VT_NARROW>::KEY_STRIDE,
-                "one key-half stride");
-  static_assert(chunk::ScanLayout<VT>::STAGE_Q == chunk::ScanLayout<VT>::STAGE_W + BT * 128,
-                "Q's rows follow W's: [X | Y] is one n128 product");
   if constexpr (chunk::ScanLayout<VT>::PRODUCER_WARPS > 0) scan_chunks_produced(s, w);
   else scan_chunks_self_loaded(s, w);
 }
