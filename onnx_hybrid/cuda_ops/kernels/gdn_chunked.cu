@@ -81,9 +81,14 @@ static_assert(2 * PREP_SMEM_BYTES + 2048 <= 228 * 1024, "two prep CTAs per sm_90
 constexpr int VT_NARROW = 64;
 constexpr int VT_WIDE = 128;
 #if OHK_SCAN_WGMMA
-// W, Q and K: [key half (64 keys)][token][128 bytes], each 8-token block a 128B-swizzle atom (wgmma.cuh). Read
-// as K-major B by X = S0^T W^T and Y = S0^T Q^T (n = tokens, k = keys) and as MN-major B by the state update
-// (k = tokens, n = keys). P: [token t][128 bytes over source tokens s], swizzled the same way: K-major B of
+// W, Q and K: per key half (64 keys) [token][128 bytes], each 8-token block a 128B-swizzle atom (wgmma.cuh),
+// the two key halves of an operand KEY_STRIDE bytes apart. In the wide width (XY_FUSED) W's and Q's rows of a
+// key half are adjacent ([W half 0][Q half 0][W half 1][Q half 1]), so [X | Y] = S0^T [W | Q]^T is one n128
+// product (K-major B, n = W's 64 tokens then Q's, k = keys), and P fills the gap between K's key halves. The
+// narrow width keeps [W][Q][K][P] with each operand's halves adjacent: there two n64 products X then Y let the
+// compute warps form U while Y runs (measured on the H200: the narrow scan lost 16% with the fused product and
+// O deferred, the wide one gained 4% from the fused product). K is read as MN-major B by the state update
+// (k = tokens, n = keys); P is [token t][128 bytes over source tokens s], swizzled the same way: K-major B of
 // O^T += U^T P^T (n = t, k = s). Every one of them starts on a 1024-byte boundary.
 template <int VT>
 struct ScanLayout {
@@ -99,11 +104,13 @@ struct ScanLayout {
   static constexpr int STAGES = PRODUCER_WARPS > 0 ? 3 : 2;
   static constexpr int LDU = VT + 8;                        // halves per VT-wide row of U~ (ldmatrix, unswizzled)
   static constexpr int KEY_HALF = BT * 128;                 // bytes of 64 keys of every token
+  static constexpr bool XY_FUSED = VT == VT_WIDE;          // [X | Y] as one n128 product
+  static constexpr int KEY_STRIDE = XY_FUSED ? 2 * KEY_HALF : KEY_HALF;  // an operand's key half 0 -> half 1
   static constexpr int STAGE_W = 0;
-  static constexpr int STAGE_Q = STAGE_W + 2 * KEY_HALF;
-  static constexpr int STAGE_K = STAGE_Q + 2 * KEY_HALF;
-  static constexpr int STAGE_P = STAGE_K + 2 * KEY_HALF;
-  static constexpr int STAGE_U = STAGE_P + BT * 128;        // U~ of this CTA's columns, fp16 [BT][LDU]
+  static constexpr int STAGE_Q = STAGE_W + (XY_FUSED ? KEY_HALF : 2 * KEY_HALF);  // fused: after W's rows
+  static constexpr int STAGE_K = STAGE_W + 4 * KEY_HALF;
+  static constexpr int STAGE_P = STAGE_K + (XY_FUSED ? KEY_HALF : 2 * KEY_HALF);  // fused: between K's halves
+  static constexpr int STAGE_U = STAGE_W + 7 * KEY_HALF;    // U~ of this CTA's columns, fp16 [BT][LDU]
   static constexpr int STAGE_G = STAGE_U + BT * LDU * 2;    // gamma, fp32 [BT]
   // With producer warps: e^g [BT], e^{g_L-g} [BT] and e^{g_L}, fp32, written by them (StagedDecays).
   static constexpr int STAGE_E = STAGE_G + BT * 4;
@@ -112,10 +119,12 @@ struct ScanLayout {
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + ALIGN;  // + the run-time alignment of the first stage
   static constexpr int WQK_ROW8_BYTES = 8 * 128, P_ROW8_BYTES = 8 * 128;
   static __device__ __forceinline__ unsigned wqk_offset(int t, int piece) {
-    return (piece >> 3) * KEY_HALF + swizzle128_offset(t, piece & 7);
+    return (piece >> 3) * KEY_STRIDE + swizzle128_offset(t, piece & 7);
   }
   static __device__ __forceinline__ unsigned p_offset(int t, int piece) { return swizzle128_offset(t, piece); }
   static_assert(STAGE_P % ALIGN == 0 && KEY_HALF % ALIGN == 0, "swizzle atoms on 1024-byte boundaries");
+  static_assert(BT * 128 == KEY_HALF && STAGE_U == STAGE_P + KEY_STRIDE && STAGE_K + KEY_STRIDE + KEY_HALF <= STAGE_U,
+                "W, Q, K and P do not overlap");
   static_assert(SMEM_BYTES <= 227 * 1024, "the scan fits sm_90's opt-in shared memory per block");
 };
 #else
@@ -1126,14 +1135,16 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
 
 // Descriptors of the stage's B operands (layouts: ScanLayout, wgmma.cuh). SBO is always 1024 bytes: 8 rows
 // of 128 bytes. K-major ones have no LBO (16 bytes by convention); K read MN-major steps from keys 0-63 to
-// keys 64-127 by LBO = one key half.
+// keys 64-127 by LBO = KEY_STRIDE.
 __device__ __forceinline__ unsigned long long k_major_desc(const void* operand) {
   return wgmma_desc_sw128(smem_addr(operand), 16, kWgmmaAtomBytes);
 }
 
-// Start of the k-16 step kk (keys 16 kk ...) of W or Q: key half kk / 4, 32 bytes per step inside its rows.
+// Start of the k-16 step kk (keys 16 kk ...) of W, Q or [W | Q]: key half kk / 4, 32 bytes per step inside its
+// rows.
+template <int VT>
 __device__ constexpr unsigned key_step_offset(int kk) {
-  return (kk / 4) * chunk::ScanLayout<chunk::VT_NARROW>::KEY_HALF + (kk % 4) * 32;
+  return (kk / 4) * chunk::ScanLayout<VT>::KEY_STRIDE + (kk % 4) * 32;
 }
 
 // The producer warpgroup's hand-off (ScanLayout::PRODUCER_WARPS > 0), on named barriers that count all the
@@ -1207,25 +1218,166 @@ __device__ __forceinline__ void produce_stages(const ScanCopy<VT>& c, unsigned c
   }
 }
 
+// Packs a chunk's O^T (in the accumulator layout) and stores it: the chunk's rows start at `rows`, len tokens.
 template <typename T, int VT>
-__device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>& w) {
-  using Layout = chunk::ScanLayout<VT>;
-  static_assert(Layout::KEY_HALF == chunk::ScanLayout<chunk::VT_NARROW>::KEY_HALF, "one key-half size");
-  constexpr bool producers = Layout::PRODUCER_WARPS > 0;
-  static_assert(producers || Layout::STAGES == 2, "without producers: two stages, refilled by every thread");
-  const int lane = w.lane;
-  // Accumulators of X and Y. The first k step of each chunk overwrites them (scale-d 0); they are defined
-  // here only because the instruction names them as inputs too.
-  float x[NT][4], y[NT][4];
+__device__ __forceinline__ void emit_output(const float (&ob)[NT][4], const Walk<T, VT>& w, T* rows, int len) {
+  unsigned o[NT][2];
+  pack_output<T>(ob, w.scale, o);
+  store_output(o, rows, w.out_stride, len, w.lane >> 2);
+}
+
+// O^T's accumulator: Y diag(e^g) into registers of their own (the same products as scale_tokens), so the next
+// chunk's [X | Y] can run while this chunk's output waits there (to be multiplied or packed).
+template <typename Decays>
+__device__ __forceinline__ void scaled_tokens(const float (&y)[NT][4], const Decays& dc, int lane, float (&ob)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const float2 eg = dc.eg_tile(nt, lane);
+#pragma unroll
+    for (int half_row = 0; half_row < 2; ++half_row) {
+      ob[nt][2 * half_row] = y[nt][2 * half_row] * eg.x;
+      ob[nt][2 * half_row + 1] = y[nt][2 * half_row + 1] * eg.y;
+    }
+  }
+}
+
+// The first k step of X and Y overwrites their accumulators (scale-d 0); they are defined only because the
+// instruction names them as inputs too. ob (O's) is written by scaled_tokens before O.
+__device__ __forceinline__ void zero_accumulators(float (&x)[NT][4], float (&y)[NT][4], float (&ob)[NT][4]) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = 0.f;
-  // The previous chunk's output, packed: stored while this chunk's X and Y run. (Packing it from y here too
-  // would read registers of an earlier wgmma while X runs, and ptxas then waits for X: C7517.)
-  unsigned o[NT][2];
+    for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = ob[nt][e] = 0.f;
+}
+
+// The state's A fragments for X and Y, then the fence before their wgmma (x and y: their accumulators).
+__device__ __forceinline__ void state_operands(float (&s)[KT][4], unsigned (&sa)[KT / 2][4], float (&x)[NT][4],
+                                               float (&y)[NT][4]) {
+  register_fence(s);
+#pragma unroll
+  for (int kk = 0; kk < KT / 2; ++kk) state_fragment(s, kk, sa[kk]);
+  register_fence(sa);
+  register_fence(x);
+  register_fence(y);
+  wgmma_fence();
+}
+
+// [X | Y] = S0^T [W | Q]^T: one n128 product (B = W's 64 token rows, then Q's; K-major), x holding its tiles
+// 0-7 and y tiles 8-15; one commit group. (As two n64 products X then Y, the state update waited for Y behind
+// X.)
+template <int VT>
+__device__ __forceinline__ void xy_product(float (&s)[KT][4], const ScanStage& st, float (&x)[NT][4],
+                                           float (&y)[NT][4]) {
+  static_assert(chunk::ScanLayout<VT>::XY_FUSED, "W's and Q's rows adjacent");
+  unsigned sa[KT / 2][4];
+  state_operands(s, sa, x, y);
+  const unsigned long long wq_desc = k_major_desc(st.w);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_m64n128k16_rs_split<0>(x, y, sa[kk], wgmma_desc_advance(wq_desc, key_step_offset<VT>(kk)), kk > 0);
+  wgmma_commit();
+}
+
+// S^T = e^{g_L} S0^T + (U^T diag(e^{g_L-g})) K with the state registers as the accumulator (s already scaled).
+// B = K, MN-major: token step j starts 16 rows (2048 bytes) further; keys 64-127 KEY_STRIDE (LBO) further.
+// One commit group.
+template <int VT>
+__device__ __forceinline__ void state_product(float (&s)[KT][4], unsigned (&ad)[NT / 2][4], const ScanStage& st) {
+  register_fence(ad);
+  register_fence(s);
+  wgmma_fence();
+  const unsigned long long k_desc =
+      wgmma_desc_sw128(smem_addr(st.k), chunk::ScanLayout<VT>::KEY_STRIDE, kWgmmaAtomBytes);
+#pragma unroll
+  for (int j = 0; j < NT / 2; ++j)
+    wgmma_m64k16_rs<KT, 1>(s, ad[j], wgmma_desc_advance(k_desc, j * 2 * kWgmmaAtomBytes), 1);
+  wgmma_commit();
+}
+
+// O^T = Y diag(e^g) + U^T P^T on ob (holding Y diag(e^g)), k block j = source tokens 16 j ...: 32 bytes per k
+// step inside P's rows (B = P, K-major). All n = 64 tokens each time: P's blocks above the diagonal are zero in
+// the stage. A product over tokens 16 j onwards only (on accumulator tiles 2 j ...) would skip them, but ptxas
+// serializes wgmma on partly overlapping accumulators (C7511). Not committed here.
+__device__ __forceinline__ void o_product(float (&ob)[NT][4], unsigned (&au)[NT / 2][4], const __half* p) {
+  register_fence(ob);
+  register_fence(au);
+  wgmma_fence();
+  const unsigned long long p_desc = k_major_desc(p);
+#pragma unroll
+  for (int j = 0; j < NT / 2; ++j) wgmma_m64k16_rs<NT, 0>(ob, au[j], wgmma_desc_advance(p_desc, j * 32), 1);
+}
+
+// Without producers (the wide width: every thread copies, two stages). The wgmma groups of a chunk, in the order
+// committed: [X | Y], the state update, O. Chunk c's output is packed and stored while chunk c + 1's [X | Y]
+// runs (O accumulates in `ob`, which that product does not write). Each chunk starts with every wgmma done:
+// the other stage, which chunk c's O reads, is refilled after the chunk's barrier.
+template <typename T, int VT>
+__device__ __forceinline__ void scan_chunks_self_loaded(float (&s)[KT][4], const Walk<T, VT>& w) {
+  using Layout = chunk::ScanLayout<VT>;
+  static_assert(Layout::PRODUCER_WARPS == 0 && Layout::STAGES == 2, "two stages, refilled by every thread");
+  const int lane = w.lane;
+  float x[NT][4], y[NT][4], ob[NT][4];  // accumulators of X, Y and O
+  zero_accumulators(x, y, ob);
+  T* o_rows = nullptr;  // the previous chunk's output rows and length (its O^T waits in ob)
+  int o_len = 0;
+
+  for (int ci = 0; ci < w.chunks; ++ci) {
+    const int t0 = ci * BT;
+    const int L = min(BT, w.span.len - t0);
+    wgmma_wait<0>();
+    const ScanStage st = stage_landed<VT>(w.stages, ci);
+    xy_product<VT>(s, st, x, y);
+    // Meanwhile: the state's decay (ptxas still moves most of these FMUL after the wait below), the next
+    // chunk's loads, the previous chunk's output and U~.
+    const ChunkDecays dc = chunk_decays(st.g, L, lane);
+    scale_state(s, dc.last());
+    register_fence(s);
+    load_next_stage(w, ci);
+    if (ci > 0) emit_output(ob, w, o_rows, o_len);
+    unsigned ut[NT / 2][2][2];
+    load_u_tilde(ut, st.u, Layout::LDU, w.v0, lane);
+
+    wgmma_wait<0>();  // X and Y
+    register_fence(x);
+    register_fence(y);
+    unsigned au[NT / 2][4], ad[NT / 2][4];
+    u_fragments(ut, x, dc, lane, au, ad);
+    state_product<VT>(s, ad, st);
+    scaled_tokens(y, dc, lane, ob);  // while the state update runs
+    o_product(ob, au, st.p);
+    wgmma_commit();
+    o_rows = w.out + (size_t)(w.span.start + t0) * w.out_stride;
+    o_len = L;
+  }
+  wgmma_wait<0>();
+  register_fence(s);
+  if (w.chunks > 0) emit_output(ob, w, o_rows, o_len);
+}
+
+// With a producer warpgroup (the narrow width, three stages). The chunk's wgmma groups, in the order
+// committed: X, Y, the state update, O. Chunk c's output is packed and stored while chunk c + 1's X and Y run
+// (O accumulates in `ob`, which Y does not write), so the recurrence (state -> X -> U -> state) no longer
+// waits for the pack. (Leaving O in flight across the next chunk's start made ptxas serialize every wgmma,
+// C7514; issuing chunk c's O after chunk c + 1's [X | Y], with the stage freed after it, was 16% slower on the
+// H200: so each chunk starts with every wgmma done.) The code for the other width is kept in the constexpr
+// branches, so the two loops stay easy to compare.
+template <typename T, int VT>
+__device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Walk<T, VT>& w) {
+  using Layout = chunk::ScanLayout<VT>;
+  static_assert(!Layout::XY_FUSED && Layout::KEY_STRIDE == Layout::KEY_HALF, "X and Y as two n64 products");
+  constexpr bool producers = Layout::PRODUCER_WARPS > 0;
+  static_assert(producers || Layout::STAGES == 2, "without producers: two stages, refilled by every thread");
+  const int lane = w.lane;
+  float x[NT][4], y[NT][4], ob[NT][4];  // accumulators of X, Y and O
+  zero_accumulators(x, y, ob);
+  // The previous chunk's output rows and length (its O^T waits in ob).
   T* o_rows = nullptr;
   int o_len = 0;
+  const auto emit = [&] {
+    unsigned o[NT][2];
+    pack_output<T>(ob, w.scale, o);
+    store_output(o, o_rows, w.out_stride, o_len, lane >> 2);
+  };
 
   for (int ci = 0; ci < w.chunks; ++ci) {
     const int t0 = ci * BT;
@@ -1235,33 +1387,40 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
     ScanStage st;
     if constexpr (producers) {
       named_barrier_sync(kStageFullBarrier + stage, Layout::THREADS);
+      wgmma_wait<0>();  // the previous chunk's state update and O
       st = scan_stage<VT>(w.stages, stage);
     } else {
+      // Every thread refills the other stage after this barrier: the previous chunk's O, which reads it, must
+      // be done in every warpgroup first.
+      wgmma_wait<0>();
       st = stage_landed<VT>(w.stages, ci);
     }
 
     // X = S0^T W^T, then Y = S0^T Q^T (two commit groups: U needs only X). B = W, Q, K-major.
     unsigned sa[KT / 2][4];
-#pragma unroll
-    for (int kk = 0; kk < KT / 2; ++kk) state_fragment(s, kk, sa[kk]);
-    register_fence(sa);
-    register_fence(x);
-    register_fence(y);
-    wgmma_fence();
+    state_operands(s, sa, x, y);
     const unsigned long long w_desc = k_major_desc(st.w), q_desc = k_major_desc(st.q);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_m64k16_rs<NT, 0>(x, sa[kk], wgmma_desc_advance(w_desc, key_step_offset(kk)), kk > 0);
+      wgmma_m64k16_rs<NT, 0>(x, sa[kk], wgmma_desc_advance(w_desc, key_step_offset<VT>(kk)), kk > 0);
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_m64k16_rs<NT, 0>(y, sa[kk], wgmma_desc_advance(q_desc, key_step_offset(kk)), kk > 0);
+      wgmma_m64k16_rs<NT, 0>(y, sa[kk], wgmma_desc_advance(q_desc, key_step_offset<VT>(kk)), kk > 0);
     wgmma_commit();
 
     // Meanwhile: the next chunk's loads (unless producers do them), the previous chunk's output, this chunk's
     // decays and U~.
     if constexpr (!producers) load_next_stage(w, ci);
-    if (ci > 0) store_output(o, o_rows, w.out_stride, o_len, lane >> 2);
+    if (ci > 0) {
+      if constexpr (producers) {
+        // The previous chunk's wgmma are all done: its stage can be refilled.
+        const int prev = (ci + Layout::STAGES - 1) % Layout::STAGES;
+        if (ci - 1 + Layout::STAGES < w.chunks) named_barrier_arrive(kStageFreeBarrier + prev, Layout::THREADS);
+      }
+      register_fence(ob);
+      emit();
+    }
     // This chunk's decays: staged by the producer warps, or formed here.
     const auto dc = [&] {
       static_assert(Layout::STAGE_E == Layout::STAGE_G + BT * 4, "the decays follow gamma");
@@ -1295,27 +1454,30 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
     // serializes wgmma on partly overlapping accumulators (C7511).
     wgmma_wait<1>();  // Y (the state update may still run)
     register_fence(y);
-    scale_tokens(y, dc, lane);
-    register_fence(y);
+    scaled_tokens(y, dc, lane, ob);
+    register_fence(ob);
     register_fence(au);
     wgmma_fence();
     const unsigned long long p_desc = k_major_desc(st.p);
 #pragma unroll
-    for (int j = 0; j < NT / 2; ++j) wgmma_m64k16_rs<NT, 0>(y, au[j], wgmma_desc_advance(p_desc, j * 32), 1);
+    for (int j = 0; j < NT / 2; ++j) wgmma_m64k16_rs<NT, 0>(ob, au[j], wgmma_desc_advance(p_desc, j * 32), 1);
     wgmma_commit();
 
-    // Both done before the next chunk: its barrier (or here the "free" one) lets this stage be refilled.
-    wgmma_wait<0>();
-    if constexpr (producers) {
-      if (ci + Layout::STAGES < w.chunks) named_barrier_arrive(kStageFreeBarrier + stage, Layout::THREADS);
-    }
-    register_fence(s);
-    register_fence(y);
-    pack_output<T>(y, w.scale, o);
     o_rows = w.out + (size_t)(w.span.start + t0) * w.out_stride;
     o_len = L;
   }
-  if (w.chunks > 0) store_output(o, o_rows, w.out_stride, o_len, lane >> 2);
+  wgmma_wait<0>();
+  register_fence(s);
+  if (w.chunks > 0) {
+    register_fence(ob);
+    emit();
+  }
+}
+
+template <typename T, int VT>
+__device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>& w) {
+  if constexpr (chunk::ScanLayout<VT>::PRODUCER_WARPS > 0) scan_chunks_produced(s, w);
+  else scan_chunks_self_loaded(s, w);
 }
 
 #endif  // OHK_SCAN_WGMMA

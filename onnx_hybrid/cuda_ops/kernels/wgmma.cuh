@@ -76,12 +76,20 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   "wgmma.mma_async.sync.aligned." SHAPE ".f32.f16.f16 " DREGS ", " AREGS ", " DESC ", p, 1, 1, " TRANS_B \
   ";\n}\n"
 #define OHK_ACC(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define OHK_WGMMA_APPLY(m, ...) m(__VA_ARGS__)  // expands the arguments first
+// The operand numbers of an n128 product: 64 accumulator registers, 4 of A, the descriptor, scale-d, trans-b.
+#define OHK_N128_OPERANDS                                                                            \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "                \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "                 \
+  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "                 \
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}",                           \
+      "{%64, %65, %66, %67}", "%68", "%69", "%70"
 #define OHK_WGMMA_IN(a, desc, scale_d, trans_b) \
   "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d), "n"(trans_b)
 
 // D (+)= A B for an m64 n(8 TILES) k16 product, d holding the accumulator tiles of the warpgroup's 64 rows
 // (tile i = column tile i of the product). accumulate = 0 ignores the old contents of d. TRANS_B: 0 if B is
-// K-major in shared memory, 1 if MN-major. The widths the scan uses: n64 (X, Y, O) and n128 (the state).
+// K-major in shared memory, 1 if MN-major. The widths the scan uses: n64 (O) and n128 (the state).
 template <int TILES, int TRANS_B>
 __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[TILES][4], const unsigned (&a)[4], unsigned long long b_desc,
                                                 int accumulate) {
@@ -95,12 +103,7 @@ __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[TILES][4], const unsi
                  : OHK_WGMMA_IN(a, b_desc, accumulate, TRANS_B));
   } else {
     static_assert(TILES == 16, "instantiated widths: n64, n128");
-    asm volatile(OHK_WGMMA_RS("m64n128k16",
-                              "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
-                              "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
-                              "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
-                              "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}",
-                              "{%64, %65, %66, %67}", "%68", "%69", "%70")
+    asm volatile(OHK_WGMMA_APPLY(OHK_WGMMA_RS, "m64n128k16", OHK_N128_OPERANDS)
                  : OHK_ACC(d, 0), OHK_ACC(d, 1), OHK_ACC(d, 2), OHK_ACC(d, 3), OHK_ACC(d, 4), OHK_ACC(d, 5),
                    OHK_ACC(d, 6), OHK_ACC(d, 7), OHK_ACC(d, 8), OHK_ACC(d, 9), OHK_ACC(d, 10), OHK_ACC(d, 11),
                    OHK_ACC(d, 12), OHK_ACC(d, 13), OHK_ACC(d, 14), OHK_ACC(d, 15)
@@ -108,8 +111,22 @@ __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[TILES][4], const unsi
   }
 }
 
+// The n128 product with its accumulator tiles split over two arrays: lo holds tiles 0-7 (columns 0-63), hi
+// tiles 8-15 (columns 64-127). Two n64 products sharing one A (the scan's X and Y) as one instruction.
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n128k16_rs_split(float (&lo)[8][4], float (&hi)[8][4], const unsigned (&a)[4],
+                                                          unsigned long long b_desc, int accumulate) {
+  asm volatile(OHK_WGMMA_APPLY(OHK_WGMMA_RS, "m64n128k16", OHK_N128_OPERANDS)
+               : OHK_ACC(lo, 0), OHK_ACC(lo, 1), OHK_ACC(lo, 2), OHK_ACC(lo, 3), OHK_ACC(lo, 4), OHK_ACC(lo, 5),
+                 OHK_ACC(lo, 6), OHK_ACC(lo, 7), OHK_ACC(hi, 0), OHK_ACC(hi, 1), OHK_ACC(hi, 2), OHK_ACC(hi, 3),
+                 OHK_ACC(hi, 4), OHK_ACC(hi, 5), OHK_ACC(hi, 6), OHK_ACC(hi, 7)
+               : OHK_WGMMA_IN(a, b_desc, accumulate, TRANS_B));
+}
+
 #undef OHK_WGMMA_RS
 #undef OHK_ACC
 #undef OHK_WGMMA_IN
+#undef OHK_N128_OPERANDS
+#undef OHK_WGMMA_APPLY
 
 }  // namespace ohk
