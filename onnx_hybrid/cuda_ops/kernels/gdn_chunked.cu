@@ -578,7 +578,8 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
     // 2. The raw K K^T and Q K^T (lower triangle), shared by the CTA's heads: Q K^T kept in registers, K K^T
     //    in shared memory (each lane its own accumulators, 16-byte pieces in lane order: no bank conflicts).
     //    Both in registers across the head loop left too few for the rest (the images spilled).
-    float4* const kk_tile = reinterpret_cast<float4*>(smem + P_OFF_KK) + (warp < 4 ? warp / 2 : warp - 2) * 4 * 32 + lane;
+    float4* const kk_tile =
+        reinterpret_cast<float4*>(smem + P_OFF_KK) + (warp < 4 ? warp / 2 : warp - 2) * 4 * 32 + lane;
     float qk[4][4] = {};
     if (gram_warp) {
       float kk[4][4] = {};
@@ -973,16 +974,18 @@ __device__ __forceinline__ void u_fragments(const unsigned (&ut)[NT / 2][2][2], 
   }
 }
 
-// Y diag(e^g): column (token) scaling of the accumulator tiles.
+// Y diag(e^g): column (token) scaling of the accumulator tiles, into ob (which may be y itself). The wgmma
+// loops keep O in registers of its own, so the next chunk's X and Y can run while this chunk's output waits
+// there (to be multiplied or packed). Decays: ChunkDecays or StagedDecays.
 template <typename Decays>
-__device__ __forceinline__ void scale_tokens(float (&y)[NT][4], const Decays& dc, int lane) {
+__device__ __forceinline__ void scaled_tokens(const float (&y)[NT][4], const Decays& dc, int lane, float (&ob)[NT][4]) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const float2 eg = dc.eg_tile(nt, lane);
 #pragma unroll
     for (int half_row = 0; half_row < 2; ++half_row) {
-      y[nt][2 * half_row] *= eg.x;
-      y[nt][2 * half_row + 1] *= eg.y;
+      ob[nt][2 * half_row] = y[nt][2 * half_row] * eg.x;
+      ob[nt][2 * half_row + 1] = y[nt][2 * half_row + 1] * eg.y;
     }
   }
 }
@@ -1099,7 +1102,7 @@ __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>
     unsigned ut[NT / 2][2][2], au[NT / 2][4], ad[NT / 2][4];
     load_u_tilde(ut, st.u, LDU, w.v0, lane);
     u_fragments(ut, x, dc, lane, au, ad);
-    scale_tokens(y, dc, lane);
+    scaled_tokens(y, dc, lane, y);
 
     // 2. O^T = Y + U^T P^T. P is lower triangular: token tiles 2np, 2np + 1 need only k blocks j <= np.
 #pragma unroll
@@ -1226,21 +1229,6 @@ __device__ __forceinline__ void emit_output(const float (&ob)[NT][4], const Walk
   store_output(o, rows, w.out_stride, len, w.lane >> 2);
 }
 
-// O^T's accumulator: Y diag(e^g) into registers of their own (the same products as scale_tokens), so the next
-// chunk's [X | Y] can run while this chunk's output waits there (to be multiplied or packed).
-template <typename Decays>
-__device__ __forceinline__ void scaled_tokens(const float (&y)[NT][4], const Decays& dc, int lane, float (&ob)[NT][4]) {
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const float2 eg = dc.eg_tile(nt, lane);
-#pragma unroll
-    for (int half_row = 0; half_row < 2; ++half_row) {
-      ob[nt][2 * half_row] = y[nt][2 * half_row] * eg.x;
-      ob[nt][2 * half_row + 1] = y[nt][2 * half_row + 1] * eg.y;
-    }
-  }
-}
-
 // The first k step of X and Y overwrites their accumulators (scale-d 0); they are defined only because the
 // instruction names them as inputs too. ob (O's) is written by scaled_tokens before O.
 __device__ __forceinline__ void zero_accumulators(float (&x)[NT][4], float (&y)[NT][4], float (&ob)[NT][4]) {
@@ -1359,42 +1347,27 @@ __device__ __forceinline__ void scan_chunks_self_loaded(float (&s)[KT][4], const
 // (O accumulates in `ob`, which Y does not write), so the recurrence (state -> X -> U -> state) no longer
 // waits for the pack. (Leaving O in flight across the next chunk's start made ptxas serialize every wgmma,
 // C7514; issuing chunk c's O after chunk c + 1's [X | Y], with the stage freed after it, was 16% slower on the
-// H200: so each chunk starts with every wgmma done.) The code for the other width is kept in the constexpr
-// branches, so the two loops stay easy to compare.
+// H200: so each chunk starts with every wgmma done.)
 template <typename T, int VT>
 __device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Walk<T, VT>& w) {
   using Layout = chunk::ScanLayout<VT>;
   static_assert(!Layout::XY_FUSED && Layout::KEY_STRIDE == Layout::KEY_HALF, "X and Y as two n64 products");
-  constexpr bool producers = Layout::PRODUCER_WARPS > 0;
-  static_assert(producers || Layout::STAGES == 2, "without producers: two stages, refilled by every thread");
+  static_assert(Layout::PRODUCER_WARPS > 0, "the stages come from the producer warps");
+  static_assert(Layout::STAGE_E == Layout::STAGE_G + BT * 4, "the staged decays follow gamma");
   const int lane = w.lane;
   float x[NT][4], y[NT][4], ob[NT][4];  // accumulators of X, Y and O
   zero_accumulators(x, y, ob);
-  // The previous chunk's output rows and length (its O^T waits in ob).
-  T* o_rows = nullptr;
+  T* o_rows = nullptr;  // the previous chunk's output rows and length (its O^T waits in ob)
   int o_len = 0;
-  const auto emit = [&] {
-    unsigned o[NT][2];
-    pack_output<T>(ob, w.scale, o);
-    store_output(o, o_rows, w.out_stride, o_len, lane >> 2);
-  };
 
   for (int ci = 0; ci < w.chunks; ++ci) {
     const int t0 = ci * BT;
     const int L = min(BT, w.span.len - t0);
     // From the loop counter: a few uniform-datapath instructions, and the stage's descriptors stay uniform.
     const int stage = ci % Layout::STAGES;
-    ScanStage st;
-    if constexpr (producers) {
-      named_barrier_sync(kStageFullBarrier + stage, Layout::THREADS);
-      wgmma_wait<0>();  // the previous chunk's state update and O
-      st = scan_stage<VT>(w.stages, stage);
-    } else {
-      // Every thread refills the other stage after this barrier: the previous chunk's O, which reads it, must
-      // be done in every warpgroup first.
-      wgmma_wait<0>();
-      st = stage_landed<VT>(w.stages, ci);
-    }
+    named_barrier_sync(kStageFullBarrier + stage, Layout::THREADS);
+    wgmma_wait<0>();  // the previous chunk's state update and O
+    const ScanStage st = scan_stage<VT>(w.stages, stage);
 
     // X = S0^T W^T, then Y = S0^T Q^T (two commit groups: U needs only X). B = W, Q, K-major.
     unsigned sa[KT / 2][4];
@@ -1409,24 +1382,15 @@ __device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Wa
       wgmma_m64k16_rs<NT, 0>(y, sa[kk], wgmma_desc_advance(q_desc, key_step_offset<VT>(kk)), kk > 0);
     wgmma_commit();
 
-    // Meanwhile: the next chunk's loads (unless producers do them), the previous chunk's output, this chunk's
-    // decays and U~.
-    if constexpr (!producers) load_next_stage(w, ci);
+    // Meanwhile: the previous chunk's stage goes back to the producers (its wgmma are all done) and its output
+    // out; this chunk's U~.
     if (ci > 0) {
-      if constexpr (producers) {
-        // The previous chunk's wgmma are all done: its stage can be refilled.
-        const int prev = (ci + Layout::STAGES - 1) % Layout::STAGES;
-        if (ci - 1 + Layout::STAGES < w.chunks) named_barrier_arrive(kStageFreeBarrier + prev, Layout::THREADS);
-      }
+      const int prev = (ci + Layout::STAGES - 1) % Layout::STAGES;
+      if (ci - 1 + Layout::STAGES < w.chunks) named_barrier_arrive(kStageFreeBarrier + prev, Layout::THREADS);
       register_fence(ob);
-      emit();
+      emit_output(ob, w, o_rows, o_len);
     }
-    // This chunk's decays: staged by the producer warps, or formed here.
-    const auto dc = [&] {
-      static_assert(Layout::STAGE_E == Layout::STAGE_G + BT * 4, "the decays follow gamma");
-      if constexpr (producers) return StagedDecays{st.g + BT, (lane & 3) * 2};
-      else return chunk_decays(st.g, L, lane);
-    }();
+    const StagedDecays dc{st.g + BT, (lane & 3) * 2};
     unsigned ut[NT / 2][2][2];
     load_u_tilde(ut, st.u, Layout::LDU, w.v0, lane);
 
@@ -1436,31 +1400,12 @@ __device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Wa
     u_fragments(ut, x, dc, lane, au, ad);
     // Not while X runs: ptxas then waits for it before this write to the state registers (C7517).
     scale_state(s, dc.last());
+    state_product<VT>(s, ad, st);
 
-    // S^T = e^{g_L} S0^T + (U^T diag(e^{g_L-g})) K with the state registers as the accumulator. B = K,
-    // MN-major: token step j starts 16 rows (2048 bytes) further; keys 64-127 one key half (LBO) further.
-    register_fence(ad);
-    register_fence(s);
-    wgmma_fence();
-    const unsigned long long k_desc = wgmma_desc_sw128(smem_addr(st.k), Layout::KEY_HALF, kWgmmaAtomBytes);
-#pragma unroll
-    for (int j = 0; j < NT / 2; ++j)
-      wgmma_m64k16_rs<KT, 1>(s, ad[j], wgmma_desc_advance(k_desc, j * 2 * kWgmmaAtomBytes), 1);
-    wgmma_commit();
-
-    // O^T = Y diag(e^g) + U^T P^T, k block j = source tokens 16 j ...: 32 bytes per k step inside P's rows
-    // (B = P, K-major). All n = 64 tokens each time: P's blocks above the diagonal are zero in the stage. A
-    // product over tokens 16 j onwards only (on accumulator tiles 2 j ...) would skip them, but ptxas
-    // serializes wgmma on partly overlapping accumulators (C7511).
     wgmma_wait<1>();  // Y (the state update may still run)
     register_fence(y);
     scaled_tokens(y, dc, lane, ob);
-    register_fence(ob);
-    register_fence(au);
-    wgmma_fence();
-    const unsigned long long p_desc = k_major_desc(st.p);
-#pragma unroll
-    for (int j = 0; j < NT / 2; ++j) wgmma_m64k16_rs<NT, 0>(ob, au[j], wgmma_desc_advance(p_desc, j * 32), 1);
+    o_product(ob, au, st.p);
     wgmma_commit();
 
     o_rows = w.out + (size_t)(w.span.start + t0) * w.out_stride;
@@ -1470,7 +1415,7 @@ __device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Wa
   register_fence(s);
   if (w.chunks > 0) {
     register_fence(ob);
-    emit();
+    emit_output(ob, w, o_rows, o_len);
   }
 }
 

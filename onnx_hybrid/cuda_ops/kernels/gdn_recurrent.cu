@@ -638,7 +638,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       token_prologue<T, NPL>(p, chunk_stash, first, span.start, 0, w, block_warps, span.len, h, hk, gate, lane, qb,
                              kb, m, cap, c_block == 0, c_block == 0 && h % (p.hv / p.hk) == 0);
       // Every warp of the block that holds rows: the stash (lanes' vectors, lane 0's scalars) is complete.
-      asm volatile("bar.sync 1, %0;\n" ::"r"(32 * block_warps) : "memory");
+      named_barrier_sync(1, 32 * block_warps);
     } else {
       token_prologue<T, NPL>(p, stash, first, span.start, 0, 0, 1, span.len, h, hk, gate, lane, qb, kb, m, cap,
                              capture_decay, capture_key);

@@ -89,7 +89,8 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 
 // D (+)= A B for an m64 n(8 TILES) k16 product, d holding the accumulator tiles of the warpgroup's 64 rows
 // (tile i = column tile i of the product). accumulate = 0 ignores the old contents of d. TRANS_B: 0 if B is
-// K-major in shared memory, 1 if MN-major. The widths the scan uses: n64 (O) and n128 (the state).
+// K-major in shared memory, 1 if MN-major. The widths the scan uses: n64 (the narrow width's X and Y, and O)
+// and n128 (the state).
 template <int TILES, int TRANS_B>
 __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[TILES][4], const unsigned (&a)[4], unsigned long long b_desc,
                                                 int accumulate) {
