@@ -87,9 +87,10 @@ CHUNK_NARROW_MAX_BLOCKS = 132
 CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES = 141824, 158208  # the scan on mma.sync (every image but sm_90's)
 # The sm_90 image (built for sm_90a) runs the scan on wgmma, its stage in wgmma's swizzled layout. There the
 # narrow width adds a producer warpgroup (CHUNK_WGMMA_PRODUCER_THREADS threads after the compute warps) that
-# fills three stages; the wide one keeps two, filled by its compute warps.
+# fills three stages; the wide one keeps two, filled by its compute warps. Both add 16 KB of output staging
+# (the chunk's output rows go through shared memory to 16-byte stores: ScanLayout::STAGE_OUT).
 CHUNK_WGMMA_ARCH = 90
-CHUNK_WGMMA_SMEM_BYTES, CHUNK_WGMMA_WIDE_SMEM_BYTES = 203776, 152576
+CHUNK_WGMMA_SMEM_BYTES, CHUNK_WGMMA_WIDE_SMEM_BYTES = 220160, 168960
 CHUNK_WGMMA_PRODUCER_THREADS = 128
 CHUNK_PREP_SMEM_BYTES = 115200
 # The prep kernel serves a key head's whole group of value heads per block (q/k loads, norms and the two Gram
@@ -196,8 +197,9 @@ def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int) 
 
 
 def chunked_aligned(params: GdnParams) -> bool:
-    """The chunked kernels' vector accesses: 8-byte q/k/v; 16-byte output and state rows, more than the
-    kernels now need (they access the output 4 and the state 8 bytes at a time), kept as cuda_plan.cc has it."""
+    """The chunked kernels' vector accesses: 8-byte q/k/v; 16-byte output and state rows (the sm_90a scan
+    stores the output 16 bytes at a time and copies U~ from it so; the state is accessed 8 bytes at a time),
+    as cuda_plan.cc has it."""
     def ok(ptr, n):
         return ptr is None or ptr % n == 0
     return (ok(params.q, 8) and ok(params.k, 8) and ok(params.v, 8) and ok(params.out, 16)

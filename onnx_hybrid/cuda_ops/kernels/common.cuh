@@ -39,6 +39,21 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>  // at most N of this thread's committed groups still pending
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// 16-byte shared-memory load and global store, spelled out: with uint4 assignments through cast pointers
+// ptxas split some of the stores into four 4-byte ones.
+__device__ __forceinline__ uint4 ld_shared_v4(unsigned smem_address) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_address)
+               : "memory");
+  return v;
+}
+// Stores only if `valid` (a predicated store: no branch around it).
+__device__ __forceinline__ void st_global_v4(void* p, uint4 v, bool valid) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n@p st.global.v4.b32 [%0], {%1,%2,%3,%4};\n}\n" ::"l"(p),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((int)valid)
+               : "memory");
+}
+
 // Named CTA barriers (ids 1-15; 0 is __syncthreads'), counting `threads` arrivals (a multiple of 32, whole
 // warps). arrive does not wait and publishes this thread's earlier memory operations (release); sync waits
 // for the count and sees what the arriving threads published (acquire): a producer/consumer hand-off.

@@ -41,6 +41,17 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "r"(smem_addr(row)));
 }
 
+#if __CUDA_ARCH__ >= 900
+// The inverse of ldmatrix_x4_trans (sm_90+): r[i] holds tile i in the fragment layout (lane: row lane/4, columns
+// 2 (lane%4) + {0, 1}) and is stored transposed, lane l giving the address of stored row l % 8 of tile l / 8
+// (16 bytes: the tile's column l % 8). The "memory" clobber keeps later shared-memory reads after it.
+__device__ __forceinline__ void stmatrix_x4_trans(const unsigned (&r)[4], unsigned smem_address) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(smem_address), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+#endif
+
 // The x4 loads below fetch the fragments of two adjacent 8-wide n tiles at once: out[i] is tile n0 + 8 i.
 
 // B fragments of n tiles (n0, n0 + 8), 16 k each, from storage [n][k] (k contiguous), tile at (n0, k0).
