@@ -122,9 +122,13 @@ struct ScanLayout {
   // compute warps' registers: the profile's hottest stalls). With producers: one buffer per chunk parity of
   // [BT][VT] (128-byte rows, 16-byte piece c of row t at c ^ (t % 8), as swizzle128_offset), which the producer
   // warps store. Without: one [BT][16 values] buffer per compute warp (32-byte rows, piece c of row t at
-  // c ^ ((t / 4) % 2)), which the warp stores itself.
-  static constexpr int OUT_ROW_BYTES = PRODUCER_WARPS > 0 ? VT * 2 : 32;
-  static constexpr int OUT_BUFFERS = PRODUCER_WARPS > 0 ? 2 : WARPS;
+  // c ^ ((t / 4) % 2)), which the warp stores itself. OUT_BY_PRODUCERS = false gives the narrow width the wide
+  // width's per-warp stores too (prepared, not run on a GPU: with the producers storing, the H200 profile shows
+  // the compute warps waiting for the producers' "full" barrier three times as often as on main; set
+  // plan.CHUNK_WGMMA_SMEM_BYTES to the kernel's gdn_chunked_v64_smem_bytes, 211,968, with it).
+  static constexpr bool OUT_BY_PRODUCERS = PRODUCER_WARPS > 0 && true;
+  static constexpr int OUT_ROW_BYTES = OUT_BY_PRODUCERS ? VT * 2 : 32;
+  static constexpr int OUT_BUFFERS = OUT_BY_PRODUCERS ? 2 : WARPS;
   static constexpr int OUT_BUFFER_BYTES = BT * OUT_ROW_BYTES;
   static constexpr int STAGE_OUT = STAGES * STAGE_BYTES;  // from the first stage
   static constexpr int SMEM_BYTES = STAGE_OUT + OUT_BUFFERS * OUT_BUFFER_BYTES + ALIGN;  // + the run-time alignment
@@ -136,7 +140,7 @@ struct ScanLayout {
   static_assert(STAGE_P % ALIGN == 0 && KEY_HALF % ALIGN == 0, "swizzle atoms on 1024-byte boundaries");
   static_assert(BT * 128 == KEY_HALF && STAGE_U == STAGE_P + KEY_STRIDE && STAGE_K + KEY_STRIDE + KEY_HALF <= STAGE_U,
                 "W, Q, K and P do not overlap");
-  static_assert(PRODUCER_WARPS == 0 || OUT_ROW_BYTES == 128, "the producers' output rows are one swizzle row");
+  static_assert(!OUT_BY_PRODUCERS || OUT_ROW_BYTES == 128, "the producers' output rows are one swizzle row");
   static_assert(SMEM_BYTES <= 227 * 1024, "the scan fits sm_90's opt-in shared memory per block");
 };
 #else
@@ -1215,7 +1219,7 @@ __device__ __forceinline__ unsigned output_stage_address(unsigned char* stages, 
   using Layout = chunk::ScanLayout<VT>;
   const int i = lane >> 3, token = (i >> 1) * 8 + (lane & 7);
   const unsigned base = smem_addr(stages + Layout::STAGE_OUT);
-  if constexpr (Layout::PRODUCER_WARPS > 0) return base + swizzle128_offset(token, 2 * warp + (i & 1));
+  if constexpr (Layout::OUT_BY_PRODUCERS) return base + swizzle128_offset(token, 2 * warp + (i & 1));
   else
     return base + warp * Layout::OUT_BUFFER_BYTES + token * Layout::OUT_ROW_BYTES +
            (((i & 1) ^ ((token >> 2) & 1)) << 4);
@@ -1239,7 +1243,7 @@ __device__ __forceinline__ void stage_output(const float (&ob)[NT][4], float sca
 // Rows r0 + PASS j (j < BT / PASS) of a staging buffer (rows of ROW_BYTES, this thread's 16-byte piece at byte
 // `src` of row r0, swizzled the same in every one: PASS is a multiple of 8) to the output rows from `dst`
 // (row r0, this piece's columns), stride elements apart: all loads first, then the stores of rows < L (rows
-// past L belong to the next request; they hold U~ of nothing, but other CTAs' rows are not ours to write).
+// past L are the next request's, which hold its U~ until its own scan has read them).
 template <int ROW_BYTES, int PASS, typename T>
 __device__ __forceinline__ void store_staged_rows(const unsigned char* src, T* dst, size_t stride, int r0, int L) {
   static_assert(PASS % 8 == 0 && chunk::BT % PASS == 0, "the swizzle repeats every 8 rows");
@@ -1312,20 +1316,23 @@ __device__ __forceinline__ void produce_stages(const ScanCopy<VT>& c, unsigned c
                  reinterpret_cast<float*>(stage + Layout::STAGE_E), min(BT, span.len - ci * BT), c.tid);
     fence_proxy_async_shared();  // these cp.async writes -> the wgmma that read them
     named_barrier_arrive(kStageFullBarrier + st, Layout::THREADS);
-    if (ci >= 2) store_chunk_output(ci - 2);
+    if constexpr (Layout::OUT_BY_PRODUCERS)
+      if (ci >= 2) store_chunk_output(ci - 2);
   }
-  named_barrier_arrive(kOutputDrainedBarrier, Layout::THREADS);
-  if (chunks >= 2) store_chunk_output(chunks - 2);
-  if (chunks >= 1) store_chunk_output(chunks - 1);
+  if constexpr (Layout::OUT_BY_PRODUCERS) {
+    named_barrier_arrive(kOutputDrainedBarrier, Layout::THREADS);
+    if (chunks >= 2) store_chunk_output(chunks - 2);
+    if (chunks >= 1) store_chunk_output(chunks - 1);
+  }
 }
 
-// Without producers: packs a chunk's O^T (in the accumulator layout) into the warp's staging buffer and stores
-// it, two lanes per 32-byte row (one sector), 16 rows per pass: the chunk's rows start at `rows` (the CTA's
-// first column), len tokens.
+// Without the producers storing: packs a chunk's O^T (in the accumulator layout) into the warp's staging
+// buffer and stores it, two lanes per 32-byte row (one sector), 16 rows per pass: the chunk's rows start at
+// `rows` (the CTA's first column), len tokens.
 template <typename T, int VT>
 __device__ __forceinline__ void emit_output(const float (&ob)[NT][4], const Walk<T, VT>& w, T* rows, int len) {
   using Layout = chunk::ScanLayout<VT>;
-  static_assert(Layout::PRODUCER_WARPS == 0 && Layout::OUT_ROW_BYTES == 32, "one buffer of 16 columns per warp");
+  static_assert(!Layout::OUT_BY_PRODUCERS && Layout::OUT_ROW_BYTES == 32, "one buffer of 16 columns per warp");
   __syncwarp();  // every lane's loads of the previous chunk's rows are done
   stage_output<T, Layout::OUT_ROW_BYTES>(ob, w.scale, w.out_stage);
   __syncwarp();
@@ -1464,6 +1471,8 @@ __device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Wa
   const int lane = w.lane;
   float x[NT][4], y[NT][4], ob[NT][4];  // accumulators of X, Y and O (the previous chunk's O^T waits in ob)
   zero_accumulators(x, y, ob);
+  T* o_rows = nullptr;  // without OUT_BY_PRODUCERS: the previous chunk's output rows and length
+  int o_len = 0;
 
   for (int ci = 0; ci < w.chunks; ++ci) {
     // From the loop counter: a few uniform-datapath instructions, and the stage's descriptors stay uniform.
@@ -1492,8 +1501,12 @@ __device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Wa
       const int prev = (ci + Layout::STAGES - 1) % Layout::STAGES;
       if (ci - 1 + Layout::STAGES < w.chunks) named_barrier_arrive(kStageFreeBarrier + prev, Layout::THREADS);
       register_fence(ob);
-      stage_output<T, Layout::OUT_ROW_BYTES>(ob, w.scale, w.out_stage + ((ci - 1) & 1) * Layout::OUT_BUFFER_BYTES);
-      named_barrier_arrive(kOutputFullBarrier + ((ci - 1) & 1), Layout::THREADS);
+      if constexpr (Layout::OUT_BY_PRODUCERS) {
+        stage_output<T, Layout::OUT_ROW_BYTES>(ob, w.scale, w.out_stage + ((ci - 1) & 1) * Layout::OUT_BUFFER_BYTES);
+        named_barrier_arrive(kOutputFullBarrier + ((ci - 1) & 1), Layout::THREADS);
+      } else {
+        emit_output(ob, w, o_rows, o_len);
+      }
     }
     const StagedDecays dc{st.g + BT, (lane & 3) * 2};
     unsigned ut[NT / 2][2][2];
@@ -1512,17 +1525,27 @@ __device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Wa
     scaled_tokens(y, dc, lane, ob);
     o_product(ob, au, st.p);
     wgmma_commit();
+
+    if constexpr (!Layout::OUT_BY_PRODUCERS) {
+      const int t0 = ci * BT;
+      o_rows = w.out + (size_t)(w.span.start + t0) * w.out_stride;
+      o_len = min(BT, w.span.len - t0);
+    }
   }
   wgmma_wait<0>();
   register_fence(s);
   if (w.chunks > 0) {
     register_fence(ob);
-    // The last chunk's buffer held chunk chunks - 3's output, which the producers read after this loop's last
-    // "full" barrier.
-    named_barrier_sync(kOutputDrainedBarrier, Layout::THREADS);
-    const int last = (w.chunks - 1) & 1;
-    stage_output<T, Layout::OUT_ROW_BYTES>(ob, w.scale, w.out_stage + last * Layout::OUT_BUFFER_BYTES);
-    named_barrier_arrive(kOutputFullBarrier + last, Layout::THREADS);
+    if constexpr (Layout::OUT_BY_PRODUCERS) {
+      // The last chunk's buffer held chunk chunks - 3's output, which the producers read after this loop's last
+      // "full" barrier.
+      named_barrier_sync(kOutputDrainedBarrier, Layout::THREADS);
+      const int last = (w.chunks - 1) & 1;
+      stage_output<T, Layout::OUT_ROW_BYTES>(ob, w.scale, w.out_stage + last * Layout::OUT_BUFFER_BYTES);
+      named_barrier_arrive(kOutputFullBarrier + last, Layout::THREADS);
+    } else {
+      emit_output(ob, w, o_rows, o_len);
+    }
   }
 }
 
@@ -1618,7 +1641,7 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
 #else
   const unsigned out_stage = 0;
 #endif
-  const scan::Walk<T, VT> walk{copy,  stages, span, chunks_of(span.len), out, (size_t)p.hv * D, p.scale, lane, v0,
+  const scan::Walk<T, VT> walk{copy, stages, span, chunks_of(span.len), out, (size_t)p.hv * D, p.scale, lane, v0,
                                out_stage};
   scan::scan_chunks(s, walk);
 
