@@ -746,6 +746,10 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     if (kSharedPrologue) ob += (size_t)span.start * tok_stride;
     float* delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
     float* db = delta_cap;
+    // General kernels: one store per lane and token, through a byte pointer stepped by a token: the output
+    // (output lanes) or the delta-capsule slot (retrieval lanes).
+    char* sp = out_lane ? reinterpret_cast<char*>(ob) : reinterpret_cast<char*>(db);
+    const size_t sstep = tok_stride * (out_lane ? sizeof(T) : sizeof(float));
 
     for (int t0 = 0; t0 < span.len; t0 += kTokens) {
       const int n = min(kTokens, span.len - t0);
@@ -754,7 +758,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         TokenInputs<P> cur;
         load_token<T, P>(p, span.start + t0, h, lane, qb, kb, cur);
         token_prologue<T, P>(p, stash, cur, span.start, t0, 0, 1, n, h, hk, gate, lane, qb, kb, m, cap,
-                               capture_decay && rg == 0, capture_key && rg == 0);
+                             capture_decay && rg == 0, capture_key && rg == 0);
         __syncwarp();  // the scalars lane 0 wrote are read by every lane
       }
       float v[kTokens];
@@ -769,7 +773,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       for (int t = 0; t < kTokens; ++t) {
         if (t >= n) break;
         const int tok = span.start + t0 + t;
-        decay_rows<L>(p, chunk_stash.vec[t][2], lane, chunk_stash.scalar[t][0], S);  // before k and q: fewer registers
+        decay_rows<L>(p, chunk_stash.vec[t][2], lane, chunk_stash.scalar[t][0], S);  // before k, q: fewer registers
         float k[KPL], q[KPL];
         stash_get<L>(chunk_stash.vec[t][0], lane, k);
         stash_get<L>(chunk_stash.vec[t][1], lane, q);
@@ -783,18 +787,23 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         // Retrieval lanes: the delta of their row; output lanes take their row's delta from lane l - kHalf.
         const float u_mine = p.has_delta ? beta * (v[t] - x) : v[t];
         const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, kHalf);
-        if (first_copy && row_ok) {
+        if constexpr (kSharedPrologue) {
+          if (first_copy && row_ok && (out_lane || t0 + t < m)) {
+            if (out_lane) {
+              *reinterpret_cast<T*>(sp) = from_f32<T>(fmaf(u_pair, qk, x));
+            } else {
+              *reinterpret_cast<float*>(sp) = u_mine;
+            }
+          }
+          sp += sstep;
+        } else if (first_copy && row_ok) {
           if (out_lane) {
-            ob[kSharedPrologue ? t * tok_stride : (size_t)tok * p.hv * p.dv] = from_f32<T>(fmaf(u_pair, qk, x));
+            ob[(size_t)tok * p.hv * p.dv] = from_f32<T>(fmaf(u_pair, qk, x));
           } else if (t0 + t < m) {
-            db[kSharedPrologue ? t * tok_stride : (size_t)(t0 + t) * p.hv * p.dv] = u_mine;
+            db[(size_t)(t0 + t) * p.hv * p.dv] = u_mine;
           }
         }
         update_rows<L, kShift>(S, k, u_mine, u_lane);
-      }
-      if (kSharedPrologue) {
-        ob += kTokens * tok_stride;
-        if (t0 + kTokens < m) db += kTokens * tok_stride;  // past the capsule only once no slot is left
       }
     }
     if (!staged) stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);  // no tokens
