@@ -16,8 +16,8 @@
 // Each row group then needs one reduction per token: with S' = S * decay, the retrieval S'.k and the pre-update
 // output S'.q reduce together, and the output follows as S'.q + u (k.q), because the update adds k u.
 //
-// The decode instantiations (DECODE_LOOP) give rows of one token a loop of their own: the token's values stay
-// in registers (no stash) and the chunk bookkeeping goes. In one kernel with the general loop that made ptxas
+// The decode instantiations (DECODE_LOOP) give rows of one token a loop of their own: one prologue per warp,
+// no block barrier, and the chunk bookkeeping goes. In one kernel with the general loop that made ptxas
 // recompute predicates and addresses inside the verify loop (BENCHMARKS.md), so the general instantiations
 // leave it out and plan.py picks a decode one only for calls of at most one token per row. The decode loop
 // runs the general loop's operations in the same order: a row's bits do not depend on the choice.
@@ -635,8 +635,9 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const bool capture_key = capture_decay && (h % (p.hv / p.hk) == 0);
 
   if (DECODE_LOOP && span.len == 1) {  // only decode instantiations hold this loop (see the file's head)
-    // Decode: the token's values stay in registers across the row groups (no stash), and its value, output
-    // and delta pointers step by ROWS per group. The arithmetic is the general loop's, in the same order.
+    // Decode: the warp's own prologue (its k and q reach the row groups' layout through its stash), and the
+    // value, output and delta pointers step by ROWS per group. The arithmetic is the general loop's, in the same
+    // order.
     if (span.start != guess) {  // first_tok is the guess in decode kernels
       load_token<T, P>(p, span.start, h, lane, qb, kb, first);
       v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
@@ -722,12 +723,12 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       // The capsule's decay and key slots: written by whichever warp computes the token, in the block that holds
       // value row 0 (of a head of the key head's group, for the key).
       token_prologue<T, P>(p, chunk_stash, first, span.start, 0, w, block_warps, span.len, h, hk, gate, lane, qb,
-                             kb, m, cap, c_block == 0, c_block == 0 && h % (p.hv / p.hk) == 0);
+                           kb, m, cap, c_block == 0, c_block == 0 && h % (p.hv / p.hk) == 0);
       // Every warp of the block that holds rows: the stash (lanes' vectors, lane 0's scalars) is complete.
       named_barrier_sync(1, 32 * block_warps);
     } else {
       token_prologue<T, P>(p, stash, first, span.start, 0, 0, 1, span.len, h, hk, gate, lane, qb, kb, m, cap,
-                             capture_decay, capture_key);
+                           capture_decay, capture_key);
       __syncwarp();  // the scalars lane 0 wrote are read by every lane
     }
   }
@@ -739,15 +740,15 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
     const bool row_ok = c0 + my_row < p.dv;
     bool staged = !(more && rg > 0);  // the next group's state is requested after this group's first reduction
-    // General kernels: this lane's output element and delta-capsule slot of the chunk's first token, stepped by a
-    // chunk after each: token t of the chunk is t Hv Dv elements on (t known at compile time), with no 64-bit
-    // token * Hv * Dv product per token. Decode kernels: token 0's, indexed per token (see kSharedPrologue).
+    // This lane's output element and delta-capsule slot of the row's first token (general kernels; decode
+    // kernels: token 0's, indexed per token, see kSharedPrologue).
     T* ob = static_cast<T*>(p.out) + (size_t)h * p.dv + c0 + my_row;
     if (kSharedPrologue) ob += (size_t)span.start * tok_stride;
     float* delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
     float* db = delta_cap;
-    // General kernels: one store per lane and token, through a byte pointer stepped by a token: the output
-    // (output lanes) or the delta-capsule slot (retrieval lanes).
+    // General kernels: one store per lane and token, through a byte pointer stepped by a token (Hv Dv elements):
+    // the output (output lanes) or the delta-capsule slot (retrieval lanes). A 64-bit token * Hv * Dv offset per
+    // store, on two branches, cost about 9 more instructions per token (SASS, sm_90).
     char* sp = out_lane ? reinterpret_cast<char*>(ob) : reinterpret_cast<char*>(db);
     const size_t sstep = tok_stride * (out_lane ? sizeof(T) : sizeof(float));
 
