@@ -79,8 +79,8 @@ def reduce_group(S, k, q, npl, rows, lanes):
     return transposed_warp_sum(red, 2 * rpl, lanes // 2)
 
 
-LAYOUTS = [(npl, rows, lanes) for npl in (1, 2, 4, 8, 16) for rows, lanes in ((8, 8), (4, 8), (4, 32), (2, 16),
-                                                                              (1, 32))]
+LAYOUTS = [(npl, rows, lanes) for npl in (1, 2, 4, 8, 16)
+           for rows, lanes in ((8, 8), (8, 32), (4, 8), (4, 32), (2, 16), (1, 32))]
 
 
 @pytest.mark.parametrize("npl,rows,lanes", LAYOUTS)
