@@ -1,7 +1,14 @@
 // GatedDeltaNet sequential engine (spec/ops.md §2.6, §2.8): decode, verify, capture, and every shape the
-// chunked engine does not serve. One warp per (request, value head, ROWS value rows); lanes span the key
-// axis (NPL consecutive key columns per lane), so a row's dot products are warp reductions and the state
-// of the warp's rows stays in registers across the request's tokens.
+// chunked engine does not serve. One warp per (request, value head, ROWS value rows); the state of the warp's
+// rows stays in registers across the request's tokens.
+//
+// Lane layout (RecLayout): the key axis is cut into 32 pieces of NPL consecutive columns; a value row is held
+// by kLanes lanes (8 or 32, see gdn_recurrent), lane s of the row holding pieces s, s + kLanes, ... (kLeaves =
+// 32 / kLanes of them), and the 32 / kLanes lane groups hold different rows of the group. A row's dot products
+// are then chains over each piece, added inside the lane (pieces kLanes * 2^i apart, highest first), then a
+// butterfly over the row's lanes: the same additions, in the same pairing, as a 32-lane butterfly over one
+// piece per lane. So every layout, and every kernel, gives a row the same bits; with 8 lanes per row a token's
+// reductions take 3 shuffle levels instead of 5 and k and q come from the stash in 16-byte pieces.
 //
 // Per token a prologue that does not depend on the state (normalised q and k, decay, beta, q.k) runs once for
 // all row groups, into a stash in shared memory: in the general kernels, for rows of one chunk (verify), the
@@ -9,8 +16,8 @@
 // Each row group then needs one reduction per token: with S' = S * decay, the retrieval S'.k and the pre-update
 // output S'.q reduce together, and the output follows as S'.q + u (k.q), because the update adds k u.
 //
-// The decode instantiations (DECODE_LOOP) give rows of one token a loop of their own: the token's values stay
-// in registers (no stash) and the chunk bookkeeping goes. In one kernel with the general loop that made ptxas
+// The decode instantiations (DECODE_LOOP) give rows of one token a loop of their own: one prologue per warp,
+// no block barrier, and the chunk bookkeeping goes. In one kernel with the general loop that made ptxas
 // recompute predicates and addresses inside the verify loop (BENCHMARKS.md), so the general instantiations
 // leave it out and plan.py picks a decode one only for calls of at most one token per row. The decode loop
 // runs the general loop's operations in the same order: a row's bits do not depend on the choice.
@@ -31,50 +38,68 @@ __host__ __device__ constexpr int rec_min_blocks(int npl, int rows) {
   return npl == 4 && rows == 1 ? 5 : 6;
 }
 
+__host__ __device__ constexpr int log2_int(int n) { return n <= 1 ? 0 : 1 + log2_int(n / 2); }
+
+// Which key columns and value rows a lane holds (see the file's head). Per row a lane's kKeys values are
+// indexed i = c NPL + e: piece c, element e, at key column NPL (sub + kLanes c) + e.
+template <int NPL_, int ROWS_, int LANES>
+struct RecLayout {
+  static constexpr int NPL = NPL_;
+  static constexpr int ROWS = ROWS_;
+  static constexpr int kLanes = LANES;                      // lanes per value row: 8 or 32 (gdn_recurrent)
+  static constexpr int kLeaves = 32 / kLanes;               // pieces of NPL key columns per lane and row
+  static constexpr int kKeys = kLeaves * NPL;               // key columns per lane and row
+  static constexpr int kRows = ROWS * kLanes / 32;          // value rows per lane
+  static constexpr int kVec = NPL % 4 == 0 ? 4 : NPL;       // floats per vector access
+  static constexpr int kDk = 32 * NPL;                      // the key size of whole vector rows
+  __device__ static int sub(int lane) { return lane & (kLanes - 1); }
+  // Key column of value i, relative to the lane's first (NPL sub).
+  __host__ __device__ static constexpr int col_off(int i) { return NPL * kLanes * (i / NPL) + i % NPL; }
+  __device__ static int col(int lane, int i) { return NPL * sub(lane) + col_off(i); }
+  // Row of the group held in the lane's value j of kRows.
+  __device__ static int row(int lane, int j) { return (lane / kLanes) * kRows + j; }
+};
+
+// A lane's pieces added in the butterfly's order (pieces kLanes * kLeaves / 2 apart first); returns the sum.
+template <int N>
+__device__ __forceinline__ float piece_sum(float (&x)[N]) {
+#pragma unroll
+  for (int half = N / 2; half > 0; half /= 2)
+#pragma unroll
+    for (int c = 0; c < half; ++c) x[c] += x[c + half];
+  return x[0];
+}
+
 // State rows are touched once per call: streaming (evict-first) loads and stores keep them from pushing the
 // inputs and offsets, which each call's dependent chain waits on, out of L2 (measured: decode and verify
 // 3-20% faster on the H200, BENCHMARKS.md).
-template <int NPL>
-__device__ __forceinline__ void load_state_row(const float* row, int lane, int dk, float (&s)[NPL]) {
-  const int r0 = lane * NPL;
-  if constexpr (NPL % 4 == 0) {
-    if (dk == 32 * NPL && (reinterpret_cast<size_t>(row) & 15) == 0) {
+template <class L>
+__device__ __forceinline__ void load_state_row(const float* row, int lane, int dk, float (&s)[L::kKeys]) {
 #pragma unroll
-      for (int i = 0; i < NPL; i += 4) {
-        const float4 x = __ldcs(reinterpret_cast<const float4*>(row + r0 + i));
-        s[i] = x.x; s[i + 1] = x.y; s[i + 2] = x.z; s[i + 3] = x.w;
-      }
-      return;
-    }
+  for (int i = 0; i < L::kKeys; ++i) {
+    const int r = L::col(lane, i);
+    s[i] = r < dk ? row[r] : 0.0f;
   }
-#pragma unroll
-  for (int i = 0; i < NPL; ++i) s[i] = (r0 + i < dk) ? row[r0 + i] : 0.0f;
 }
 
-template <int NPL>
-__device__ __forceinline__ void store_state_row(float* row, int lane, int dk, const float (&s)[NPL]) {
-  const int r0 = lane * NPL;
-  if constexpr (NPL % 4 == 0) {
-    if (dk == 32 * NPL && (reinterpret_cast<size_t>(row) & 15) == 0) {
+template <class L>
+__device__ __forceinline__ void store_state_row(float* row, int lane, int dk, const float (&s)[L::kKeys]) {
 #pragma unroll
-      for (int i = 0; i < NPL; i += 4)
-        __stcs(reinterpret_cast<float4*>(row + r0 + i), make_float4(s[i], s[i + 1], s[i + 2], s[i + 3]));
-      return;
-    }
+  for (int i = 0; i < L::kKeys; ++i) {
+    const int r = L::col(lane, i);
+    if (r < dk) row[r] = s[i];
   }
-#pragma unroll
-  for (int i = 0; i < NPL; ++i)
-    if (r0 + i < dk) row[r0 + i] = s[i];
 }
 
-template <typename T, int NPL>
-__device__ __forceinline__ void load_head(const T* base, int lane, int dk, float (&x)[NPL]) {
-  const int r0 = lane * NPL;
+template <typename T, class L>
+__device__ __forceinline__ void load_head(const T* base, int lane, int dk, float (&x)[L::kKeys]) {
+  constexpr int NPL = L::NPL;
   if constexpr (NPL % 4 == 0 && sizeof(T) == 2) {
     if (dk == 32 * NPL && (reinterpret_cast<size_t>(base) & 7) == 0) {  // 8-byte loads of 4 halves
+      const T* b = base + L::col(lane, 0);
 #pragma unroll
-      for (int i = 0; i < NPL; i += 4) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(base + r0 + i);
+      for (int i = 0; i < L::kKeys; i += 4) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(b + L::col_off(i));
         const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
         for (int j = 0; j < 4; ++j) x[i + j] = to_f32(e[j]);
@@ -83,7 +108,10 @@ __device__ __forceinline__ void load_head(const T* base, int lane, int dk, float
     }
   }
 #pragma unroll
-  for (int i = 0; i < NPL; ++i) x[i] = (r0 + i < dk) ? to_f32(base[r0 + i]) : 0.0f;
+  for (int i = 0; i < L::kKeys; ++i) {
+    const int r = L::col(lane, i);
+    x[i] = r < dk ? to_f32(base[r]) : 0.0f;
+  }
 }
 
 // Whole 16-byte key rows (dk == 32 NPL, 16-byte aligned base, so every row is aligned too): tested once per
@@ -93,105 +121,101 @@ __device__ __forceinline__ bool vector_rows(const float* base, int dk) {
   return NPL % 4 == 0 && dk == 32 * NPL && base != nullptr && (reinterpret_cast<size_t>(base) & 15) == 0;
 }
 
-template <int NPL, int ROWS>
+template <class L>
+using RecRows = float[L::kRows][L::kKeys];  // a lane's share of a row group's state
+
+template <class L>
 __device__ __forceinline__ void load_rows(const GdnParams& p, bool vec, size_t head_base, int c0, int lane,
-                                          float (&S)[ROWS][NPL]) {
-  if constexpr (NPL % 4 == 0) {
-    if (vec && c0 + ROWS <= p.dv) {
-      constexpr int kDk = 32 * NPL;
-      const float* base = p.state_in + (head_base + c0) * kDk + lane * NPL;
+                                          RecRows<L>& S) {
+  if constexpr (L::NPL % 4 == 0) {
+    if (vec && c0 + L::ROWS <= p.dv) {
+      const float* base = p.state_in + (head_base + c0 + L::row(lane, 0)) * L::kDk + L::col(lane, 0);
 #pragma unroll
-      for (int j = 0; j < ROWS; ++j)
+      for (int j = 0; j < L::kRows; ++j)
 #pragma unroll
-        for (int i = 0; i < NPL; i += 4) {
-          const float4 x = __ldcs(reinterpret_cast<const float4*>(base + j * kDk + i));
+        for (int i = 0; i < L::kKeys; i += 4) {
+          const float4 x = __ldcs(reinterpret_cast<const float4*>(base + j * L::kDk + L::col_off(i)));
           S[j][i] = x.x; S[j][i + 1] = x.y; S[j][i + 2] = x.z; S[j][i + 3] = x.w;
         }
       return;
     }
   }
 #pragma unroll
-  for (int j = 0; j < ROWS; ++j) {
-    if (p.state_in != nullptr && c0 + j < p.dv) {
-      load_state_row<NPL>(p.state_in + (head_base + c0 + j) * p.dk, lane, p.dk, S[j]);
+  for (int j = 0; j < L::kRows; ++j) {
+    const int c = c0 + L::row(lane, j);
+    if (p.state_in != nullptr && c < p.dv) {
+      load_state_row<L>(p.state_in + (head_base + c) * p.dk, lane, p.dk, S[j]);
     } else {
 #pragma unroll
-      for (int i = 0; i < NPL; ++i) S[j][i] = 0.0f;
+      for (int i = 0; i < L::kKeys; ++i) S[j][i] = 0.0f;
     }
   }
 }
 
-template <int NPL, int ROWS>
+template <class L>
 __device__ __forceinline__ void store_rows(const GdnParams& p, bool vec, size_t head_base, int c0, int lane,
-                                           const float (&S)[ROWS][NPL]) {
-  if constexpr (NPL % 4 == 0) {
-    if (vec && c0 + ROWS <= p.dv) {
-      constexpr int kDk = 32 * NPL;
-      float* base = p.state_out + (head_base + c0) * kDk + lane * NPL;
+                                           const RecRows<L>& S) {
+  if constexpr (L::NPL % 4 == 0) {
+    if (vec && c0 + L::ROWS <= p.dv) {
+      float* base = p.state_out + (head_base + c0 + L::row(lane, 0)) * L::kDk + L::col(lane, 0);
 #pragma unroll
-      for (int j = 0; j < ROWS; ++j)
+      for (int j = 0; j < L::kRows; ++j)
 #pragma unroll
-        for (int i = 0; i < NPL; i += 4)
-          __stcs(reinterpret_cast<float4*>(base + j * kDk + i),
+        for (int i = 0; i < L::kKeys; i += 4)
+          __stcs(reinterpret_cast<float4*>(base + j * L::kDk + L::col_off(i)),
                  make_float4(S[j][i], S[j][i + 1], S[j][i + 2], S[j][i + 3]));
       return;
     }
   }
 #pragma unroll
-  for (int j = 0; j < ROWS; ++j)
-    if (c0 + j < p.dv) store_state_row<NPL>(p.state_out + (head_base + c0 + j) * p.dk, lane, p.dk, S[j]);
+  for (int j = 0; j < L::kRows; ++j) {
+    const int c = c0 + L::row(lane, j);
+    if (c < p.dv) store_state_row<L>(p.state_out + (head_base + c) * p.dk, lane, p.dk, S[j]);
+  }
 }
 
+// A warp's per-token values that do not depend on the state, for up to kTokens tokens: k, q and the per-key
+// decay (per-key rules) in key order (each lane of the row's first lane group writes its pieces, every lane
+// reads its own), and the scalars.
 template <int NPL>
-struct RecVec {
-  static constexpr int kVec = NPL % 4 == 0 ? 4 : NPL;  // floats per shared-memory access
-};
-
-// A warp's per-token values that do not depend on the state, for up to kTokens tokens. Each lane reads back
-// only what it wrote (its own key columns), laid out so a warp's access is one contiguous span per vector.
-template <int NPL>
-struct RecStash {
+struct alignas(16) RecStash {
   // Tokens per prologue: 4 (a verify step of 4 tokens runs it once). More made the small-key instantiations
   // spill (each row group holds the chunk's values in registers); wide keys take fewer, so the vectors stay
   // within 4 KB per warp.
   static constexpr int kTokens = NPL >= 16 ? 1 : (NPL >= 8 ? 2 : 4);
-  static constexpr int kVec = RecVec<NPL>::kVec;
-  // [token][kept, sent][part][lane][element]: lanes 0-15 keep k and send q in the reduction's first step,
-  // lanes 16-31 the reverse (transposed_warp_sum_kept), so each lane stores the two in its own order.
-  float vec[kTokens][2][NPL / kVec][32][kVec];
-  float scalar[kTokens][4];                                 // decay (scalar rules), beta, q.k
+  float vec[kTokens][3][32 * NPL];  // [token][k, q, per-key decay][key column]
+  float scalar[kTokens][4];         // decay (scalar rules), beta, q.k
 };
 
-template <int NPL>
-__device__ __forceinline__ void stash_put(float (&dst)[NPL / RecStash<NPL>::kVec][32][RecStash<NPL>::kVec],
-                                          int lane, const float (&x)[NPL]) {
-  constexpr int V = RecStash<NPL>::kVec;
+// A lane's values of one key vector to or from a stash row in key order, NPL columns (a piece) at a time.
+template <class L>
+__device__ __forceinline__ void stash_put(float* dst, int lane, const float (&x)[L::kKeys]) {
+  float* d = dst + L::col(lane, 0);
 #pragma unroll
-  for (int c = 0; c < NPL / V; ++c) {
-    if constexpr (V == 4) {
-      *reinterpret_cast<float4*>(dst[c][lane]) = make_float4(x[4 * c], x[4 * c + 1], x[4 * c + 2], x[4 * c + 3]);
-    } else if constexpr (V == 2) {
-      *reinterpret_cast<float2*>(dst[c][lane]) = make_float2(x[2 * c], x[2 * c + 1]);
+  for (int i = 0; i < L::kKeys; i += L::kVec) {
+    if constexpr (L::kVec == 4) {
+      *reinterpret_cast<float4*>(d + L::col_off(i)) = make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
+    } else if constexpr (L::kVec == 2) {
+      *reinterpret_cast<float2*>(d + L::col_off(i)) = make_float2(x[i], x[i + 1]);
     } else {
-      dst[c][lane][0] = x[c];
+      d[L::col_off(i)] = x[i];
     }
   }
 }
 
-template <int NPL>
-__device__ __forceinline__ void stash_get(const float (&src)[NPL / RecStash<NPL>::kVec][32][RecStash<NPL>::kVec],
-                                          int lane, float (&x)[NPL]) {
-  constexpr int V = RecStash<NPL>::kVec;
+template <class L>
+__device__ __forceinline__ void stash_get(const float* src, int lane, float (&x)[L::kKeys]) {
+  const float* s = src + L::col(lane, 0);
 #pragma unroll
-  for (int c = 0; c < NPL / V; ++c) {
-    if constexpr (V == 4) {
-      const float4 y = *reinterpret_cast<const float4*>(src[c][lane]);
-      x[4 * c] = y.x; x[4 * c + 1] = y.y; x[4 * c + 2] = y.z; x[4 * c + 3] = y.w;
-    } else if constexpr (V == 2) {
-      const float2 y = *reinterpret_cast<const float2*>(src[c][lane]);
-      x[2 * c] = y.x; x[2 * c + 1] = y.y;
+  for (int i = 0; i < L::kKeys; i += L::kVec) {
+    if constexpr (L::kVec == 4) {
+      const float4 y = *reinterpret_cast<const float4*>(s + L::col_off(i));
+      x[i] = y.x; x[i + 1] = y.y; x[i + 2] = y.z; x[i + 3] = y.w;
+    } else if constexpr (L::kVec == 2) {
+      const float2 y = *reinterpret_cast<const float2*>(s + L::col_off(i));
+      x[i] = y.x; x[i + 1] = y.y;
     } else {
-      x[c] = src[c][lane][0];
+      x[i] = s[L::col_off(i)];
     }
   }
 }
@@ -214,66 +238,86 @@ __device__ __forceinline__ void stage_copy16(float* dst, const float* src, unsig
                : "memory");
 }
 
-// One row group's state, [row][part][lane][element]: each lane reads back only what it copied, so the stage
-// needs no warp barrier.
-template <int NPL, int ROWS>
-using RecStage = float[ROWS][NPL / RecVec<NPL>::kVec][32][RecVec<NPL>::kVec];
+// One row group's state, [lane's row][vector][lane][element]: each lane reads back only what it copied, so the
+// stage needs no warp barrier.
+template <class L>
+using RecStage = float[L::kRows][L::kKeys / L::kVec][32][L::kVec];
+
+template <class L>
+__device__ __forceinline__ void stage_put(float (&dst)[L::kKeys / L::kVec][32][L::kVec], int lane,
+                                          const float (&x)[L::kKeys]) {
+#pragma unroll
+  for (int c = 0; c < L::kKeys / L::kVec; ++c)
+#pragma unroll
+    for (int e = 0; e < L::kVec; ++e) dst[c][lane][e] = x[c * L::kVec + e];
+}
 
 // Requests the rows [c0, c0 + ROWS) into the stage (one cp.async group). Partial groups and rows that are not
 // whole 16-byte vectors are loaded here and written to the stage (rare shapes; the same values).
-template <int NPL, int ROWS>
+template <class L>
 __device__ __forceinline__ void stage_rows(const GdnParams& p, bool vec, size_t head_base, int c0, int lane,
-                                           RecStage<NPL, ROWS>& stage, unsigned long long policy) {
+                                           RecStage<L>& stage, unsigned long long policy) {
   bool copied = false;
-  if constexpr (NPL % 4 == 0) {
-    if (vec && c0 + ROWS <= p.dv) {
-      constexpr int kDk = 32 * NPL;
-      const float* base = p.state_in + (head_base + c0) * kDk + lane * NPL;
+  if constexpr (L::NPL % 4 == 0) {
+    if (vec && c0 + L::ROWS <= p.dv) {
+      const float* base = p.state_in + (head_base + c0 + L::row(lane, 0)) * L::kDk + L::col(lane, 0);
 #pragma unroll
-      for (int j = 0; j < ROWS; ++j)
+      for (int j = 0; j < L::kRows; ++j)
 #pragma unroll
-        for (int c = 0; c < NPL / 4; ++c) stage_copy16(stage[j][c][lane], base + j * kDk + 4 * c, policy);
+        for (int c = 0; c < L::kKeys / 4; ++c)
+          stage_copy16(stage[j][c][lane], base + j * L::kDk + L::col_off(4 * c), policy);
       copied = true;
     }
   }
   if (!copied) {
-    float S[ROWS][NPL];
-    load_rows<NPL, ROWS>(p, false, head_base, c0, lane, S);
+    RecRows<L> S;
+    load_rows<L>(p, false, head_base, c0, lane, S);
 #pragma unroll
-    for (int j = 0; j < ROWS; ++j) stash_put<NPL>(stage[j], lane, S[j]);
+    for (int j = 0; j < L::kRows; ++j) stage_put<L>(stage[j], lane, S[j]);
   }
   cp_async_commit();
 }
 
 // The staged rows into registers, once their copies have landed.
-template <int NPL, int ROWS>
-__device__ __forceinline__ void unstage_rows(const RecStage<NPL, ROWS>& stage, int lane, float (&S)[ROWS][NPL]) {
+template <class L>
+__device__ __forceinline__ void unstage_rows(const RecStage<L>& stage, int lane, RecRows<L>& S) {
   cp_async_wait<0>();
 #pragma unroll
-  for (int j = 0; j < ROWS; ++j) stash_get<NPL>(stage[j], lane, S[j]);
+  for (int j = 0; j < L::kRows; ++j)
+#pragma unroll
+    for (int c = 0; c < L::kKeys / L::kVec; ++c) {
+      if constexpr (L::kVec == 4) {
+        const float4 y = *reinterpret_cast<const float4*>(stage[j][c][lane]);
+        S[j][4 * c] = y.x; S[j][4 * c + 1] = y.y; S[j][4 * c + 2] = y.z; S[j][4 * c + 3] = y.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < L::kVec; ++e) S[j][c * L::kVec + e] = stage[j][c][lane][e];
+      }
+    }
 }
 
 // One token's raw inputs for the prologue, loaded a token ahead.
-template <int NPL>
+template <class L>
 struct TokenInputs {
-  float q[NPL], k[NPL];
+  float q[L::kKeys], k[L::kKeys];
   float decay;  // raw decay input (scalar-decay rules)
   float beta;   // raw beta input
 };
 
-template <typename T, int NPL>
+template <typename T, class L>
 __device__ __forceinline__ void load_token(const GdnParams& p, int tok, int h, int lane, const T* qb, const T* kb,
-                                           TokenInputs<NPL>& in) {
-  load_head<T, NPL>(qb + (size_t)tok * p.q_stride, lane, p.dk, in.q);
-  load_head<T, NPL>(kb + (size_t)tok * p.k_stride, lane, p.dk, in.k);
+                                           TokenInputs<L>& in) {
+  load_head<T, L>(qb + (size_t)tok * p.q_stride, lane, p.dk, in.q);
+  load_head<T, L>(kb + (size_t)tok * p.k_stride, lane, p.dk, in.k);
   in.decay = (p.has_decay && !p.decay_per_key) ? p.decay[(size_t)tok * p.hv + h] : 0.0f;
   in.beta = p.has_delta ? p.beta[(size_t)tok * p.hv + h] : 0.0f;
 }
 
-// Sum over the warp of N values per lane (N a power of two <= 32) in N - 1 + 5 - log2(N) shuffles: each
-// halving step (lane offset OFF) sends the half a lane does not keep. Lane l ends with value
-// l >> (5 - log2 N), summed in the same pairing order as a full butterfly, so the result does not depend on N.
-template <int N, int OFF = 16>
+// Sum over lanes OFF * 2, apart by less (a row's lanes), of N values per lane (N a power of two <= 2 OFF):
+// each halving step (lane offset OFF) sends the half a lane does not keep, in N - 1 + log2(2 OFF / N)
+// shuffles. Lane l ends with value (l mod 2 OFF) >> log2(2 OFF / N), summed in the same pairing order as a
+// full butterfly, so the result does not depend on N.
+template <int N, int OFF>
 __device__ __forceinline__ float transposed_warp_sum(float* x, int lane) {
   if constexpr (N > 1) {
     const bool upper = (lane & OFF) != 0;
@@ -292,17 +336,6 @@ __device__ __forceinline__ float transposed_warp_sum(float* x, int lane) {
   }
 }
 
-// The same sum when the caller already holds, in x[0, N/2), the values this lane keeps in the first step
-// (lane offset 16) and in x[N/2, N) those it sends: that step then needs no selects.
-template <int N>
-__device__ __forceinline__ float transposed_warp_sum_kept(float* x, int lane) {
-#pragma unroll
-  for (int j = 0; j < N / 2; ++j) x[j] += __shfl_xor_sync(0xffffffffu, x[j + N / 2], 16);
-  return transposed_warp_sum<N / 2, 8>(x, lane);
-}
-
-__host__ __device__ constexpr int log2_int(int n) { return n <= 1 ? 0 : 1 + log2_int(n / 2); }
-
 // Per-head gate constants (qwen: g = -exp(a_log) * softplus(x + dt_bias)).
 struct HeadGate {
   float neg_a, dt_bias;
@@ -310,9 +343,9 @@ struct HeadGate {
 
 // One token's values that do not depend on the state: normalised k and q, the head's decay, beta and q.k.
 // The scalars come out of butterfly sums, so every lane holds the same bits.
-template <int NPL>
+template <class L>
 struct TokenValues {
-  float k[NPL], q[NPL];
+  float k[L::kKeys], q[L::kKeys];
   float alpha;
   // q.k = sqk * inv_k * q_scale, and beta (token_beta), are formed where they are used: the prologue forms
   // them in lane 0 only; formed in every lane here, they changed the general loop's code (ptxas, sm_90).
@@ -321,31 +354,38 @@ struct TokenValues {
 };
 
 // The token's beta (delta rules), from its raw input.
-template <int NPL>
-__device__ __forceinline__ float token_beta(const GdnParams& p, const TokenInputs<NPL>& cur) {
+template <class L>
+__device__ __forceinline__ float token_beta(const GdnParams& p, const TokenInputs<L>& cur) {
   return p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-cur.beta)) : cur.beta) : 1.0f;
 }
 
-template <int NPL>
-__device__ __forceinline__ void token_values(const GdnParams& p, const TokenInputs<NPL>& cur, HeadGate gate,
-                                             TokenValues<NPL>& tv) {
-  float sq = 0.0f, sk = 0.0f, sqk = 0.0f;
+template <class L>
+__device__ __forceinline__ void token_values(const GdnParams& p, const TokenInputs<L>& cur, HeadGate gate,
+                                             TokenValues<L>& tv) {
+  // Per piece, then the lane's pieces, then the row's lanes: the pairing of a 32-lane butterfly (file's head).
+  float sq[L::kLeaves], sk[L::kLeaves], sqk[L::kLeaves];
 #pragma unroll
-  for (int i = 0; i < NPL; ++i) {
-    sq = fmaf(cur.q[i], cur.q[i], sq);
-    sk = fmaf(cur.k[i], cur.k[i], sk);
-    sqk = fmaf(cur.q[i], cur.k[i], sqk);
+  for (int c = 0; c < L::kLeaves; ++c) {
+    sq[c] = sk[c] = sqk[c] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < L::NPL; ++e) {
+      const int i = c * L::NPL + e;
+      sq[c] = fmaf(cur.q[i], cur.q[i], sq[c]);
+      sk[c] = fmaf(cur.k[i], cur.k[i], sk[c]);
+      sqk[c] = fmaf(cur.q[i], cur.k[i], sqk[c]);
+    }
   }
+  float q2 = piece_sum(sq), k2 = piece_sum(sk), qk = piece_sum(sqk);
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    sq += __shfl_xor_sync(0xffffffffu, sq, off);
-    sk += __shfl_xor_sync(0xffffffffu, sk, off);
-    sqk += __shfl_xor_sync(0xffffffffu, sqk, off);
+  for (int off = L::kLanes / 2; off > 0; off >>= 1) {
+    q2 += __shfl_xor_sync(0xffffffffu, q2, off);
+    k2 += __shfl_xor_sync(0xffffffffu, k2, off);
+    qk += __shfl_xor_sync(0xffffffffu, qk, off);
   }
-  const float inv_k = p.l2norm ? rsqrtf(sk + 1e-12f) : 1.0f;
-  const float q_scale = p.scale * (p.l2norm ? rsqrtf(sq + 1e-12f) : 1.0f);
+  const float inv_k = p.l2norm ? rsqrtf(k2 + 1e-12f) : 1.0f;
+  const float q_scale = p.scale * (p.l2norm ? rsqrtf(q2 + 1e-12f) : 1.0f);
 #pragma unroll
-  for (int i = 0; i < NPL; ++i) {
+  for (int i = 0; i < L::kKeys; ++i) {
     tv.k[i] = p.l2norm ? cur.k[i] * inv_k : cur.k[i];
     tv.q[i] = cur.q[i] * q_scale;
   }
@@ -358,22 +398,39 @@ __device__ __forceinline__ void token_values(const GdnParams& p, const TokenInpu
     }
     tv.alpha = expf(g);
   }
-  tv.sqk = sqk;
+  tv.sqk = qk;
   tv.inv_k = inv_k;
   tv.q_scale = q_scale;
 }
 
-// The captured decay and key of the token in slot `slot` (spec/ops.md §2.9).
-template <int NPL>
-__device__ __forceinline__ void capture_token(const GdnParams& p, const TokenValues<NPL>& tv, int slot, int h,
+// The captured decay and key of the token in slot `slot` (spec/ops.md §2.9); the key by the lanes of the
+// first row (every lane group holds the whole key).
+template <class L>
+__device__ __forceinline__ void capture_token(const GdnParams& p, const TokenValues<L>& tv, int slot, int h,
                                               int hk, int lane, float* cap, bool capture_decay, bool capture_key) {
   if (capture_decay && lane == 0) cap[(size_t)slot * p.hv + h] = tv.alpha;
-  if (capture_key) {
+  if (capture_key && lane < L::kLanes) {
     float* key = cap + gdn_capsule_key(p) + ((size_t)slot * p.hk + hk) * p.dk;
 #pragma unroll
-    for (int i = 0; i < NPL; ++i)
-      if (lane * NPL + i < p.dk) key[lane * NPL + i] = tv.k[i];
+    for (int i = 0; i < L::kKeys; ++i) {
+      const int r = L::col(lane, i);
+      if (r < p.dk) key[r] = tv.k[i];
+    }
   }
+}
+
+// The per-key decay of the token at `tok` (per-key rules) into a stash row: computed once per token, so the row
+// groups read it (decay_rows) rather than recompute it in every group.
+template <class L>
+__device__ __forceinline__ void key_decay(const GdnParams& p, int tok, int h, int lane, float alpha_head,
+                                          float* dst) {
+  float a[L::kKeys];
+#pragma unroll
+  for (int i = 0; i < L::kKeys; ++i) {
+    const int r = L::col(lane, i);
+    a[i] = r < p.dk ? expf(gdn_log_gate(p, tok, h, r)) : alpha_head;
+  }
+  stash_put<L>(dst, lane, a);
 }
 
 // The prologue of tokens t0 + t, t = first, first + step, ... < n (n <= kTokens) of a row into a stash; `cur`
@@ -381,86 +438,96 @@ __device__ __forceinline__ void capture_token(const GdnParams& p, const TokenVal
 // block share one stash for a row of one chunk (first = warp, step = its warps). With `capture_decay` /
 // `capture_key` (the warps holding value row 0 of the head, or of the key head's group) it also writes the
 // captured decay and key slots. The caller orders the stash writes before their reads (warp or block barrier).
-template <typename T, int NPL>
-__device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<NPL>& st, TokenInputs<NPL> cur,
+template <typename T, class L>
+__device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<L::NPL>& st, TokenInputs<L> cur,
                                                int start, int t0, int first, int step, int n, int h, int hk,
                                                HeadGate gate, int lane, const T* qb, const T* kb, int m, float* cap,
                                                bool capture_decay, bool capture_key) {
-  TokenInputs<NPL> nxt;
+  TokenInputs<L> nxt;
   for (int t = first; t < n; t += step) {
-    if (t + step < n) load_token<T, NPL>(p, start + t0 + t + step, h, lane, qb, kb, nxt);
-    TokenValues<NPL> tv;
-    token_values<NPL>(p, cur, gate, tv);
-    stash_put<NPL>(st.vec[t][lane >> 4], lane, tv.k);
-    stash_put<NPL>(st.vec[t][1 - (lane >> 4)], lane, tv.q);
+    if (t + step < n) load_token<T, L>(p, start + t0 + t + step, h, lane, qb, kb, nxt);
+    TokenValues<L> tv;
+    token_values<L>(p, cur, gate, tv);
+    if (lane < L::kLanes) {  // every lane group holds the same values
+      stash_put<L>(st.vec[t][0], lane, tv.k);
+      stash_put<L>(st.vec[t][1], lane, tv.q);
+      if (p.decay_per_key) key_decay<L>(p, start + t0 + t, h, lane, tv.alpha, st.vec[t][2]);
+    }
     if (lane == 0) {
       st.scalar[t][0] = tv.alpha;
-      st.scalar[t][1] = token_beta<NPL>(p, cur);
+      st.scalar[t][1] = token_beta<L>(p, cur);
       st.scalar[t][2] = tv.qk();
     }
-    if (t0 + t < m) capture_token<NPL>(p, tv, t0 + t, h, hk, lane, cap, capture_decay, capture_key);
+    if (t0 + t < m) capture_token<L>(p, tv, t0 + t, h, hk, lane, cap, capture_decay, capture_key);
     if (t + step < n) cur = nxt;
   }
 }
 
-// The decay of the token at `tok` per key column (per-key rules) or the head's (scalar rules). `dk` is the
-// kernel's copy of p.dk: reading p.dk here (and in finish_group) changed the general loop's code (ptxas, sm_90).
-template <int NPL>
-__device__ __forceinline__ void token_decay(const GdnParams& p, int dk, int tok, int h, int lane, float alpha_head,
-                                            float (&alpha)[NPL]) {
-  if (p.decay_per_key) {  // one uniform branch: the per-element test cost ~8 instructions per key column
+// S' = S * decay for a group's rows, with the token's decay per key column from the stash (per-key rules,
+// key_decay) or the head's (scalar rules). One uniform branch: the per-element test cost ~8 instructions per key
+// column. Apart from the reduction, so that the per-key branch holds one piece of decays at a time.
+template <class L>
+__device__ __forceinline__ void decay_rows(const GdnParams& p, const float* key_decays, int lane, float alpha_head,
+                                           RecRows<L>& S) {
+  if (p.decay_per_key) {
+    float a[L::kKeys];
+    stash_get<L>(key_decays, lane, a);
 #pragma unroll
-    for (int i = 0; i < NPL; ++i) {
-      const int r = lane * NPL + i;
-      alpha[i] = r < dk ? expf(gdn_log_gate(p, tok, h, r)) : alpha_head;
-    }
+    for (int j = 0; j < L::kRows; ++j)
+#pragma unroll
+      for (int i = 0; i < L::kKeys; ++i) S[j][i] = __fmul_rn(S[j][i], a[i]);
   } else {
 #pragma unroll
-    for (int i = 0; i < NPL; ++i) alpha[i] = alpha_head;
+    for (int j = 0; j < L::kRows; ++j)
+#pragma unroll
+      for (int i = 0; i < L::kKeys; ++i) S[j][i] = __fmul_rn(S[j][i], alpha_head);
   }
 }
 
-// Decays a group's rows (S' = S * decay) and reduces S'.k and S'.q of every row together; returns the value this
-// lane holds afterwards (gdn_recurrent's kShift). `kept` / `sent`: k and q in this lane's order (RecStash::vec).
-template <int NPL, int ROWS>
-__device__ __forceinline__ float decay_and_reduce(float (&S)[ROWS][NPL], const float (&alpha)[NPL],
-                                                  const float (&kept)[NPL], const float (&sent)[NPL], int lane) {
-  // red[j] is what this lane keeps of row j (S'.k in lanes 0-15, S'.q in 16-31), red[ROWS + j] the other.
-  float red[2 * ROWS];
+// Reduces S'.k and S'.q of every row of the (decayed) group together; returns the value this lane holds
+// afterwards: of the 2 kRows values (S'.k of the lane's rows, then S'.q), value sub >> kShift (gdn_recurrent).
+template <class L>
+__device__ __forceinline__ float reduce_rows(const RecRows<L>& S, const float (&k)[L::kKeys],
+                                             const float (&q)[L::kKeys], int lane) {
+  float red[2 * L::kRows];
 #pragma unroll
-  for (int j = 0; j < ROWS; ++j) {
-    float dot_kept = 0.0f, dot_sent = 0.0f;
+  for (int j = 0; j < L::kRows; ++j) {
+    float dot_k[L::kLeaves], dot_q[L::kLeaves];
 #pragma unroll
-    for (int i = 0; i < NPL; ++i) {
-      S[j][i] = __fmul_rn(S[j][i], alpha[i]);
-      dot_kept = fmaf(S[j][i], kept[i], dot_kept);
-      dot_sent = fmaf(S[j][i], sent[i], dot_sent);
+    for (int c = 0; c < L::kLeaves; ++c) {
+      dot_k[c] = dot_q[c] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < L::NPL; ++e) {
+        const int i = c * L::NPL + e;
+        dot_k[c] = fmaf(S[j][i], k[i], dot_k[c]);
+        dot_q[c] = fmaf(S[j][i], q[i], dot_q[c]);
+      }
     }
-    red[j] = dot_kept;
-    red[ROWS + j] = dot_sent;
+    red[j] = piece_sum(dot_k);
+    red[L::kRows + j] = piece_sum(dot_q);
   }
-  return transposed_warp_sum_kept<2 * ROWS>(red, lane);
+  return transposed_warp_sum<2 * L::kRows, L::kLanes / 2>(red, lane);
 }
 
-// S += k u for every row of the group; row j's delta u is held by lane j << kShift.
-template <int NPL, int ROWS, int kShift>
-__device__ __forceinline__ void update_rows(float (&S)[ROWS][NPL], const float (&k)[NPL], float u_mine) {
+// S += k u for every row of the group; the delta u of the lane's row j is held by lane u_lane + (j << kShift).
+template <class L, int kShift>
+__device__ __forceinline__ void update_rows(RecRows<L>& S, const float (&k)[L::kKeys], float u_mine, int u_lane) {
 #pragma unroll
-  for (int j = 0; j < ROWS; ++j) {
-    const float u = __shfl_sync(0xffffffffu, u_mine, j << kShift);
+  for (int j = 0; j < L::kRows; ++j) {
+    const float u = __shfl_sync(0xffffffffu, u_mine, u_lane + (j << kShift));
 #pragma unroll
-    for (int i = 0; i < NPL; ++i) S[j][i] = __fmaf_rn(k[i], u, S[j][i]);
+    for (int i = 0; i < L::kKeys; ++i) S[j][i] = __fmaf_rn(k[i], u, S[j][i]);
   }
 }
 
 // After a group's tokens: capsule slots beyond the captured prefix are zero (project rule, spec/ops.md §2.9;
 // the decay and key slots by the first group of the warps that capture them, the delta slots by every group),
-// the group's state goes out, and the staged next group moves in. `dk`: as in token_decay.
-template <int NPL, int ROWS>
+// the group's state goes out, and the staged next group moves in. `dk`: as in decay_rows.
+template <class L>
 __device__ __forceinline__ void finish_group(const GdnParams& p, int dk, float* cap, float* delta_cap, int m, int h,
                                              int hk, int lane, bool zero_decay, bool zero_key, bool zero_delta,
-                                             bool vec_out, size_t head_base, int c0, bool more, float (&S)[ROWS][NPL],
-                                             const RecStage<NPL, ROWS>& next) {
+                                             bool vec_out, size_t head_base, int c0, bool more, RecRows<L>& S,
+                                             const RecStage<L>& next) {
   if (cap != nullptr) {
     for (int t = m; t < p.capacity; ++t) {
       if (zero_decay && lane == 0) cap[(size_t)t * p.hv + h] = 0.0f;
@@ -469,26 +536,40 @@ __device__ __forceinline__ void finish_group(const GdnParams& p, int dk, float* 
       if (zero_delta) delta_cap[(size_t)t * p.hv * p.dv] = 0.0f;
     }
   }
-  if (p.state_out != nullptr) store_rows<NPL, ROWS>(p, vec_out, head_base, c0, lane, S);
-  if (more) unstage_rows<NPL, ROWS>(next, lane, S);
+  if (p.state_out != nullptr) store_rows<L>(p, vec_out, head_base, c0, lane, S);
+  if (more) unstage_rows<L>(next, lane, S);
 }
 
 // A warp serves p.row_groups consecutive groups of ROWS value rows of one (request, head), staging the next
 // group's state and values while it computes the current one, so its memory traffic does not wait on its
 // arithmetic.
-// Everything it computes for a value row is independent of ROWS and row_groups (the reduction pairs lanes in
-// one fixed order), so a row's result does not depend on the launch shape or the batch.
+// Everything it computes for a value row is independent of ROWS and row_groups (the reductions add in one
+// fixed pairing whatever the layout), so a row's result does not depend on the launch shape or the batch.
 template <typename T, int NPL, int ROWS, bool DECODE_LOOP>
 __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
+  // The row groups' layout: 8 lanes per row (fewer instructions per token), or 16 for 2 rows, except in the
+  // general 4-row kernels, which hold the whole group in every lane (one piece per lane): at 5 blocks per SM (96
+  // registers) they spilled with 8 lanes per row, and 2 rows spilled with 32 (ptxas, CUDA 13.0, sm_90). Every
+  // layout gives a row the same bits (the file's head).
+  using L = RecLayout<NPL, ROWS, ROWS == 4 && !DECODE_LOOP ? 32 : (ROWS >= 4 ? 8 : 32 / ROWS)>;
+  // The per-token prologue's layout: one piece per lane, the fewest registers; its values reach the row groups
+  // through the stash, in key order, so the two layouts need not agree.
+  using P = RecLayout<NPL, 1, 32>;
   using Stash = RecStash<NPL>;
-  constexpr int kTokens = Stash::kTokens;
-  // After the reduction of 2 ROWS values lane l holds value l >> kShift: retrieval S'.k of row (l >> kShift)
-  // in lanes 0-15, output S'.q of row (l >> kShift) - ROWS in lanes 16-31.
-  constexpr int kShift = 5 - log2_int(2 * ROWS);
+  // Tokens per chunk of the general loop. The decode kernels take their rows of more than one token (rare in a
+  // launch of at most one token per row) one at a time: their 4-token loop, beside the decode loop, spilled at
+  // 8 lanes per row (ptxas, CUDA 13.0, sm_90).
+  constexpr int kTokens = DECODE_LOOP ? 1 : Stash::kTokens;
+  constexpr int KPL = L::kKeys;
+  // After the reduction of 2 kRows values, lane sub of a row's lanes holds value sub >> kShift: retrieval S'.k
+  // of the lane's row (sub >> kShift) in the row's lower half of lanes, output S'.q of its row
+  // (sub >> kShift) - kRows in the upper half.
+  constexpr int kShift = log2_int(L::kLanes) - log2_int(2 * L::kRows);
+  constexpr int kHalf = L::kLanes / 2;  // lane offset from a row's retrieval lanes to its output lanes
   __shared__ Stash stash_all[kRecWarps];
   // One stage per warp: the next group's copies go out after the current group's first reduction, which has
   // consumed the rows read from it (a second buffer would exceed the 48 KB of static shared memory at R = 8).
-  __shared__ RecStage<NPL, ROWS> stage_all[kRecWarps];
+  __shared__ RecStage<L> stage_all[kRecWarps];
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -499,10 +580,12 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   if (c_warp >= p.dv) return;
   const int dk = p.dk;
   Stash& stash = stash_all[warp];
-  RecStage<NPL, ROWS>& stage = stage_all[warp];
-  const int slot = lane >> kShift;                            // which reduced value this lane holds
+  RecStage<L>& stage = stage_all[warp];
+  const int slot = L::sub(lane) >> kShift;                    // which reduced value this lane holds
   const bool first_copy = (lane & ((1 << kShift) - 1)) == 0;  // the lane that writes it
-  const int my_row = slot % ROWS;
+  const int my_row = L::row(lane, slot % L::kRows);
+  const bool out_lane = (lane & kHalf) != 0;  // holds an output (S'.q); the others a retrieval (S'.k)
+  const int u_lane = lane & ~(L::kLanes - 1);  // the lane holding the delta of the lane's first row
   const bool vec_in = vector_rows<NPL>(p.state_in, dk);
   const bool vec_out = vector_rows<NPL>(p.state_out, dk);
 
@@ -515,10 +598,10 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const int guess = p.total_tokens > 0 ? (int)((long long)b * p.total_tokens / p.batch) : -1;
   const size_t head_base = ((size_t)b * p.hv + h) * p.dv;
   const unsigned long long evict_first = l2_evict_first_policy();
-  float S[ROWS][NPL];
-  load_rows<NPL, ROWS>(p, vec_in, head_base, c_warp, lane, S);
+  RecRows<L> S;
+  load_rows<L>(p, vec_in, head_base, c_warp, lane, S);
   if (p.row_groups > 1 && c_warp + ROWS < p.dv)
-    stage_rows<NPL, ROWS>(p, vec_in, head_base, c_warp + ROWS, lane, stage, evict_first);
+    stage_rows<L>(p, vec_in, head_base, c_warp + ROWS, lane, stage, evict_first);
   const HeadGate gate = {p.gate_qwen ? -expf(p.a_log[h]) : 0.0f, p.gate_qwen ? p.dt_bias[h] : 0.0f};
   const int hk = h / (p.hv / p.hk);
   const T* qb = static_cast<const T*>(p.q) + (size_t)hk * dk;
@@ -532,10 +615,10 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const int tok_off = DECODE_LOOP || p.total_tokens <= p.batch ? 0 : warp;
   // guess < total_tokens (b < batch), so decode's first token is the guess itself, as before the shared prologue.
   const int first_tok = tok_off == 0 ? guess : (guess >= 0 && guess + tok_off < p.total_tokens ? guess + tok_off : -1);
-  TokenInputs<NPL> first;  // the inputs of token first_tok
+  TokenInputs<P> first;  // the inputs of token first_tok
   float v_first = 0.0f;    // this lane's row of token `guess`
   if (guess >= 0) {
-    if (first_tok >= 0) load_token<T, NPL>(p, first_tok, h, lane, qb, kb, first);
+    if (first_tok >= 0) load_token<T, P>(p, first_tok, h, lane, qb, kb, first);
     if (lane_row_ok) v_first = to_f32(v_lane[(size_t)guess * p.v_stride]);
   }
 
@@ -552,23 +635,25 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const bool capture_key = capture_decay && (h % (p.hv / p.hk) == 0);
 
   if (DECODE_LOOP && span.len == 1) {  // only decode instantiations hold this loop (see the file's head)
-    // Decode: the token's values stay in registers across the row groups (no stash), and its value, output
-    // and delta pointers step by ROWS per group. The arithmetic is the general loop's, in the same order.
+    // Decode: the warp's own prologue (its k and q reach the row groups' layout through its stash), and the
+    // value, output and delta pointers step by ROWS per group. The arithmetic is the general loop's, in the same
+    // order.
     if (span.start != guess) {  // first_tok is the guess in decode kernels
-      load_token<T, NPL>(p, span.start, h, lane, qb, kb, first);
+      load_token<T, P>(p, span.start, h, lane, qb, kb, first);
       v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
     }
-    TokenValues<NPL> tv;
-    token_values<NPL>(p, first, gate, tv);
-    const float beta = token_beta<NPL>(p, first);
+    TokenValues<P> tv;
+    token_values<P>(p, first, gate, tv);
+    const float beta = token_beta<P>(p, first);
     const float qk = tv.qk();
-    if (m > 0) capture_token<NPL>(p, tv, 0, h, hk, lane, cap, capture_decay, capture_key);
-    float kept[NPL], sent[NPL];
-#pragma unroll
-    for (int i = 0; i < NPL; ++i) {
-      kept[i] = lane < 16 ? tv.k[i] : tv.q[i];
-      sent[i] = lane < 16 ? tv.q[i] : tv.k[i];
-    }
+    const float alpha_head = tv.alpha;
+    if (m > 0) capture_token<P>(p, tv, 0, h, hk, lane, cap, capture_decay, capture_key);
+    // k, q and the per-key decay into the row groups' layout through the warp's stash (read per group: held
+    // across the groups they cost registers).
+    stash_put<P>(stash.vec[0][0], lane, tv.k);
+    stash_put<P>(stash.vec[0][1], lane, tv.q);
+    if (p.decay_per_key) key_decay<P>(p, span.start, h, lane, alpha_head, stash.vec[0][2]);
+    __syncwarp();
     T* og = static_cast<T*>(p.out) + (size_t)span.start * p.hv * p.dv + (size_t)h * p.dv + c_warp + my_row;
     float* dg = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c_warp + my_row : nullptr;
     for (int rg = 0; rg < p.row_groups; ++rg) {
@@ -578,24 +663,26 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
       const bool row_ok = c0 + my_row < p.dv;
       const float v = __shfl_sync(0xffffffffu, v_first, g + my_row);
-      float alpha[NPL];  // per group, as in the general loop: held across groups it costs registers
-      token_decay<NPL>(p, dk, span.start, h, lane, tv.alpha, alpha);
-      const float x = decay_and_reduce<NPL, ROWS>(S, alpha, kept, sent, lane);
-      if (more && rg > 0) stage_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);
-      // Lanes 0-15: the delta of their row; lanes 16-31 take their row's delta from lane l - 16.
+      decay_rows<L>(p, stash.vec[0][2], lane, alpha_head, S);  // before k and q are read: fewer registers
+      float k[KPL], q[KPL];
+      stash_get<L>(stash.vec[0][0], lane, k);
+      stash_get<L>(stash.vec[0][1], lane, q);
+      const float x = reduce_rows<L>(S, k, q, lane);
+      if (more && rg > 0) stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);
+      // Retrieval lanes: the delta of their row; output lanes take their row's delta from lane l - kHalf.
       const float u_mine = p.has_delta ? beta * (v - x) : v;
-      const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, 16);
+      const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, kHalf);
       if (first_copy && row_ok) {
-        if (lane >= 16) {
+        if (out_lane) {
           og[g] = from_f32<T>(fmaf(u_pair, qk, x));
         } else if (m > 0) {
           dg[g] = u_mine;
         }
       }
-      update_rows<NPL, ROWS, kShift>(S, tv.k, u_mine);
-      finish_group<NPL, ROWS>(p, dk, cap, cap != nullptr ? dg + g : nullptr, m, h, hk, lane,
-                              rg == 0 && capture_decay, rg == 0 && capture_key, lane < 16 && first_copy && row_ok,
-                              vec_out, head_base, c0, more, S, stage);
+      update_rows<L, kShift>(S, k, u_mine, u_lane);
+      finish_group<L>(p, dk, cap, cap != nullptr ? dg + g : nullptr, m, h, hk, lane, rg == 0 && capture_decay,
+                      rg == 0 && capture_key, !out_lane && first_copy && row_ok, vec_out, head_base, c0, more, S,
+                      stage);
     }
     return;
   }
@@ -612,7 +699,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   float v_lanes[kTokens];  // rows of one chunk: this lane's row of each token
   if (one_chunk && span.len > 0) {
     if (span.start != guess) {
-      if (!kSharedPrologue) load_token<T, NPL>(p, span.start, h, lane, qb, kb, first);
+      if (!kSharedPrologue) load_token<T, P>(p, span.start, h, lane, qb, kb, first);
       v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
     }
     v_lanes[0] = v_first;
@@ -632,16 +719,16 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       // The warp index through a shuffle: the compiler then knows it is the same in every lane, so the
       // prologue's butterflies (whose trip count depends on it) need no fallback for a diverged warp (ptxas).
       const int w = __shfl_sync(0xffffffffu, warp, 0);  // this warp's first token of the row
-      if (w < span.len && span.start + w != first_tok) load_token<T, NPL>(p, span.start + w, h, lane, qb, kb, first);
+      if (w < span.len && span.start + w != first_tok) load_token<T, P>(p, span.start + w, h, lane, qb, kb, first);
       // The capsule's decay and key slots: written by whichever warp computes the token, in the block that holds
       // value row 0 (of a head of the key head's group, for the key).
-      token_prologue<T, NPL>(p, chunk_stash, first, span.start, 0, w, block_warps, span.len, h, hk, gate, lane, qb,
-                             kb, m, cap, c_block == 0, c_block == 0 && h % (p.hv / p.hk) == 0);
+      token_prologue<T, P>(p, chunk_stash, first, span.start, 0, w, block_warps, span.len, h, hk, gate, lane, qb,
+                           kb, m, cap, c_block == 0, c_block == 0 && h % (p.hv / p.hk) == 0);
       // Every warp of the block that holds rows: the stash (lanes' vectors, lane 0's scalars) is complete.
       named_barrier_sync(1, 32 * block_warps);
     } else {
-      token_prologue<T, NPL>(p, stash, first, span.start, 0, 0, 1, span.len, h, hk, gate, lane, qb, kb, m, cap,
-                             capture_decay, capture_key);
+      token_prologue<T, P>(p, stash, first, span.start, 0, 0, 1, span.len, h, hk, gate, lane, qb, kb, m, cap,
+                           capture_decay, capture_key);
       __syncwarp();  // the scalars lane 0 wrote are read by every lane
     }
   }
@@ -653,22 +740,26 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
     const bool row_ok = c0 + my_row < p.dv;
     bool staged = !(more && rg > 0);  // the next group's state is requested after this group's first reduction
-    // General kernels: this lane's output element and delta-capsule slot of the chunk's first token, stepped by a
-    // chunk after each: token t of the chunk is t Hv Dv elements on (t known at compile time), with no 64-bit
-    // token * Hv * Dv product per token. Decode kernels: token 0's, indexed per token (see kSharedPrologue).
+    // This lane's output element and delta-capsule slot of the row's first token (general kernels; decode
+    // kernels: token 0's, indexed per token, see kSharedPrologue).
     T* ob = static_cast<T*>(p.out) + (size_t)h * p.dv + c0 + my_row;
     if (kSharedPrologue) ob += (size_t)span.start * tok_stride;
     float* delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
     float* db = delta_cap;
+    // General kernels: one store per lane and token, through a byte pointer stepped by a token (Hv Dv elements):
+    // the output (output lanes) or the delta-capsule slot (retrieval lanes). A 64-bit token * Hv * Dv offset per
+    // store, on two branches, cost about 9 more instructions per token (SASS, sm_90).
+    char* sp = out_lane ? reinterpret_cast<char*>(ob) : reinterpret_cast<char*>(db);
+    const size_t sstep = tok_stride * (out_lane ? sizeof(T) : sizeof(float));
 
     for (int t0 = 0; t0 < span.len; t0 += kTokens) {
       const int n = min(kTokens, span.len - t0);
       if (!one_chunk) {
         __syncwarp();  // the previous chunk's stash reads are done
-        TokenInputs<NPL> cur;
-        load_token<T, NPL>(p, span.start + t0, h, lane, qb, kb, cur);
-        token_prologue<T, NPL>(p, stash, cur, span.start, t0, 0, 1, n, h, hk, gate, lane, qb, kb, m, cap,
-                               capture_decay && rg == 0, capture_key && rg == 0);
+        TokenInputs<P> cur;
+        load_token<T, P>(p, span.start + t0, h, lane, qb, kb, cur);
+        token_prologue<T, P>(p, stash, cur, span.start, t0, 0, 1, n, h, hk, gate, lane, qb, kb, m, cap,
+                             capture_decay && rg == 0, capture_key && rg == 0);
         __syncwarp();  // the scalars lane 0 wrote are read by every lane
       }
       float v[kTokens];
@@ -683,42 +774,44 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       for (int t = 0; t < kTokens; ++t) {
         if (t >= n) break;
         const int tok = span.start + t0 + t;
-        float kept[NPL], sent[NPL], alpha[NPL];
-        stash_get<NPL>(chunk_stash.vec[t][0], lane, kept);
-        stash_get<NPL>(chunk_stash.vec[t][1], lane, sent);
+        decay_rows<L>(p, chunk_stash.vec[t][2], lane, chunk_stash.scalar[t][0], S);  // before k, q: fewer registers
+        float k[KPL], q[KPL];
+        stash_get<L>(chunk_stash.vec[t][0], lane, k);
+        stash_get<L>(chunk_stash.vec[t][1], lane, q);
         const float beta = chunk_stash.scalar[t][1];
         const float qk = chunk_stash.scalar[t][2];
-        token_decay<NPL>(p, dk, tok, h, lane, chunk_stash.scalar[t][0], alpha);
-        const float x = decay_and_reduce<NPL, ROWS>(S, alpha, kept, sent, lane);
+        const float x = reduce_rows<L>(S, k, q, lane);
         if (!staged) {
-          stage_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);
+          stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);
           staged = true;
         }
-        // Lanes 0-15: the delta of their row; lanes 16-31 take their row's delta from lane l - 16.
+        // Retrieval lanes: the delta of their row; output lanes take their row's delta from lane l - kHalf.
         const float u_mine = p.has_delta ? beta * (v[t] - x) : v[t];
-        const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, 16);
-        if (first_copy && row_ok) {
-          if (lane >= 16) {
-            ob[kSharedPrologue ? t * tok_stride : (size_t)tok * p.hv * p.dv] = from_f32<T>(fmaf(u_pair, qk, x));
+        const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, kHalf);
+        if constexpr (kSharedPrologue) {
+          if (first_copy && row_ok && (out_lane || t0 + t < m)) {
+            if (out_lane) {
+              *reinterpret_cast<T*>(sp) = from_f32<T>(fmaf(u_pair, qk, x));
+            } else {
+              *reinterpret_cast<float*>(sp) = u_mine;
+            }
+          }
+          sp += sstep;
+        } else if (first_copy && row_ok) {
+          if (out_lane) {
+            ob[(size_t)tok * p.hv * p.dv] = from_f32<T>(fmaf(u_pair, qk, x));
           } else if (t0 + t < m) {
-            db[kSharedPrologue ? t * tok_stride : (size_t)(t0 + t) * p.hv * p.dv] = u_mine;
+            db[(size_t)(t0 + t) * p.hv * p.dv] = u_mine;
           }
         }
-        float k[NPL];  // the update's key: kept in lanes 0-15, sent in 16-31 (RecStash::vec)
-#pragma unroll
-        for (int i = 0; i < NPL; ++i) k[i] = lane >= 16 ? sent[i] : kept[i];
-        update_rows<NPL, ROWS, kShift>(S, k, u_mine);
-      }
-      if (kSharedPrologue) {
-        ob += kTokens * tok_stride;
-        if (t0 + kTokens < m) db += kTokens * tok_stride;  // past the capsule only once no slot is left
+        update_rows<L, kShift>(S, k, u_mine, u_lane);
       }
     }
-    if (!staged) stage_rows<NPL, ROWS>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);  // no tokens
+    if (!staged) stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);  // no tokens
     if (kSharedPrologue)  // recomputed: held across the tokens it cost registers (spills at K = 128, ptxas)
       delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
-    finish_group<NPL, ROWS>(p, dk, cap, delta_cap, m, h, hk, lane, rg == 0 && capture_decay, rg == 0 && capture_key,
-                            lane < 16 && first_copy && row_ok, vec_out, head_base, c0, more, S, stage);
+    finish_group<L>(p, dk, cap, delta_cap, m, h, hk, lane, rg == 0 && capture_decay, rg == 0 && capture_key,
+                    !out_lane && first_copy && row_ok, vec_out, head_base, c0, more, S, stage);
   }
 }
 
