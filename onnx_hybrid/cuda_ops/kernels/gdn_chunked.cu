@@ -206,14 +206,16 @@ __device__ __forceinline__ int chunks_of(int len) { return (len + chunk::BT - 1)
 
 // Chunk `x` of the call, counting the chunks of the rows the chunked engine serves in row order: its row, index
 // within the row (row -1 past the last chunk) and the row's span (row_span), so that the CTA reads the offsets
-// once. Warp 0 scans the rows 32 at a time.
+// once; and whether chunk `next` may exist (exact where the scan has seen every row by then, else true), so
+// that a CTA with nothing after its chunk leaves without looking again. Warp 0 scans the rows 32 at a time.
 struct ChunkRef {
   int row;
   int index;
   RowSpan span;
+  bool more;
 };
 
-__device__ __forceinline__ ChunkRef find_chunk(const GdnParams& p, int x, int lane) {
+__device__ __forceinline__ ChunkRef find_chunk(const GdnParams& p, int x, int next, int lane) {
   int before = 0;
   for (int b0 = 0; b0 < p.batch; b0 += 32) {
     const int b = b0 + lane;
@@ -234,11 +236,12 @@ __device__ __forceinline__ ChunkRef find_chunk(const GdnParams& p, int x, int la
       const int l = __ffs(hit) - 1;
       const int excl = __shfl_sync(0xffffffffu, before + incl - n, l);
       const RowSpan span = {__shfl_sync(0xffffffffu, s.start, l), __shfl_sync(0xffffffffu, s.len, l)};
-      return {b0 + l, x - excl, span};
+      const int through = __shfl_sync(0xffffffffu, before + incl, 31);  // the chunks of rows < b0 + 32
+      return {b0 + l, x - excl, span, b0 + 32 < p.batch || through > next};
     }
     before += __shfl_sync(0xffffffffu, incl, 31);
   }
-  return {-1, 0, {0, 0}};
+  return {-1, 0, {0, 0}, false};
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -445,7 +448,11 @@ __device__ __forceinline__ void prep_apply(const E* src, int ld, const __half* T
   using namespace chunk;
   // ldmatrix_x4_trans of the A tile (i, j) = Tc[16 i.., 16 j..] from [s][t] rows: row s = 16 j + a_row, piece
   // 2 i + a_piece, swizzled by s % 8 = lane % 8.
-  const __half* a_base = Tc + ((lane & 7) + (lane >> 4) * 8) * BT;
+  // The row offset is opaque to the compiler, so that the base is formed here per call: hoisted out of the
+  // chunk loop, it was a value ptxas spilled at 128 registers.
+  int a_row = (lane & 7) + (lane >> 4) * 8;
+  asm volatile("" : "+r"(a_row));
+  const __half* a_base = Tc + a_row * BT;
   const int a_piece = ((lane >> 3) & 1) ^ (lane & 7);
 #pragma unroll
   for (int i = 0; i < BT / 16; ++i) {
@@ -512,7 +519,7 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   }
   for (int x = blockIdx.x;; x += gridDim.x) {
     if (warp == 0) {
-      const ChunkRef c = find_chunk(p, x, lane);
+      const ChunkRef c = find_chunk(p, x, x + gridDim.x, lane);
       if (lane == 0) found = c;
     }
     __syncthreads();
@@ -605,12 +612,11 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
     __syncthreads();
 
     // The first head's vectors, by VEC0_WARP during the Gram (they were formed before the barrier above, on the
-    // path every warp waited for); the Gram warps wait for them before the first head's -M and P.
+    // path every warp waited for); the Gram warps wait for them before the first head's -M and P (VEC0_BARRIER,
+    // which VEC0_WARP syncs on as well after its Q stores below: an arrive would do, but racecheck does not
+    // model bar.arrive as a release, BENCHMARKS.md session 13).
     static_assert(VEC0_WARP == 1, "VEC0_WARP is a warp without a Gram tile");
-    if (warp == VEC0_WARP) {
-      prep_vectors(p, ws, h_first, next, tok0, L, lane, vecs);
-      named_barrier_arrive(VEC0_BARRIER, (GRAM_WARPS + 1) * 32);
-    }
+    if (warp == VEC0_WARP) prep_vectors(p, ws, h_first, next, tok0, L, lane, vecs);
 
     // The group's normalised Q and K to the workspace (one CTA of the group stores them), from shared memory
     // by the two warps that have no Gram tile (1: Q, 3: K), while the others form the Gram: 16-byte stores,
@@ -626,6 +632,7 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
       for (int t = row; t < L; t += 2, src += 2 * LDH, dst += dst_step)
         *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
     }
+    if (warp == VEC0_WARP) named_barrier_sync(VEC0_BARRIER, (GRAM_WARPS + 1) * 32);
 
     // 2. The raw K K^T and Q K^T (lower triangle), shared by the CTA's heads: Q K^T kept in registers, K K^T
     //    in shared memory (each lane its own accumulators, 16-byte pieces in lane order: no bank conflicts).
@@ -798,6 +805,7 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
       else
         prep_apply<__half>(Kh + col0, LDH, Tw, ws.w + first + head, out_row, L, stage, lane);
     }
+    if (!found.more) return;  // read before the barrier below, after which warp 0 overwrites it
     __syncthreads();  // the next chunk's inputs overwrite this one's
   }
 }
