@@ -437,15 +437,53 @@ __device__ __forceinline__ void prep_store_tile(const float (&acc)[4][4], unsign
   }
 }
 
+// Output blocks IA > IB of prep_apply in one pass over the source blocks j <= IA: the B fragments of the blocks
+// j <= IB serve both, and the two sums give the mma pipe independent work. Each block's sum runs over j in the
+// same order as one block at a time did (bitwise the same). Both leave through the warp's stage in turn.
+template <int IA, int IB, typename E>
+__device__ __forceinline__ void prep_apply_pair(const E* src, int ld, const __half* a_base, int a_piece, __half* dst,
+                                                int dst_stride, int L, unsigned* stage, int lane) {
+  using namespace chunk;
+  static_assert(IA > IB, "the longer block first");
+  // Bounds ptxas's scheduling to one pair at a time (else the images spill), and orders the previous pair's
+  // reads of the stage before this pair's writes.
+  __syncwarp();
+  float acc[2][4][4] = {};  // blocks IA and IB, n tiles of 8 columns
+#pragma unroll
+  for (int j = 0; j <= IA; ++j) {
+    unsigned b[2][2][2];  // [n pair]
+#pragma unroll
+    for (int np = 0; np < 2; ++np) prep_load_b<E>(b[np], src + j * 16 * ld + np * 16, ld, lane);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int i = k ? IB : IA;
+      if (j <= i) {
+        unsigned a[4];
+        ldmatrix_x4_trans(a, a_base + j * 16 * BT + ((a_piece ^ (2 * i)) << 3));
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          mma_16816(acc[k][2 * np], a, b[np][0]);
+          mma_16816(acc[k][2 * np + 1], a, b[np][1]);
+        }
+      }
+    }
+  }
+  prep_store_tile(acc[0], stage, dst + IA * 16 * dst_stride, dst_stride, L - IA * 16, lane);
+  __syncwarp();  // the stage's reads before its next writes
+  prep_store_tile(acc[1], stage, dst + IB * 16 * dst_stride, dst_stride, L - IB * 16, lane);
+}
+
 // One warp's 32 columns of [W | U~]: out = Tc src, Tc = T diag(coef) from its transposed store (t_offset),
 // src: this warp's first column of the chunk's rows ([token][column], 16-bit E, ld elements per row). Each
 // 16-token block i of the output is the sum of i + 1 independent products over source blocks j <= i (T is
-// block lower-triangular); nothing chains. Each block leaves through prep_store_tile (row t < L at
+// block lower-triangular); nothing chains. The blocks go in pairs of 4 + 1 and 3 + 2 products
+// (prep_apply_pair: 14 B fragment loads instead of 20). Each block leaves through prep_store_tile (row t < L at
 // dst + t * dst_stride; 64 dst_stride fits an int).
 template <typename E>
 __device__ __forceinline__ void prep_apply(const E* src, int ld, const __half* Tc, __half* dst, int dst_stride, int L,
                                            unsigned* stage, int lane) {
   using namespace chunk;
+  static_assert(BT / 16 == 4, "two pairs of token blocks");
   // ldmatrix_x4_trans of the A tile (i, j) = Tc[16 i.., 16 j..] from [s][t] rows: row s = 16 j + a_row, piece
   // 2 i + a_piece, swizzled by s % 8 = lane % 8.
   // The row offset is opaque to the compiler, so that the base is formed here per call: hoisted out of the
@@ -454,26 +492,8 @@ __device__ __forceinline__ void prep_apply(const E* src, int ld, const __half* T
   asm volatile("" : "+r"(a_row));
   const __half* a_base = Tc + a_row * BT;
   const int a_piece = ((lane >> 3) & 1) ^ (lane & 7);
-#pragma unroll
-  for (int i = 0; i < BT / 16; ++i) {
-    // Bounds ptxas's scheduling to one token block at a time (else the images spill), and orders the previous
-    // block's reads of the stage before this block's writes.
-    __syncwarp();
-    float acc[4][4] = {};  // n tiles of 8 columns
-#pragma unroll
-    for (int j = 0; j <= i; ++j) {
-      unsigned a[4];
-      ldmatrix_x4_trans(a, a_base + j * 16 * BT + ((a_piece ^ (2 * i)) << 3));
-#pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        unsigned b[2][2];
-        prep_load_b<E>(b, src + j * 16 * ld + np * 16, ld, lane);
-        mma_16816(acc[2 * np], a, b[0]);
-        mma_16816(acc[2 * np + 1], a, b[1]);
-      }
-    }
-    prep_store_tile(acc, stage, dst + i * 16 * dst_stride, dst_stride, L - i * 16, lane);
-  }
+  prep_apply_pair<3, 0, E>(src, ld, a_base, a_piece, dst, dst_stride, L, stage, lane);
+  prep_apply_pair<2, 1, E>(src, ld, a_base, a_piece, dst, dst_stride, L, stage, lane);
 }
 
 template <typename T>
