@@ -537,22 +537,6 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
     write_qk_shared = h_first % group == 0;
     key_head = h_first / group;
   }
-  // While warp 0 looks the first chunk up (the offsets' load latency, then the barrier), the rows it most
-  // likely has are fetched into L2: chunk x starts at token 64 x for one request, or requests of whole chunks.
-  // A wrong guess (ragged requests) costs only bandwidth. Each lane: one 128-byte half row of q or k, and of V
-  // for every other head; 8 rows per warp.
-  {
-    static_assert(kPrepRows == 8, "row tid / 4: this warp's rows");
-    const size_t tok = (size_t)blockIdx.x * BT + (tid >> 2);
-    if (tok < (size_t)p.total_tokens) {
-      const int half = (lane & 1) * 64, odd = (lane >> 1) & 1;
-      const T* qk = static_cast<const T*>(odd ? p.k : p.q) + tok * (odd ? p.k_stride : p.q_stride) +
-                    (size_t)(h_first / group) * D + half;
-      prefetch_l2(qk);
-      const T* v = static_cast<const T*>(p.v) + tok * p.v_stride + (size_t)h_first * D + half;
-      for (int hh = odd; hh < heads; hh += 2) prefetch_l2(v + hh * D);
-    }
-  }
   for (int x = blockIdx.x;; x += gridDim.x) {
     if (warp == 0) {
       const ChunkRef c = find_chunk(p, x, x + gridDim.x, lane);
