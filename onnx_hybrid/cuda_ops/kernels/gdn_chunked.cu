@@ -63,6 +63,10 @@ constexpr int GRAM_WARPS = 6;                             // warps whose 16x32 G
 constexpr int P_OFF_KK = P_OFF_STG + WARPS * 16 * 64;     // raw K K^T tiles, fp32 [GRAM_WARPS][4 n tiles][32 lanes][4]
 constexpr int PREP_SMEM_BYTES = P_OFF_KK + GRAM_WARPS * 4 * 32 * 16;
 constexpr int VEC_WARP = 6;  // forms the next head's vectors while warps 0-5 and 7 form T (prep_vectors)
+// Forms the first head's vectors while the Gram warps form the Gram (it has no Gram tile), and hands them to
+// them through named barrier VEC0_BARRIER.
+constexpr int VEC0_WARP = 1;
+constexpr int VEC0_BARRIER = 1;
 // T diag(coef), transposed ([source token s][token t], 128-byte rows, 16-byte piece c of row s at c ^ (s % 8):
 // the 8 rows of every ldmatrix / store phase hit distinct banks), for W and for U~, in the dead Q region.
 constexpr int T_BYTES = BT * BT * 2;
@@ -216,20 +220,25 @@ static_assert(kPrepRows * chunk::WARPS == chunk::BT, "the warps load every chunk
 
 __device__ __forceinline__ int chunks_of(int len) { return (len + chunk::BT - 1) / chunk::BT; }
 
-// Chunk `x` of the call, counting the chunks of the rows the chunked engine serves in row order: its row and
-// index within the row (row -1 past the last chunk). Warp 0 scans the rows 32 at a time.
+// Chunk `x` of the call, counting the chunks of the rows the chunked engine serves in row order: its row, index
+// within the row (row -1 past the last chunk) and the row's span (row_span), so that the CTA reads the offsets
+// once; and whether chunk `next` may exist (exact where the scan has seen every row by then, else true), so
+// that a CTA with nothing after its chunk leaves without looking again. Warp 0 scans the rows 32 at a time.
 struct ChunkRef {
   int row;
   int index;
+  RowSpan span;
+  bool more;
 };
 
-__device__ __forceinline__ ChunkRef find_chunk(const GdnParams& p, int x, int lane) {
+__device__ __forceinline__ ChunkRef find_chunk(const GdnParams& p, int x, int next, int lane) {
   int before = 0;
   for (int b0 = 0; b0 < p.batch; b0 += 32) {
     const int b = b0 + lane;
     int n = 0;
+    RowSpan s = {0, 0};
     if (b < p.batch) {
-      const RowSpan s = row_span(p.cu_seqlens, p.uniform_len, b, p.total_tokens);
+      s = row_span(p.cu_seqlens, p.uniform_len, b, p.total_tokens);
       n = gdn_row_is_sequential(p, b, s.len) ? 0 : chunks_of(s.len);
     }
     int incl = n;
@@ -242,11 +251,13 @@ __device__ __forceinline__ ChunkRef find_chunk(const GdnParams& p, int x, int la
     if (hit) {
       const int l = __ffs(hit) - 1;
       const int excl = __shfl_sync(0xffffffffu, before + incl - n, l);
-      return {b0 + l, x - excl};
+      const RowSpan span = {__shfl_sync(0xffffffffu, s.start, l), __shfl_sync(0xffffffffu, s.len, l)};
+      const int through = __shfl_sync(0xffffffffu, before + incl, 31);  // the chunks of rows < b0 + 32
+      return {b0 + l, x - excl, span, b0 + 32 < p.batch || through > next};
     }
     before += __shfl_sync(0xffffffffu, incl, 31);
   }
-  return {-1, 0};
+  return {-1, 0, {0, 0}, false};
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -300,9 +311,10 @@ __device__ __forceinline__ PrepScalars prep_load_scalars(const GdnParams& p, int
   return s;
 }
 
-// Value head h's per-row vectors, formed by one warp for the CTA (VEC_WARP, a head ahead; a block barrier
-// publishes them): gamma, the inclusive cumulative log decay (padding rows add 0), beta, and beta e^gamma (0
-// without the delta rule) into vec = [gamma | beta | beta e^gamma]; gamma also to the workspace.
+// Value head h's per-row vectors, formed by one warp for the CTA (the first head's by VEC0_WARP, published by a
+// named barrier; the others by VEC_WARP, a head ahead, published by a block barrier): gamma, the inclusive
+// cumulative log decay (padding rows add 0), beta, and beta e^gamma (0 without the delta rule) into
+// vec = [gamma | beta | beta e^gamma]; gamma also to the workspace.
 __device__ __forceinline__ void prep_vectors(const GdnParams& p, const ChunkWorkspace& ws, int h, const PrepScalars& s,
                                              size_t tok0, int L, int lane, float* vec) {
   float a[2], b[2];
@@ -441,39 +453,63 @@ __device__ __forceinline__ void prep_store_tile(const float (&acc)[4][4], unsign
   }
 }
 
+// Output blocks IA > IB of prep_apply in one pass over the source blocks j <= IA: the B fragments of the blocks
+// j <= IB serve both, and the two sums give the mma pipe independent work. Each block's sum runs over j in the
+// same order as one block at a time did (bitwise the same). Both leave through the warp's stage in turn.
+template <int IA, int IB, typename E>
+__device__ __forceinline__ void prep_apply_pair(const E* src, int ld, const __half* a_base, int a_piece, __half* dst,
+                                                int dst_stride, int L, unsigned* stage, int lane) {
+  using namespace chunk;
+  static_assert(IA > IB, "the longer block first");
+  // Bounds ptxas's scheduling to one pair at a time (else the images spill), and orders the previous pair's
+  // reads of the stage before this pair's writes.
+  __syncwarp();
+  float acc[2][4][4] = {};  // blocks IA and IB, n tiles of 8 columns
+#pragma unroll
+  for (int j = 0; j <= IA; ++j) {
+    unsigned b[2][2][2];  // [n pair]
+#pragma unroll
+    for (int np = 0; np < 2; ++np) prep_load_b<E>(b[np], src + j * 16 * ld + np * 16, ld, lane);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int i = k ? IB : IA;
+      if (j <= i) {
+        unsigned a[4];
+        ldmatrix_x4_trans(a, a_base + j * 16 * BT + ((a_piece ^ (2 * i)) << 3));
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          mma_16816(acc[k][2 * np], a, b[np][0]);
+          mma_16816(acc[k][2 * np + 1], a, b[np][1]);
+        }
+      }
+    }
+  }
+  prep_store_tile(acc[0], stage, dst + IA * 16 * dst_stride, dst_stride, L - IA * 16, lane);
+  __syncwarp();  // the stage's reads before its next writes
+  prep_store_tile(acc[1], stage, dst + IB * 16 * dst_stride, dst_stride, L - IB * 16, lane);
+}
+
 // One warp's 32 columns of [W | U~]: out = Tc src, Tc = T diag(coef) from its transposed store (t_offset),
 // src: this warp's first column of the chunk's rows ([token][column], 16-bit E, ld elements per row). Each
 // 16-token block i of the output is the sum of i + 1 independent products over source blocks j <= i (T is
-// block lower-triangular); nothing chains. Each block leaves through prep_store_tile (row t < L at
+// block lower-triangular); nothing chains. The blocks go in pairs of 4 + 1 and 3 + 2 products
+// (prep_apply_pair: 14 B fragment loads instead of 20). Each block leaves through prep_store_tile (row t < L at
 // dst + t * dst_stride; 64 dst_stride fits an int).
 template <typename E>
 __device__ __forceinline__ void prep_apply(const E* src, int ld, const __half* Tc, __half* dst, int dst_stride, int L,
                                            unsigned* stage, int lane) {
   using namespace chunk;
+  static_assert(BT / 16 == 4, "two pairs of token blocks");
   // ldmatrix_x4_trans of the A tile (i, j) = Tc[16 i.., 16 j..] from [s][t] rows: row s = 16 j + a_row, piece
   // 2 i + a_piece, swizzled by s % 8 = lane % 8.
-  const __half* a_base = Tc + ((lane & 7) + (lane >> 4) * 8) * BT;
+  // The row offset is opaque to the compiler, so that the base is formed here per call: hoisted out of the
+  // chunk loop, it was a value ptxas spilled at 128 registers.
+  int a_row = (lane & 7) + (lane >> 4) * 8;
+  asm volatile("" : "+r"(a_row));
+  const __half* a_base = Tc + a_row * BT;
   const int a_piece = ((lane >> 3) & 1) ^ (lane & 7);
-#pragma unroll
-  for (int i = 0; i < BT / 16; ++i) {
-    // Bounds ptxas's scheduling to one token block at a time (else the images spill), and orders the previous
-    // block's reads of the stage before this block's writes.
-    __syncwarp();
-    float acc[4][4] = {};  // n tiles of 8 columns
-#pragma unroll
-    for (int j = 0; j <= i; ++j) {
-      unsigned a[4];
-      ldmatrix_x4_trans(a, a_base + j * 16 * BT + ((a_piece ^ (2 * i)) << 3));
-#pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        unsigned b[2][2];
-        prep_load_b<E>(b, src + j * 16 * ld + np * 16, ld, lane);
-        mma_16816(acc[2 * np], a, b[0]);
-        mma_16816(acc[2 * np + 1], a, b[1]);
-      }
-    }
-    prep_store_tile(acc, stage, dst + i * 16 * dst_stride, dst_stride, L - i * 16, lane);
-  }
+  prep_apply_pair<3, 0, E>(src, ld, a_base, a_piece, dst, dst_stride, L, stage, lane);
+  prep_apply_pair<2, 1, E>(src, ld, a_base, a_piece, dst, dst_stride, L, stage, lane);
 }
 
 template <typename T>
@@ -491,6 +527,7 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   // Whether this CTA stores the group's shared normalised Q and K (one CTA of the group does), kept in shared
   // memory: held in a register across the chunk loop, it was the value ptxas spilled at 128 registers.
   __shared__ bool write_qk_shared;
+  __shared__ int key_head;  // the CTA's key head, also in shared memory for the same reason
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -498,10 +535,7 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   const int heads = p.hv / gridDim.y;  // value heads per CTA (plan.chunk_prep_heads): a divisor of the group
   const int h_first = blockIdx.y * heads;
   const int group = p.hv / p.hk;
-  const int hk = h_first / group;
   const ChunkWorkspace ws = chunk_workspace(p);
-  const T* qb = static_cast<const T*>(p.q) + (size_t)hk * D;
-  const T* kb = static_cast<const T*>(p.k) + (size_t)hk * D;
   const int wm = warp >> 1;  // 16-row block of the 64x64 Gram products
   const int wn = warp & 1;   // 32-column half of them
   const int g8 = lane >> 2;
@@ -515,24 +549,46 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   float* const vecs = reinterpret_cast<float*>(smem + P_OFF_VEC);  // head hi's at + (hi & 1) * 3 * BT
   const bool vec_warp = warp == VEC_WARP;
 
-  if (tid == 0) write_qk_shared = h_first % group == 0;  // read after the chunk loop's first barrier
+  if (tid == 0) {  // read after the chunk loop's first barrier
+    write_qk_shared = h_first % group == 0;
+    key_head = h_first / group;
+  }
   for (int x = blockIdx.x;; x += gridDim.x) {
     if (warp == 0) {
-      const ChunkRef c = find_chunk(p, x, lane);
+      const ChunkRef c = find_chunk(p, x, x + gridDim.x, lane);
       if (lane == 0) found = c;
     }
     __syncthreads();
     const ChunkRef ref = found;
     if (ref.row < 0) return;
-    const RowSpan span = row_span(p.cu_seqlens, p.uniform_len, ref.row, p.total_tokens);
+    const RowSpan span = ref.span;
     const int t0 = ref.index * BT;
     const int L = min(BT, span.len - t0);
     const size_t tok0 = (size_t)span.start + t0;
     const int out_row = p.hv * D;  // W and the output rows: elements per token
+    const int hk = key_head;
+    const T* qb = static_cast<const T*>(p.q) + (size_t)hk * D;
+    const T* kb = static_cast<const T*>(p.k) + (size_t)hk * D;
 
-    // 1. Inputs. The U~ warps start the V slices of the first two heads (one cp.async group per head), every
-    //    warp the first head's gates; then q and k, normalised once for the group. Each warp issues all loads
-    //    of its rows before using any, so their latencies overlap. Rows past the request are zero.
+    // 1. Inputs, every load issued before any is used, so that their latencies overlap: each warp copies the
+    //    raw q and k of its rows into the Q and K buffers (cp.async, one group; rows past the request are
+    //    zero-filled), the U~ warps then the V slices of the first two heads (one group per head), and
+    //    VEC0_WARP and VEC_WARP load the first and second heads' gates. One wait, then each warp normalises its
+    //    rows in place. (Before, the rows came through registers in two halves, two load latencies one after
+    //    the other, since all rows at once left too few registers.) Every lane reads back only the 8 bytes it
+    //    copied itself, so the wait alone orders the copy before the reads.
+    const int r0 = warp * kPrepRows;  // this warp's first row
+    {
+      const T* qrow = qb + (tok0 + r0) * p.q_stride + lane * 4;
+      const T* krow = kb + (tok0 + r0) * p.k_stride + lane * 4;
+#pragma unroll
+      for (int j = 0; j < kPrepRows; ++j) {
+        const bool ok = r0 + j < L;
+        cp_async8(Qh + (r0 + j) * LDH + lane * 4, ok ? qrow + j * p.q_stride : qb, ok);
+        cp_async8(Kh + (r0 + j) * LDH + lane * 4, ok ? krow + j * p.k_stride : kb, ok);
+      }
+      cp_async_commit();
+    }
     if (u_warp) {
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
@@ -543,53 +599,76 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
         cp_async_commit();
       }
     }
-    PrepScalars next;  // VEC_WARP's: the inputs of the next head's vectors
-    if (vec_warp) next = prep_load_scalars(p, h_first, tok0, L, lane);
-    const bool write_qk = write_qk_shared;
-    // Two halves of the warp's rows, each with all its loads issued before any use (their latencies overlap);
-    // all rows at once left too few registers (the images spilled).
+    PrepScalars next;  // VEC0_WARP's: the inputs of the first head's vectors; VEC_WARP's: of the next head's
+    if (warp == VEC0_WARP)
+      next = prep_load_scalars(p, h_first, tok0, L, lane);
+    else if (vec_warp && heads > 1)
+      next = prep_load_scalars(p, h_first + 1, tok0, L, lane);
+    if (u_warp)
+      cp_async_wait<2>();  // q and k (the V groups may still be in flight)
+    else
+      cp_async_wait<0>();
+    // Four rows at a time with their eight norms' reductions side by side (one branch-free block, so the
+    // shuffle chains overlap); the same arithmetic per row as before. Padding rows are zero and stay zero.
 #pragma unroll
     for (int j0 = 0; j0 < kPrepRows; j0 += kPrepRows / 2) {
-      uint2 rq[kPrepRows / 2], rk[kPrepRows / 2];
+      constexpr int R = kPrepRows / 2;
+      float qv[R][4], kv[R][4];
 #pragma unroll
-      for (int j = 0; j < kPrepRows / 2; ++j) {
-        const int t = warp * kPrepRows + j0 + j;
-        rq[j] = rk[j] = make_uint2(0u, 0u);
-        if (t < L) {
-          const size_t tok = tok0 + t;
-          rq[j] = *reinterpret_cast<const uint2*>(qb + tok * p.q_stride + lane * 4);
-          rk[j] = *reinterpret_cast<const uint2*>(kb + tok * p.k_stride + lane * 4);
+      for (int j = 0; j < R; ++j) {
+        const int t = r0 + j0 + j;
+        unpack4<T>(*reinterpret_cast<const uint2*>(Qh + t * LDH + lane * 4), qv[j]);
+        unpack4<T>(*reinterpret_cast<const uint2*>(Kh + t * LDH + lane * 4), kv[j]);
+      }
+      if (p.l2norm) {
+        float sq[R], sk[R];
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          sq[j] = sk[j] = 0.f;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            sq[j] = fmaf(qv[j][i], qv[j][i], sq[j]);
+            sk[j] = fmaf(kv[j][i], kv[j][i], sk[j]);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          const float iq = rsqrtf(warp_sum(sq[j]) + 1e-12f), ik = rsqrtf(warp_sum(sk[j]) + 1e-12f);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) { qv[j][i] *= iq; kv[j][i] *= ik; }
         }
       }
 #pragma unroll
-      for (int j = 0; j < kPrepRows / 2; ++j) {
-        const int t = warp * kPrepRows + j0 + j;
-        float qv[4], kv[4];
-        unpack4<T>(rq[j], qv);
-        unpack4<T>(rk[j], kv);
-        if (p.l2norm) {  // padding rows are zero and stay zero
-          float sq = 0.f, sk = 0.f;
-#pragma unroll
-          for (int i = 0; i < 4; ++i) { sq = fmaf(qv[i], qv[i], sq); sk = fmaf(kv[i], kv[i], sk); }
-          const float iq = rsqrtf(warp_sum(sq) + 1e-12f), ik = rsqrtf(warp_sum(sk) + 1e-12f);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) { qv[i] *= iq; kv[i] *= ik; }
-        }
-        const uint2 qh = pack4_half(qv), kh = pack4_half(kv);
-        *reinterpret_cast<uint2*>(Qh + t * LDH + lane * 4) = qh;
-        *reinterpret_cast<uint2*>(Kh + t * LDH + lane * 4) = kh;
-        if (write_qk && t < L) {
-          const size_t row = (tok0 + t) * p.hk + hk;
-          *reinterpret_cast<uint2*>(ws.q + row * D + lane * 4) = qh;
-          *reinterpret_cast<uint2*>(ws.k + row * D + lane * 4) = kh;
-        }
+      for (int j = 0; j < R; ++j) {
+        const int t = r0 + j0 + j;
+        *reinterpret_cast<uint2*>(Qh + t * LDH + lane * 4) = pack4_half(qv[j]);
+        *reinterpret_cast<uint2*>(Kh + t * LDH + lane * 4) = pack4_half(kv[j]);
       }
-    }
-    if (vec_warp) {
-      prep_vectors(p, ws, h_first, next, tok0, L, lane, vecs);
-      if (heads > 1) next = prep_load_scalars(p, h_first + 1, tok0, L, lane);
     }
     __syncthreads();
+
+    // The first head's vectors, by VEC0_WARP during the Gram (they were formed before the barrier above, on the
+    // path every warp waited for); the Gram warps wait for them before the first head's -M and P (VEC0_BARRIER,
+    // which VEC0_WARP syncs on as well after its Q stores below: an arrive would do, but racecheck does not
+    // model bar.arrive as a release, BENCHMARKS.md session 13).
+    static_assert(VEC0_WARP == 1, "VEC0_WARP is a warp without a Gram tile");
+    if (warp == VEC0_WARP) prep_vectors(p, ws, h_first, next, tok0, L, lane, vecs);
+
+    // The group's normalised Q and K to the workspace (one CTA of the group stores them), from shared memory
+    // by the two warps that have no Gram tile (1: Q, 3: K), while the others form the Gram: 16-byte stores,
+    // two rows per instruction. They read Q before barrier (A), after which T overwrites it.
+    if (!gram_warp && write_qk_shared) {
+      // The lane's offsets, opaque to the compiler: hoisted out of the chunk loop, they were what ptxas spilled.
+      int piece = (lane & 15) * 8, row = lane >> 4, head = hk * D, is_q = warp == 1;
+      asm volatile("" : "+r"(piece), "+r"(row), "+r"(head), "+r"(is_q));
+      const __half* src = (is_q ? Qh : Kh) + row * LDH + piece;
+      __half* dst = (is_q ? ws.q : ws.k) + (tok0 + row) * (p.hk * D) + head + piece;
+      const size_t dst_step = 2 * (size_t)p.hk * D;
+#pragma unroll 4
+      for (int t = row; t < L; t += 2, src += 2 * LDH, dst += dst_step)
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    }
+    if (warp == VEC0_WARP) named_barrier_sync(VEC0_BARRIER, (GRAM_WARPS + 1) * 32);
 
     // 2. The raw K K^T and Q K^T (lower triangle), shared by the CTA's heads: Q K^T kept in registers, K K^T
     //    in shared memory (each lane its own accumulators, 16-byte pieces in lane order: no bank conflicts).
@@ -642,6 +721,7 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
       unsigned* const stage = reinterpret_cast<unsigned*>(smem + P_OFF_STG) + warp * 16 * 16;
       float pt[4][4];  // P's tile, accumulator layout
       if (gram_warp) {
+        if (hi == 0) named_barrier_sync(VEC0_BARRIER, (GRAM_WARPS + 1) * 32);  // the first head's vectors
         float g_row[2], b_row[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -761,6 +841,7 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
       else
         prep_apply<__half>(Kh + col0, LDH, Tw, ws.w + first + head, out_row, L, stage, lane);
     }
+    if (!found.more) return;  // read before the barrier below, after which warp 0 overwrites it
     __syncthreads();  // the next chunk's inputs overwrite this one's
   }
 }
