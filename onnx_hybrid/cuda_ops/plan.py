@@ -90,7 +90,7 @@ CHUNK_SMEM_BYTES, CHUNK_WIDE_SMEM_BYTES = 141824, 158208  # the scan on mma.sync
 # fills three stages; the wide one keeps two, filled by its compute warps. Both add 16 KB of output staging
 # (the chunk's output rows go through shared memory to 16-byte stores: ScanLayout::STAGE_OUT).
 CHUNK_WGMMA_ARCH = 90
-CHUNK_WGMMA_SMEM_BYTES, CHUNK_WGMMA_WIDE_SMEM_BYTES = 220160, 168960
+CHUNK_WGMMA_SMEM_BYTES, CHUNK_WGMMA_WIDE_SMEM_BYTES = 211968, 168960
 CHUNK_WGMMA_PRODUCER_THREADS = 128
 CHUNK_PREP_SMEM_BYTES = 115200
 # The prep kernel serves a key head's whole group of value heads per block (q/k loads, norms and the two Gram

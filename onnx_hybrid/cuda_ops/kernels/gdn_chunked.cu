@@ -130,7 +130,7 @@ struct ScanLayout {
   // width's per-warp stores too (prepared, not run on a GPU: with the producers storing, the H200 profile shows
   // the compute warps waiting for the producers' "full" barrier three times as often as on main; set
   // plan.CHUNK_WGMMA_SMEM_BYTES to the kernel's gdn_chunked_v64_smem_bytes, 211,968, with it).
-  static constexpr bool OUT_BY_PRODUCERS = PRODUCER_WARPS > 0 && true;
+  static constexpr bool OUT_BY_PRODUCERS = PRODUCER_WARPS > 0 && false;
   static constexpr int OUT_ROW_BYTES = OUT_BY_PRODUCERS ? VT * 2 : 32;
   static constexpr int OUT_BUFFERS = OUT_BY_PRODUCERS ? 2 : WARPS;
   static constexpr int OUT_BUFFER_BYTES = BT * OUT_ROW_BYTES;
