@@ -123,16 +123,12 @@ struct ScanLayout {
   // Output staging, after the stages: a chunk's scale * O^T in the output type as token rows, written by the
   // compute warps with stmatrix (the transpose for free), then stored with 16-byte stores whose rows are whole
   // sectors (4-byte stores from the fragments, 8 token rows per instruction, backed up the LSU and held the
-  // compute warps' registers: the profile's hottest stalls). With producers: one buffer per chunk parity of
-  // [BT][VT] (128-byte rows, 16-byte piece c of row t at c ^ (t % 8), as swizzle128_offset), which the producer
-  // warps store. Without: one [BT][16 values] buffer per compute warp (32-byte rows, piece c of row t at
-  // c ^ ((t / 4) % 2)), which the warp stores itself. OUT_BY_PRODUCERS = false gives the narrow width the wide
-  // width's per-warp stores too (prepared, not run on a GPU: with the producers storing, the H200 profile shows
-  // the compute warps waiting for the producers' "full" barrier three times as often as on main; set
-  // plan.CHUNK_WGMMA_SMEM_BYTES to the kernel's gdn_chunked_v64_smem_bytes, 211,968, with it).
-  static constexpr bool OUT_BY_PRODUCERS = PRODUCER_WARPS > 0 && false;
-  static constexpr int OUT_ROW_BYTES = OUT_BY_PRODUCERS ? VT * 2 : 32;
-  static constexpr int OUT_BUFFERS = OUT_BY_PRODUCERS ? 2 : WARPS;
+  // compute warps' registers: the profile's hottest stalls). One [BT][16 values] buffer per compute warp
+  // (32-byte rows, 16-byte piece c of row t at c ^ ((t / 4) % 2)), which the warp stores itself. (Having the
+  // producer warps store the narrow width's rows from two [BT][VT] buffers was slower on the H200: their loop
+  // grew and the compute warps waited for their "full" barrier three times as often.)
+  static constexpr int OUT_ROW_BYTES = 32;
+  static constexpr int OUT_BUFFERS = WARPS;
   static constexpr int OUT_BUFFER_BYTES = BT * OUT_ROW_BYTES;
   static constexpr int STAGE_OUT = STAGES * STAGE_BYTES;  // from the first stage
   static constexpr int SMEM_BYTES = STAGE_OUT + OUT_BUFFERS * OUT_BUFFER_BYTES + ALIGN;  // + the run-time alignment
@@ -144,7 +140,6 @@ struct ScanLayout {
   static_assert(STAGE_P % ALIGN == 0 && KEY_HALF % ALIGN == 0, "swizzle atoms on 1024-byte boundaries");
   static_assert(BT * 128 == KEY_HALF && STAGE_U == STAGE_P + KEY_STRIDE && STAGE_K + KEY_STRIDE + KEY_HALF <= STAGE_U,
                 "W, Q, K and P do not overlap");
-  static_assert(!OUT_BY_PRODUCERS || OUT_ROW_BYTES == 128, "the producers' output rows are one swizzle row");
   static_assert(SMEM_BYTES <= 227 * 1024, "the scan fits sm_90's opt-in shared memory per block");
 };
 #else
@@ -1257,14 +1252,6 @@ constexpr int kStageFullBarrier = 1;  // + stage; barrier 0 is __syncthreads'
 constexpr int kStageFreeBarrier = kStageFullBarrier + kMaxStages;
 
 constexpr int kProducerBarrier = kStageFreeBarrier + kMaxStages;  // the producer warps alone
-// The output hand-off (with producers): the compute warps arrive on "output full" (+ the chunk's parity) once
-// the chunk's O^T is in that staging buffer; the producers sync on it and store the rows. A staging buffer is
-// written again two chunks later, after the compute warps' sync on a later stage's "full" barrier, which the
-// producers arrive on only after their loads of it (see produce_stages), except the last chunk's: "output
-// drained" says that the producers have read every buffer but the last two chunks'.
-constexpr int kOutputFullBarrier = kProducerBarrier + 1;  // + chunk % 2
-constexpr int kOutputDrainedBarrier = kOutputFullBarrier + 2;
-static_assert(kOutputDrainedBarrier < 16, "16 named barriers per CTA");
 
 // The decays of a chunk as the producer warps leave them in the stage (STAGE_E): a token tile's pairs are
 // adjacent floats, one 8-byte load each, instead of chunk_decays' expf and shuffles in the compute warps.
@@ -1292,7 +1279,7 @@ __device__ __forceinline__ void stage_decays(const float* g, float* e, int L, in
   }
 }
 
-// Shared address of this lane's row in stage_output's stmatrix for token group 0 (buffer 0 with producers): lane
+// Shared address of this lane's row in stage_output's stmatrix for token group 0 (the warp's buffer): lane
 // l gives stored row l % 8 of tile l / 8, tile (2 m + i / 2, value half i % 2) of the warp's O^T, i.e. token
 // 16 m + 8 (i / 2) + l % 8 at value columns v0 + 8 (i % 2) ... + 7 (ScanLayout::STAGE_OUT, swizzled there).
 template <int VT>
@@ -1300,10 +1287,7 @@ __device__ __forceinline__ unsigned output_stage_address(unsigned char* stages, 
   using Layout = chunk::ScanLayout<VT>;
   const int i = lane >> 3, token = (i >> 1) * 8 + (lane & 7);
   const unsigned base = smem_addr(stages + Layout::STAGE_OUT);
-  if constexpr (Layout::OUT_BY_PRODUCERS) return base + swizzle128_offset(token, 2 * warp + (i & 1));
-  else
-    return base + warp * Layout::OUT_BUFFER_BYTES + token * Layout::OUT_ROW_BYTES +
-           (((i & 1) ^ ((token >> 2) & 1)) << 4);
+  return base + warp * Layout::OUT_BUFFER_BYTES + token * Layout::OUT_ROW_BYTES + (((i & 1) ^ ((token >> 2) & 1)) << 4);
 }
 
 // scale * O^T (ob, the accumulator layout) in the output type into the staging buffer at `row` (this lane's
@@ -1340,32 +1324,14 @@ __device__ __forceinline__ void store_staged_rows(const unsigned char* src, T* d
   }
 }
 
-// Producer thread tid's share of storing a chunk's output from its staging buffer: 8 threads per 128-byte row
-// (one whole row per 8 lanes), 16 rows per pass. rows: the chunk's first token at the CTA's first column.
-template <int VT, typename T>
-__device__ __forceinline__ void store_output_produced(const unsigned char* buf, T* rows, size_t stride, int L,
-                                                      int tid) {
-  using Layout = chunk::ScanLayout<VT>;
-  constexpr int PIECES = Layout::OUT_ROW_BYTES / 16;
-  const int piece = tid % PIECES, r0 = tid / PIECES;
-  store_staged_rows<Layout::OUT_ROW_BYTES, Layout::COPY_THREADS / PIECES>(
-      buf + swizzle128_offset(r0, piece), rows + (size_t)r0 * stride + piece * 8, stride, r0, L);
-}
-
 // The producer warps' loop: chunk ci into stage ci % STAGES, once the compute warps have freed it (chunk
 // ci - STAGES done). Two chunks' copies are in flight: chunk ci + 1 is issued before chunk ci is waited for
 // and published. (With one, waiting for each chunk's copies before issuing the next, the chain of issue,
 // memory latency and hand-off was longer than the compute warps' chunk: 2.0 us per chunk at 1x8192 on the
 // H200, against 1.85 us for the scan without producers.)
-//
-// They also store the outputs: chunk ci - 2's after publishing chunk ci (off the path to the "full" barrier;
-// the compute warps staged it during chunk ci - 1, right after freeing the stage that this iteration's loads
-// waited for), the last two after the loop. The producers' copies of U~ read the output rows of chunks ci and
-// ci + 1 (the prep stages U~ there) while chunk ci - 2's are written: other rows; chunk c's U~ has landed
-// (producer barrier of iteration c) before any producer stores chunk c's output.
-template <int VT, typename T>
+template <int VT>
 __device__ __forceinline__ void produce_stages(const ScanCopy<VT>& c, unsigned char* stages, RowSpan span,
-                                               int chunks, T* out, size_t out_stride) {
+                                               int chunks) {
   using Layout = chunk::ScanLayout<VT>;
   static_assert(Layout::PRODUCER_WARPS > 0 && Layout::STAGES <= kMaxStages, "a producer warpgroup");
   static_assert(Layout::STAGES >= 3, "chunk ci + 1 is loaded while ci - 1 may still be read");
@@ -1373,12 +1339,6 @@ __device__ __forceinline__ void produce_stages(const ScanCopy<VT>& c, unsigned c
     const int t0 = ci * BT;
     scan_load_stage(c, stages + ci % Layout::STAGES * Layout::STAGE_BYTES, span.start + t0,
                     min(BT, span.len - t0));
-  };
-  const auto store_chunk_output = [&](int ci) {
-    const int t0 = ci * BT;
-    named_barrier_sync(kOutputFullBarrier + (ci & 1), Layout::THREADS);
-    store_output_produced<VT>(stages + Layout::STAGE_OUT + (ci & 1) * Layout::OUT_BUFFER_BYTES,
-                              out + (size_t)(span.start + t0) * out_stride, out_stride, min(BT, span.len - t0), c.tid);
   };
   load(0);  // chunks >= 1: the kernel serves rows of at least OHK_SEQUENTIAL_MIN_TOKENS tokens
   cp_async_commit();
@@ -1397,23 +1357,15 @@ __device__ __forceinline__ void produce_stages(const ScanCopy<VT>& c, unsigned c
                  reinterpret_cast<float*>(stage + Layout::STAGE_E), min(BT, span.len - ci * BT), c.tid);
     fence_proxy_async_shared();  // these cp.async writes -> the wgmma that read them
     named_barrier_arrive(kStageFullBarrier + st, Layout::THREADS);
-    if constexpr (Layout::OUT_BY_PRODUCERS)
-      if (ci >= 2) store_chunk_output(ci - 2);
-  }
-  if constexpr (Layout::OUT_BY_PRODUCERS) {
-    named_barrier_arrive(kOutputDrainedBarrier, Layout::THREADS);
-    if (chunks >= 2) store_chunk_output(chunks - 2);
-    if (chunks >= 1) store_chunk_output(chunks - 1);
   }
 }
 
-// Without the producers storing: packs a chunk's O^T (in the accumulator layout) into the warp's staging
-// buffer and stores it, two lanes per 32-byte row (one sector), 16 rows per pass: the chunk's rows start at
+// Packs a chunk's O^T (in the accumulator layout) into the warp's staging buffer and stores it, two lanes per 32-byte row (one sector), 16 rows per pass: the chunk's rows start at
 // `rows` (the CTA's first column), len tokens.
 template <typename T, int VT>
 __device__ __forceinline__ void emit_output(const float (&ob)[NT][4], const Walk<T, VT>& w, T* rows, int len) {
   using Layout = chunk::ScanLayout<VT>;
-  static_assert(!Layout::OUT_BY_PRODUCERS && Layout::OUT_ROW_BYTES == 32, "one buffer of 16 columns per warp");
+  static_assert(Layout::OUT_ROW_BYTES == 32, "one buffer of 16 columns per warp");
   __syncwarp();  // every lane's loads of the previous chunk's rows are done
   stage_output<T, Layout::OUT_ROW_BYTES>(ob, w.scale, w.out_stage);
   __syncwarp();
@@ -1552,7 +1504,7 @@ __device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Wa
   const int lane = w.lane;
   float x[NT][4], y[NT][4], ob[NT][4];  // accumulators of X, Y and O (the previous chunk's O^T waits in ob)
   zero_accumulators(x, y, ob);
-  T* o_rows = nullptr;  // without OUT_BY_PRODUCERS: the previous chunk's output rows and length
+  T* o_rows = nullptr;  // the previous chunk's output rows and length
   int o_len = 0;
 
   for (int ci = 0; ci < w.chunks; ++ci) {
@@ -1576,18 +1528,12 @@ __device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Wa
     wgmma_commit();
 
     // Meanwhile: the previous chunk's stage goes back to the producers (its wgmma are all done) and its output
-    // to the producers' staging buffer (the chunk's parity; the producers read what it held two chunks ago
-    // before they published this chunk's stage); this chunk's U~.
+    // out; this chunk's U~.
     if (ci > 0) {
       const int prev = (ci + Layout::STAGES - 1) % Layout::STAGES;
       if (ci - 1 + Layout::STAGES < w.chunks) named_barrier_arrive(kStageFreeBarrier + prev, Layout::THREADS);
       register_fence(ob);
-      if constexpr (Layout::OUT_BY_PRODUCERS) {
-        stage_output<T, Layout::OUT_ROW_BYTES>(ob, w.scale, w.out_stage + ((ci - 1) & 1) * Layout::OUT_BUFFER_BYTES);
-        named_barrier_arrive(kOutputFullBarrier + ((ci - 1) & 1), Layout::THREADS);
-      } else {
-        emit_output(ob, w, o_rows, o_len);
-      }
+      emit_output(ob, w, o_rows, o_len);
     }
     const StagedDecays dc{st.g + BT, (lane & 3) * 2};
     unsigned ut[NT / 2][2][2];
@@ -1607,26 +1553,15 @@ __device__ __forceinline__ void scan_chunks_produced(float (&s)[KT][4], const Wa
     o_product(ob, au, st.p);
     wgmma_commit();
 
-    if constexpr (!Layout::OUT_BY_PRODUCERS) {
-      const int t0 = ci * BT;
-      o_rows = w.out + (size_t)(w.span.start + t0) * w.out_stride;
-      o_len = min(BT, w.span.len - t0);
-    }
+    const int t0 = ci * BT;
+    o_rows = w.out + (size_t)(w.span.start + t0) * w.out_stride;
+    o_len = min(BT, w.span.len - t0);
   }
   wgmma_wait<0>();
   register_fence(s);
   if (w.chunks > 0) {
     register_fence(ob);
-    if constexpr (Layout::OUT_BY_PRODUCERS) {
-      // The last chunk's buffer held chunk chunks - 3's output, which the producers read after this loop's last
-      // "full" barrier.
-      named_barrier_sync(kOutputDrainedBarrier, Layout::THREADS);
-      const int last = (w.chunks - 1) & 1;
-      stage_output<T, Layout::OUT_ROW_BYTES>(ob, w.scale, w.out_stage + last * Layout::OUT_BUFFER_BYTES);
-      named_barrier_arrive(kOutputFullBarrier + last, Layout::THREADS);
-    } else {
-      emit_output(ob, w, o_rows, o_len);
-    }
+    emit_output(ob, w, o_rows, o_len);
   }
 }
 
@@ -1685,8 +1620,7 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
     // loop counter and wgmma descriptors in uniform registers (with tid / 32 it did not: 744 static
     // instructions in the chunk loop instead of 644, an R2UR and a 64-bit add per wgmma).
     if (__shfl_sync(0xffffffffu, warp, 0) >= Layout::WARPS) {
-      scan::produce_stages(copy, stages, span, chunks_of(span.len), static_cast<T*>(p.out) + (size_t)h * D + c0,
-                           (size_t)p.hv * D);
+      scan::produce_stages(copy, stages, span, chunks_of(span.len));
       return;  // nothing waits for the producers after their last stage
     }
   } else
