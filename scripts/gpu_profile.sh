@@ -7,13 +7,7 @@
 # CASES: bench_gpu.py --cases (substrings, comma-separated); KERNELS: ncu --kernel-name filter; COUNT: launches
 # profiled (bench_gpu.py --once runs each case twice: the first launch of each kernel also loads the module).
 # The SM clock is left free (--clock-control none), so durations read like the benchmark's, not ncu's base clock.
-set -o pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_env.sh"
 NAME=${NAME:-profile}
 rep="$OUT/$NAME"
 timeout ${PROFILE_TIMEOUT:-300} ncu --set full --import-source yes --clock-control none \

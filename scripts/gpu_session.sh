@@ -2,13 +2,7 @@
 # One device-machine session: install carried wheels (FLA), GPU tests, compute-sanitizer on malformed
 # offsets, benchmark. Logs go to $OUT (device tool) or ./out. STEPS picks steps (test,sanitize,bench);
 # BENCH_ARGS is passed to scripts/bench_gpu.py through the shell (quote case names with spaces).
-set -o pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi -L
 STEPS=${STEPS:-test,sanitize,bench}
 [[ $STEPS == *test* ]] && timeout 300 python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda_ops_gpu.py 2>&1 | tee "$OUT/pytest.log" | tail -40
