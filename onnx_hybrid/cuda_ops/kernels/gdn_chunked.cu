@@ -1089,35 +1089,6 @@ __device__ __forceinline__ void scale_state(float (&s)[KT][4], float e_last) {
     for (int e = 0; e < 4; ++e) s[kt][e] *= e_last;
 }
 
-// scale * O^T in the output type, each 8x8 block (values x tokens) transposed in registers: o[nt][0] holds
-// token nt*8 + g8, values q2 + {0, 1} of the warp's first 8 rows, o[nt][1] the same of the next 8, so a
-// thread stores two adjacent values of one token (4 bytes per store instead of 2).
-template <typename T>
-__device__ __forceinline__ void pack_output(const float (&y)[NT][4], float scale, unsigned (&o)[NT][2]) {
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    o[nt][0] = movmatrix_trans(pack2<T>(scale * y[nt][0], scale * y[nt][1]));
-    o[nt][1] = movmatrix_trans(pack2<T>(scale * y[nt][2], scale * y[nt][3]));
-  }
-}
-
-// rows: the chunk's first token at this thread's value columns; the chunk has L tokens. The row pointer steps
-// by 8 tokens (one 64-bit add per token tile, and predicated stores: with the address formed inside each
-// guarded block, the loop paid a product and a branch per tile).
-template <typename T>
-__device__ __forceinline__ void store_output(const unsigned (&o)[NT][2], T* rows, size_t stride, int L, int g8) {
-  T* row = rows + (size_t)g8 * stride;
-  const size_t step = 8 * stride;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    if (nt * 8 + g8 < L) {
-      *reinterpret_cast<unsigned*>(row) = o[nt][0];
-      *reinterpret_cast<unsigned*>(row + 8) = o[nt][1];
-    }
-    row += step;
-  }
-}
-
 // What a warp's chunk loop needs besides the state.
 template <typename T, int VT>
 struct Walk {
@@ -1155,6 +1126,36 @@ __device__ __forceinline__ void load_next_stage(const Walk<T, VT>& w, int ci) {
 }
 
 #if !OHK_SCAN_WGMMA
+
+// (The mma.sync body's output: the wgmma bodies stage theirs in shared memory, emit_output.)
+// scale * O^T in the output type, each 8x8 block (values x tokens) transposed in registers: o[nt][0] holds
+// token nt*8 + g8, values q2 + {0, 1} of the warp's first 8 rows, o[nt][1] the same of the next 8, so a
+// thread stores two adjacent values of one token (4 bytes per store instead of 2).
+template <typename T>
+__device__ __forceinline__ void pack_output(const float (&y)[NT][4], float scale, unsigned (&o)[NT][2]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    o[nt][0] = movmatrix_trans(pack2<T>(scale * y[nt][0], scale * y[nt][1]));
+    o[nt][1] = movmatrix_trans(pack2<T>(scale * y[nt][2], scale * y[nt][3]));
+  }
+}
+
+// rows: the chunk's first token at this thread's value columns; the chunk has L tokens. The row pointer steps
+// by 8 tokens (one 64-bit add per token tile, and predicated stores: with the address formed inside each
+// guarded block, the loop paid a product and a branch per tile).
+template <typename T>
+__device__ __forceinline__ void store_output(const unsigned (&o)[NT][2], T* rows, size_t stride, int L, int g8) {
+  T* row = rows + (size_t)g8 * stride;
+  const size_t step = 8 * stride;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    if (nt * 8 + g8 < L) {
+      *reinterpret_cast<unsigned*>(row) = o[nt][0];
+      *reinterpret_cast<unsigned*>(row + 8) = o[nt][1];
+    }
+    row += step;
+  }
+}
 
 template <typename T, int VT>
 __device__ __forceinline__ void scan_chunks(float (&s)[KT][4], const Walk<T, VT>& w) {
@@ -1290,11 +1291,12 @@ __device__ __forceinline__ unsigned output_stage_address(unsigned char* stages, 
   return base + warp * Layout::OUT_BUFFER_BYTES + token * Layout::OUT_ROW_BYTES + (((i & 1) ^ ((token >> 2) & 1)) << 4);
 }
 
-// scale * O^T (ob, the accumulator layout) in the output type into the staging buffer at `row` (this lane's
-// output_stage_address, buffer included): the same packs as the 4-byte stores of before (pack2 of the same
-// products), so the same bits. Tiles 2m, 2m + 1 by one stmatrix.x4.trans; token groups row_bytes * 16 apart.
-template <typename T, int ROW_BYTES>
+// scale * O^T (ob, the accumulator layout) in the output type into the warp's staging buffer from `row` (this
+// lane's output_stage_address): the same packs as the 4-byte stores of before (pack2 of the same products), so
+// the same bits. Tiles 2m, 2m + 1 by one stmatrix.x4.trans; token groups 16 rows apart.
+template <typename T, int VT>
 __device__ __forceinline__ void stage_output(const float (&ob)[NT][4], float scale, unsigned row) {
+  constexpr int ROW_BYTES = chunk::ScanLayout<VT>::OUT_ROW_BYTES;
 #pragma unroll
   for (int m = 0; m < NT / 2; ++m) {
     const unsigned r[4] = {pack2<T>(scale * ob[2 * m][0], scale * ob[2 * m][1]),
@@ -1302,25 +1304,6 @@ __device__ __forceinline__ void stage_output(const float (&ob)[NT][4], float sca
                            pack2<T>(scale * ob[2 * m + 1][0], scale * ob[2 * m + 1][1]),
                            pack2<T>(scale * ob[2 * m + 1][2], scale * ob[2 * m + 1][3])};
     stmatrix_x4_trans(r, row + m * 16 * ROW_BYTES);
-  }
-}
-
-// Rows r0 + PASS j (j < BT / PASS) of a staging buffer (rows of ROW_BYTES, this thread's 16-byte piece at byte
-// `src` of row r0, swizzled the same in every one: PASS is a multiple of 8) to the output rows from `dst`
-// (row r0, this piece's columns), stride elements apart: all loads first, then the stores of rows < L (rows
-// past L are the next request's, which hold its U~ until its own scan has read them).
-template <int ROW_BYTES, int PASS, typename T>
-__device__ __forceinline__ void store_staged_rows(const unsigned char* src, T* dst, size_t stride, int r0, int L) {
-  static_assert(PASS % 8 == 0 && chunk::BT % PASS == 0, "the swizzle repeats every 8 rows");
-  uint4 v[chunk::BT / PASS];
-#pragma unroll
-  for (int j = 0; j < chunk::BT / PASS; ++j) v[j] = ld_shared_v4(smem_addr(src) + j * PASS * ROW_BYTES);
-  // The row pointer steps by PASS rows (with the offset formed per row, ptxas multiplied 64-bit per store).
-  const size_t step = (size_t)PASS * stride;
-#pragma unroll
-  for (int j = 0; j < chunk::BT / PASS; ++j) {
-    st_global_v4(dst, v[j], r0 + j * PASS < L);
-    dst += step;
   }
 }
 
@@ -1360,20 +1343,33 @@ __device__ __forceinline__ void produce_stages(const ScanCopy<VT>& c, unsigned c
   }
 }
 
-// Packs a chunk's O^T (in the accumulator layout) into the warp's staging buffer and stores it, two lanes per 32-byte row (one sector), 16 rows per pass: the chunk's rows start at
-// `rows` (the CTA's first column), len tokens.
+// Packs a chunk's O^T (in the accumulator layout) into the warp's staging buffer, then stores its rows: the
+// chunk's rows start at `rows` (the CTA's first column), len tokens. Two lanes per 32-byte row (one sector),
+// lane l's 16-byte piece of rows l / 2 + 16 j: all loads first, then the stores of rows < len (rows past len
+// are the next request's, which hold its U~ until its own scan has read them).
 template <typename T, int VT>
 __device__ __forceinline__ void emit_output(const float (&ob)[NT][4], const Walk<T, VT>& w, T* rows, int len) {
   using Layout = chunk::ScanLayout<VT>;
-  static_assert(Layout::OUT_ROW_BYTES == 32, "one buffer of 16 columns per warp");
+  constexpr int PASS = 32 * 16 / Layout::OUT_ROW_BYTES;  // rows per pass of the warp's 16-byte pieces
   __syncwarp();  // every lane's loads of the previous chunk's rows are done
-  stage_output<T, Layout::OUT_ROW_BYTES>(ob, w.scale, w.out_stage);
+  stage_output<T, VT>(ob, w.scale, w.out_stage);
   __syncwarp();
   const int piece = w.lane & 1, r0 = w.lane >> 1;
   const unsigned char* buf = w.stages + Layout::STAGE_OUT + (w.v0 / 16) * Layout::OUT_BUFFER_BYTES;
-  store_staged_rows<Layout::OUT_ROW_BYTES, 16>(buf + r0 * Layout::OUT_ROW_BYTES + ((piece ^ ((r0 >> 2) & 1)) << 4),
-                                               rows + (size_t)r0 * w.out_stride + w.v0 + piece * 8, w.out_stride, r0,
-                                               len);
+  // The piece's place in its row is the same in every pass (the swizzle repeats every 8 rows).
+  const unsigned char* src = buf + r0 * Layout::OUT_ROW_BYTES + ((piece ^ ((r0 >> 2) & 1)) << 4);
+  T* dst = rows + (size_t)r0 * w.out_stride + w.v0 + piece * 8;
+  const size_t stride = w.out_stride;
+  uint4 v[BT / PASS];
+#pragma unroll
+  for (int j = 0; j < BT / PASS; ++j) v[j] = ld_shared_v4(smem_addr(src) + j * PASS * Layout::OUT_ROW_BYTES);
+  // The row pointer steps by PASS rows (with the offset formed per row, ptxas multiplied 64-bit per store).
+  const size_t step = (size_t)PASS * stride;
+#pragma unroll
+  for (int j = 0; j < BT / PASS; ++j) {
+    st_global_v4(dst, v[j], r0 + j * PASS < len);
+    dst += step;
+  }
 }
 
 // The first k step of X and Y overwrites their accumulators (scale-d 0); they are defined only because the
