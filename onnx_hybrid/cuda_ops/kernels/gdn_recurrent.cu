@@ -72,7 +72,8 @@ __device__ __forceinline__ float piece_sum(float (&x)[N]) {
 
 // State rows are touched once per call: streaming (evict-first) loads and stores keep them from pushing the
 // inputs and offsets, which each call's dependent chain waits on, out of L2 (measured: decode and verify
-// 3-20% faster on the H200, BENCHMARKS.md).
+// 3-20% faster on the H200, BENCHMARKS.md): load_rows / store_rows' 16-byte path, which every whole, aligned
+// row takes. The per-element helpers below serve the rest (partial key rows, unaligned state).
 template <class L>
 __device__ __forceinline__ void load_state_row(const float* row, int lane, int dk, float (&s)[L::kKeys]) {
 #pragma unroll
