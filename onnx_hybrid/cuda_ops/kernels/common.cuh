@@ -55,6 +55,28 @@ __device__ __forceinline__ void st_global_v4(void* p, uint4 v, bool valid) {
                "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((int)valid)
                : "memory");
 }
+// A global load of a 2- or 4-byte element issued only if `valid` (zero otherwise), as one predicated load in
+// straight-line code: a conditional load in C++ becomes a branch around it where the address costs a few
+// instructions, and ptxas waited for loads in flight at such branches (the recurrent kernel's start,
+// BENCHMARKS.md session 15). `volatile` keeps it after griddepcontrol.wait (wait_for_inputs), which is too; only
+// for data the kernel does not write.
+template <typename T>
+__device__ __forceinline__ T ld_global_if(const T* p, bool valid) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "2- or 4-byte elements");
+  if constexpr (sizeof(T) == 2) {
+    unsigned short raw;
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\nmov.b16 %0, 0;\n@p ld.global.u16 %0, [%1];\n}\n"
+                 : "=h"(raw)
+                 : "l"(p), "r"((int)valid));
+    return *reinterpret_cast<const T*>(&raw);
+  } else {
+    unsigned raw;
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\nmov.b32 %0, 0;\n@p ld.global.u32 %0, [%1];\n}\n"
+                 : "=r"(raw)
+                 : "l"(p), "r"((int)valid));
+    return *reinterpret_cast<const T*>(&raw);
+  }
+}
 
 // Named CTA barriers (ids 1-15; 0 is __syncthreads'), counting `threads` arrivals (a multiple of 32, whole
 // warps). arrive does not wait and publishes this thread's earlier memory operations (release); sync waits
@@ -92,11 +114,22 @@ struct RowSpan {
 
 // Offsets stay on the device. Malformed ones are contained, never trusted (spec/ops.md §2.12):
 // start = clamp(cu[b], 0, T), end = max(start, clamp(cu[b+1], 0, T)).
-__device__ __forceinline__ RowSpan row_span(const int* cu, int uniform_len, int b, int total) {
+// Row b's raw offsets (cu_seqlens[b] and [b + 1]; zeros without them), apart from row_span's arithmetic: a
+// kernel can then issue their load with its other inputs and wait for all of them at once.
+struct RowOffsets {
+  int begin, end;
+};
+__device__ __forceinline__ RowOffsets row_offsets(const int* cu, int b) {
+  return {ld_global_if(cu + b, cu != nullptr), ld_global_if(cu + b + 1, cu != nullptr)};
+}
+__device__ __forceinline__ RowSpan row_span(const int* cu, RowOffsets o, int uniform_len, int b, int total) {
   if (cu == nullptr) return {b * uniform_len, uniform_len};
-  const int s = min(max(cu[b], 0), total);
-  const int e = max(s, min(max(cu[b + 1], 0), total));
+  const int s = min(max(o.begin, 0), total);
+  const int e = max(s, min(max(o.end, 0), total));
   return {s, e - s};
+}
+__device__ __forceinline__ RowSpan row_span(const int* cu, int uniform_len, int b, int total) {
+  return row_span(cu, row_offsets(cu, b), uniform_len, b, total);
 }
 
 }  // namespace ohk
@@ -109,9 +142,16 @@ __device__ __forceinline__ bool gdn_row_is_sequential(const GdnParams& p, int b,
   return captured || len < OHK_SEQUENTIAL_MIN_TOKENS;
 }
 
-__device__ __forceinline__ int gdn_captured_prefix(const GdnParams& p, int b, int len) {
+// Row b's raw capture count where capture is on (else 0), apart from the arithmetic (see row_offsets).
+__device__ __forceinline__ int gdn_capture_count(const GdnParams& p, int b) {
+  return ohk::ld_global_if(p.capture_count + b, p.capacity > 0 && p.capture_active);
+}
+__device__ __forceinline__ int gdn_captured_prefix_of(const GdnParams& p, int count, int len) {
   if (p.capacity <= 0 || !p.capture_active) return 0;
-  return max(0, min(p.capture_count[b], min(p.capacity, len)));
+  return max(0, min(count, min(p.capacity, len)));
+}
+__device__ __forceinline__ int gdn_captured_prefix(const GdnParams& p, int b, int len) {
+  return gdn_captured_prefix_of(p, gdn_capture_count(p, b), len);
 }
 
 // Log-space gate g of (token, value head, key column r) in fp32 (spec/ops.md §2.6).

@@ -92,26 +92,15 @@ __device__ __forceinline__ void store_state_row(float* row, int lane, int dk, co
   }
 }
 
+// A key vector's raw elements (zero past dk; converted where they are used), per element and predicated, in
+// straight-line code: with a 16-byte path beside this one, the branch between made ptxas convert each vector as
+// it landed, so a block's start waited for its input loads one after the other (Nsight Compute, session 15).
 template <typename T, class L>
-__device__ __forceinline__ void load_head(const T* base, int lane, int dk, float (&x)[L::kKeys]) {
-  constexpr int NPL = L::NPL;
-  if constexpr (NPL % 4 == 0 && sizeof(T) == 2) {
-    if (dk == 32 * NPL && (reinterpret_cast<size_t>(base) & 7) == 0) {  // 8-byte loads of 4 halves
-      const T* b = base + L::col(lane, 0);
-#pragma unroll
-      for (int i = 0; i < L::kKeys; i += 4) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(b + L::col_off(i));
-        const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) x[i + j] = to_f32(e[j]);
-      }
-      return;
-    }
-  }
+__device__ __forceinline__ void load_head(const T* base, int lane, int dk, T (&x)[L::kKeys]) {
 #pragma unroll
   for (int i = 0; i < L::kKeys; ++i) {
     const int r = L::col(lane, i);
-    x[i] = r < dk ? to_f32(base[r]) : 0.0f;
+    x[i] = ld_global_if(base + r, r < dk);
   }
 }
 
@@ -186,6 +175,7 @@ struct alignas(16) RecStash {
   static constexpr int kTokens = NPL >= 16 ? 1 : (NPL >= 8 ? 2 : 4);
   float vec[kTokens][3][32 * NPL];  // [token][k, q, per-key decay][key column]
   float scalar[kTokens][4];         // decay (scalar rules), beta, q.k
+  float v[kTokens][32];             // rows of one chunk: the warp's value rows, row c_warp + l at l
 };
 
 // A lane's values of one key vector to or from a stash row in key order, NPL columns (a piece) at a time.
@@ -297,21 +287,24 @@ __device__ __forceinline__ void unstage_rows(const RecStage<L>& stage, int lane,
     }
 }
 
-// One token's raw inputs for the prologue, loaded a token ahead.
-template <class L>
+// One token's raw inputs for the prologue, loaded a token ahead. Loading issues no arithmetic on them (q and k
+// stay in the input type until token_values), so loads issued together are waited for together.
+template <typename T, class L>
 struct TokenInputs {
-  float q[L::kKeys], k[L::kKeys];
+  T q[L::kKeys], k[L::kKeys];
   float decay;  // raw decay input (scalar-decay rules)
   float beta;   // raw beta input
 };
 
+// Token `tok`'s inputs, or zeros where `valid` is false (no load issued: the guessed token of an empty call).
 template <typename T, class L>
-__device__ __forceinline__ void load_token(const GdnParams& p, int tok, int h, int lane, const T* qb, const T* kb,
-                                           TokenInputs<L>& in) {
-  load_head<T, L>(qb + (size_t)tok * p.q_stride, lane, p.dk, in.q);
-  load_head<T, L>(kb + (size_t)tok * p.k_stride, lane, p.dk, in.k);
-  in.decay = (p.has_decay && !p.decay_per_key) ? p.decay[(size_t)tok * p.hv + h] : 0.0f;
-  in.beta = p.has_delta ? p.beta[(size_t)tok * p.hv + h] : 0.0f;
+__device__ __forceinline__ void load_token(const GdnParams& p, int tok, bool valid, int h, int lane, const T* qb,
+                                           const T* kb, TokenInputs<T, L>& in) {
+  const int dk = valid ? p.dk : 0;
+  load_head<T, L>(qb + (size_t)tok * p.q_stride, lane, dk, in.q);
+  load_head<T, L>(kb + (size_t)tok * p.k_stride, lane, dk, in.k);
+  in.decay = ld_global_if(p.decay + (size_t)tok * p.hv + h, valid && p.has_decay && !p.decay_per_key);
+  in.beta = ld_global_if(p.beta + (size_t)tok * p.hv + h, valid && p.has_delta);
 }
 
 // Sum over lanes OFF * 2, apart by less (a row's lanes), of N values per lane (N a power of two <= 2 OFF):
@@ -355,14 +348,20 @@ struct TokenValues {
 };
 
 // The token's beta (delta rules), from its raw input.
-template <class L>
-__device__ __forceinline__ float token_beta(const GdnParams& p, const TokenInputs<L>& cur) {
+template <typename T, class L>
+__device__ __forceinline__ float token_beta(const GdnParams& p, const TokenInputs<T, L>& cur) {
   return p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-cur.beta)) : cur.beta) : 1.0f;
 }
 
-template <class L>
-__device__ __forceinline__ void token_values(const GdnParams& p, const TokenInputs<L>& cur, HeadGate gate,
+template <typename T, class L>
+__device__ __forceinline__ void token_values(const GdnParams& p, const TokenInputs<T, L>& raw, HeadGate gate,
                                              TokenValues<L>& tv) {
+  float q[L::kKeys], k[L::kKeys];
+#pragma unroll
+  for (int i = 0; i < L::kKeys; ++i) {
+    q[i] = to_f32(raw.q[i]);
+    k[i] = to_f32(raw.k[i]);
+  }
   // Per piece, then the lane's pieces, then the row's lanes: the pairing of a 32-lane butterfly (file's head).
   float sq[L::kLeaves], sk[L::kLeaves], sqk[L::kLeaves];
 #pragma unroll
@@ -371,9 +370,9 @@ __device__ __forceinline__ void token_values(const GdnParams& p, const TokenInpu
 #pragma unroll
     for (int e = 0; e < L::NPL; ++e) {
       const int i = c * L::NPL + e;
-      sq[c] = fmaf(cur.q[i], cur.q[i], sq[c]);
-      sk[c] = fmaf(cur.k[i], cur.k[i], sk[c]);
-      sqk[c] = fmaf(cur.q[i], cur.k[i], sqk[c]);
+      sq[c] = fmaf(q[i], q[i], sq[c]);
+      sk[c] = fmaf(k[i], k[i], sk[c]);
+      sqk[c] = fmaf(q[i], k[i], sqk[c]);
     }
   }
   float q2 = piece_sum(sq), k2 = piece_sum(sk), qk = piece_sum(sqk);
@@ -387,12 +386,12 @@ __device__ __forceinline__ void token_values(const GdnParams& p, const TokenInpu
   const float q_scale = p.scale * (p.l2norm ? rsqrtf(q2 + 1e-12f) : 1.0f);
 #pragma unroll
   for (int i = 0; i < L::kKeys; ++i) {
-    tv.k[i] = p.l2norm ? cur.k[i] * inv_k : cur.k[i];
-    tv.q[i] = cur.q[i] * q_scale;
+    tv.k[i] = p.l2norm ? k[i] * inv_k : k[i];
+    tv.q[i] = q[i] * q_scale;
   }
   tv.alpha = 1.0f;
   if (p.has_decay && !p.decay_per_key) {
-    float g = cur.decay;
+    float g = raw.decay;
     if (p.gate_qwen) {
       const float z = g + gate.dt_bias;
       g = gate.neg_a * (z > 20.0f ? z : log1pf(expf(z)));
@@ -440,15 +439,15 @@ __device__ __forceinline__ void key_decay(const GdnParams& p, int tok, int h, in
 // `capture_key` (the warps holding value row 0 of the head, or of the key head's group) it also writes the
 // captured decay and key slots. The caller orders the stash writes before their reads (warp or block barrier).
 template <typename T, class L>
-__device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<L::NPL>& st, TokenInputs<L> cur,
+__device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<L::NPL>& st, TokenInputs<T, L> cur,
                                                int start, int t0, int first, int step, int n, int h, int hk,
                                                HeadGate gate, int lane, const T* qb, const T* kb, int m, float* cap,
                                                bool capture_decay, bool capture_key) {
-  TokenInputs<L> nxt;
+  TokenInputs<T, L> nxt;
   for (int t = first; t < n; t += step) {
-    if (t + step < n) load_token<T, L>(p, start + t0 + t + step, h, lane, qb, kb, nxt);
+    if (t + step < n) load_token<T, L>(p, start + t0 + t + step, true, h, lane, qb, kb, nxt);
     TokenValues<L> tv;
-    token_values<L>(p, cur, gate, tv);
+    token_values<T, L>(p, cur, gate, tv);
     if (lane < L::kLanes) {  // every lane group holds the same values
       stash_put<L>(st.vec[t][0], lane, tv.k);
       stash_put<L>(st.vec[t][1], lane, tv.q);
@@ -456,7 +455,7 @@ __device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<L::N
     }
     if (lane == 0) {
       st.scalar[t][0] = tv.alpha;
-      st.scalar[t][1] = token_beta<L>(p, cur);
+      st.scalar[t][1] = token_beta<T, L>(p, cur);
       st.scalar[t][2] = tv.qk();
     }
     if (t0 + t < m) capture_token<L>(p, tv, t0 + t, h, hk, lane, cap, capture_decay, capture_key);
@@ -590,20 +589,17 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const bool vec_in = vector_rows<NPL>(p.state_in, dk);
   const bool vec_out = vector_rows<NPL>(p.state_out, dk);
 
-  // Every load whose address does not depend on the offsets goes out before them: the first two groups'
-  // state, the gate constants, and the inputs of the token this warp's prologue starts with if row b starts
-  // at b * T / B (every row of the same length): that token for decode, and token `warp` of the row when rows
-  // may be longer (the block's warps share the prologue of rows of one chunk, one token each). They are loaded
-  // again only when the offsets say otherwise.
+  // A block's start waits for its inputs, so every load whose address does not depend on the offsets goes out
+  // first, together, with no arithmetic on a loaded value and no branch until the last is issued (ptxas then
+  // waits for them together; Nsight Compute found each waited for before the next went out, 22-27% of the
+  // recurrent kernels' stall samples, session 15): the gate constants, the inputs of the token this warp's
+  // prologue starts with, and this lane's value row of the chunk's tokens, all at the guessed row start
+  // b T / B (right when every row has the same length). The prologue starts with that token in decode, and
+  // with token `warp` of the row when rows may be longer (the block's warps share the prologue of rows of
+  // one chunk, one token each); and the row's offsets and capture count. Then the first two groups' state,
+  // needed only after the prologue. What the offsets contradict is loaded again.
   // The guess comes first: its 64-bit division is a call, before which ptxas waits for every load in flight.
   const int guess = p.total_tokens > 0 ? (int)((long long)b * p.total_tokens / p.batch) : -1;
-  const size_t head_base = ((size_t)b * p.hv + h) * p.dv;
-  const unsigned long long evict_first = l2_evict_first_policy();
-  RecRows<L> S;
-  load_rows<L>(p, vec_in, head_base, c_warp, lane, S);
-  if (p.row_groups > 1 && c_warp + ROWS < p.dv)
-    stage_rows<L>(p, vec_in, head_base, c_warp + ROWS, lane, stage, evict_first);
-  const HeadGate gate = {p.gate_qwen ? -expf(p.a_log[h]) : 0.0f, p.gate_qwen ? p.dt_bias[h] : 0.0f};
   const int hk = h / (p.hv / p.hk);
   const T* qb = static_cast<const T*>(p.q) + (size_t)hk * dk;
   const T* kb = static_cast<const T*>(p.k) + (size_t)hk * dk;
@@ -616,19 +612,32 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const int tok_off = DECODE_LOOP || p.total_tokens <= p.batch ? 0 : warp;
   // guess < total_tokens (b < batch), so decode's first token is the guess itself, as before the shared prologue.
   const int first_tok = tok_off == 0 ? guess : (guess >= 0 && guess + tok_off < p.total_tokens ? guess + tok_off : -1);
-  TokenInputs<P> first;  // the inputs of token first_tok
-  float v_first = 0.0f;    // this lane's row of token `guess`
-  if (guess >= 0) {
-    if (first_tok >= 0) load_token<T, P>(p, first_tok, h, lane, qb, kb, first);
-    if (lane_row_ok) v_first = to_f32(v_lane[(size_t)guess * p.v_stride]);
-  }
+  const RowOffsets offsets = row_offsets(p.cu_seqlens, b);
+  const int capture_count = gdn_capture_count(p, b);
+  const float a_log = ld_global_if(p.a_log + h, p.gate_qwen);
+  const float dt_bias = ld_global_if(p.dt_bias + h, p.gate_qwen);
+  TokenInputs<T, P> first;  // the inputs of token first_tok
+  load_token<T, P>(p, max(first_tok, 0), first_tok >= 0, h, lane, qb, kb, first);
+  T v_raw[kTokens];  // this lane's value row of tokens start + t (start: the guess, then the row's start)
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t)  // past the row, the next rows' tokens (not used), not past the call's
+    v_raw[t] = ld_global_if(v_lane + (size_t)(guess + t) * p.v_stride,
+                            lane_row_ok && guess >= 0 && guess + t < p.total_tokens);
 
-  const RowSpan span = row_span(p.cu_seqlens, p.uniform_len, b, p.total_tokens);
+  const size_t head_base = ((size_t)b * p.hv + h) * p.dv;
+  const unsigned long long evict_first = l2_evict_first_policy();
+  RecRows<L> S;
+  load_rows<L>(p, vec_in, head_base, c_warp, lane, S);
+  if (p.row_groups > 1 && c_warp + ROWS < p.dv)
+    stage_rows<L>(p, vec_in, head_base, c_warp + ROWS, lane, stage, evict_first);
+  const HeadGate gate = {p.gate_qwen ? -expf(a_log) : 0.0f, dt_bias};
+
+  const RowSpan span = row_span(p.cu_seqlens, offsets, p.uniform_len, b, p.total_tokens);
   if (p.tail_only && !gdn_row_is_sequential(p, b, span.len)) {
     asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy may land in shared memory after the warp exits
     return;
   }
-  const int m = gdn_captured_prefix(p, b, span.len);
+  const int m = gdn_captured_prefix_of(p, capture_count, span.len);
   float* cap = p.capsule != nullptr ? p.capsule + (size_t)b * gdn_capsule_row(p) : nullptr;
   // The decay slot of a head is written by the warp holding row 0; the key slot of a key head by the warp
   // holding row 0 of value head hk * group (spec/ops.md §2.9).
@@ -637,33 +646,41 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
 
   if (DECODE_LOOP && span.len == 1) {  // only decode instantiations hold this loop (see the file's head)
     // Decode: the warp's own prologue (its k and q reach the row groups' layout through its stash), and the
-    // value, output and delta pointers step by ROWS per group. The arithmetic is the general loop's, in the same
-    // order.
+    // output and delta pointer steps by ROWS per group. The arithmetic is the general loop's, in the same order.
     if (span.start != guess) {  // first_tok is the guess in decode kernels
-      load_token<T, P>(p, span.start, h, lane, qb, kb, first);
-      v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
+      load_token<T, P>(p, span.start, true, h, lane, qb, kb, first);
+      v_raw[0] = lane_row_ok ? v_lane[(size_t)span.start * p.v_stride] : from_f32<T>(0.0f);
     }
     TokenValues<P> tv;
-    token_values<P>(p, first, gate, tv);
-    const float beta = token_beta<P>(p, first);
-    const float qk = tv.qk();
-    const float alpha_head = tv.alpha;
+    token_values<T, P>(p, first, gate, tv);
     if (m > 0) capture_token<P>(p, tv, 0, h, hk, lane, cap, capture_decay, capture_key);
-    // k, q and the per-key decay into the row groups' layout through the warp's stash (read per group: held
-    // across the groups they cost registers).
+    // k, q and the per-key decay into the row groups' layout through the warp's stash, with the scalars and the
+    // value rows: each group reads them there. Held in registers across the groups, the scalars and values made
+    // the loop spill at 128 registers once the start's loads went out together (ptxas, CUDA 13.0, sm_90).
     stash_put<P>(stash.vec[0][0], lane, tv.k);
     stash_put<P>(stash.vec[0][1], lane, tv.q);
-    if (p.decay_per_key) key_decay<P>(p, span.start, h, lane, alpha_head, stash.vec[0][2]);
+    if (p.decay_per_key) key_decay<P>(p, span.start, h, lane, tv.alpha, stash.vec[0][2]);
+    if (lane == 0) {
+      stash.scalar[0][0] = tv.alpha;
+      stash.scalar[0][1] = token_beta<T, P>(p, first);
+      stash.scalar[0][2] = tv.qk();
+    }
+    stash.v[0][lane] = to_f32(v_raw[0]);
     __syncwarp();
+    // One pointer per lane, stepped by ROWS per group: the output (output lanes) or the delta-capsule slot
+    // (retrieval lanes; null without a capsule). Two, with the capture flag, spilled at 128 registers (ptxas).
     T* og = static_cast<T*>(p.out) + (size_t)span.start * p.hv * p.dv + (size_t)h * p.dv + c_warp + my_row;
     float* dg = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c_warp + my_row : nullptr;
+    char* sp = out_lane ? reinterpret_cast<char*>(og) : reinterpret_cast<char*>(dg);
+    const int sstep = ROWS * (out_lane ? (int)sizeof(T) : (int)sizeof(float));
     for (int rg = 0; rg < p.row_groups; ++rg) {
       const int g = rg * ROWS;  // the group's first row, counted from the warp's
       const int c0 = c_warp + g;
       if (c0 >= p.dv) break;
       const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
       const bool row_ok = c0 + my_row < p.dv;
-      const float v = __shfl_sync(0xffffffffu, v_first, g + my_row);
+      const float v = stash.v[0][g + my_row];
+      const float alpha_head = stash.scalar[0][0], beta = stash.scalar[0][1], qk = stash.scalar[0][2];
       decay_rows<L>(p, stash.vec[0][2], lane, alpha_head, S);  // before k and q are read: fewer registers
       float k[KPL], q[KPL];
       stash_get<L>(stash.vec[0][0], lane, k);
@@ -673,17 +690,18 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       // Retrieval lanes: the delta of their row; output lanes take their row's delta from lane l - kHalf.
       const float u_mine = p.has_delta ? beta * (v - x) : v;
       const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, kHalf);
-      if (first_copy && row_ok) {
+      if (first_copy && row_ok && (out_lane || m > 0)) {
         if (out_lane) {
-          og[g] = from_f32<T>(fmaf(u_pair, qk, x));
-        } else if (m > 0) {
-          dg[g] = u_mine;
+          *reinterpret_cast<T*>(sp) = from_f32<T>(fmaf(u_pair, qk, x));
+        } else {
+          *reinterpret_cast<float*>(sp) = u_mine;
         }
       }
       update_rows<L, kShift>(S, k, u_mine, u_lane);
-      finish_group<L>(p, dk, cap, cap != nullptr ? dg + g : nullptr, m, h, hk, lane, rg == 0 && capture_decay,
-                      rg == 0 && capture_key, !out_lane && first_copy && row_ok, vec_out, head_base, c0, more, S,
-                      stage);
+      finish_group<L>(p, dk, cap, reinterpret_cast<float*>(sp), m, h, hk, lane, rg == 0 && capture_decay,
+                      rg == 0 && capture_key, !out_lane && first_copy && row_ok && cap != nullptr, vec_out, head_base,
+                      c0, more, S, stage);
+      sp += sstep;
     }
     return;
   }
@@ -697,18 +715,18 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   constexpr bool kSharedPrologue = !DECODE_LOOP;
   const bool one_chunk = span.len <= kTokens;
   Stash& chunk_stash = one_chunk && kSharedPrologue ? stash_all[0] : stash;
-  float v_lanes[kTokens];  // rows of one chunk: this lane's row of each token
   if (one_chunk && span.len > 0) {
     if (span.start != guess) {
-      if (!kSharedPrologue) load_token<T, P>(p, span.start, h, lane, qb, kb, first);
-      v_first = lane_row_ok ? to_f32(v_lane[(size_t)span.start * p.v_stride]) : 0.0f;
-    }
-    v_lanes[0] = v_first;
+      if (!kSharedPrologue) load_token<T, P>(p, span.start, true, h, lane, qb, kb, first);
 #pragma unroll
-    for (int t = 1; t < kTokens; ++t) {
-      if (t >= span.len) break;  // a branch, not predicated loads: decode issues none of them
-      v_lanes[t] = lane_row_ok ? to_f32(v_lane[(size_t)(span.start + t) * p.v_stride]) : 0.0f;
+      for (int t = 0; t < kTokens; ++t)
+        v_raw[t] = lane_row_ok && t < span.len ? v_lane[(size_t)(span.start + t) * p.v_stride] : from_f32<T>(0.0f);
     }
+    // The warp's value rows of the chunk's tokens go through its own stash (ordered by the barrier below), each
+    // group reading its rows there: held in registers across the groups, they made the verify loop spill at 128
+    // registers once the start's loads went out together (ptxas, CUDA 13.0, sm_90).
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) stash.v[t][lane] = to_f32(v_raw[t]);
     if constexpr (kSharedPrologue) {
       // The block's warps that hold rows (warp 0 always does: the grid is ceil(dv / rows per block)), counted, not
       // divided: ptxas (sm_90) put an integer division for it before the first state loads, and decode measured
@@ -720,7 +738,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       // The warp index through a shuffle: the compiler then knows it is the same in every lane, so the
       // prologue's butterflies (whose trip count depends on it) need no fallback for a diverged warp (ptxas).
       const int w = __shfl_sync(0xffffffffu, warp, 0);  // this warp's first token of the row
-      if (w < span.len && span.start + w != first_tok) load_token<T, P>(p, span.start + w, h, lane, qb, kb, first);
+      if (w < span.len && span.start + w != first_tok)
+        load_token<T, P>(p, span.start + w, true, h, lane, qb, kb, first);
       // The capsule's decay and key slots: written by whichever warp computes the token, in the block that holds
       // value row 0 (of a head of the key head's group, for the key).
       token_prologue<T, P>(p, chunk_stash, first, span.start, 0, w, block_warps, span.len, h, hk, gate, lane, qb,
@@ -757,8 +776,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       const int n = min(kTokens, span.len - t0);
       if (!one_chunk) {
         __syncwarp();  // the previous chunk's stash reads are done
-        TokenInputs<P> cur;
-        load_token<T, P>(p, span.start + t0, h, lane, qb, kb, cur);
+        TokenInputs<T, P> cur;
+        load_token<T, P>(p, span.start + t0, true, h, lane, qb, kb, cur);
         token_prologue<T, P>(p, stash, cur, span.start, t0, 0, 1, n, h, hk, gate, lane, qb, kb, m, cap,
                              capture_decay && rg == 0, capture_key && rg == 0);
         __syncwarp();  // the scalars lane 0 wrote are read by every lane
@@ -767,7 +786,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) {
         if (t >= n) break;
-        v[t] = one_chunk ? __shfl_sync(0xffffffffu, v_lanes[t], rg * ROWS + my_row)
+        v[t] = one_chunk ? stash.v[t][rg * ROWS + my_row]
                          : (row_ok ? to_f32(vh[(size_t)(span.start + t0 + t) * p.v_stride + c0]) : 0.0f);
       }
 
