@@ -114,8 +114,9 @@ struct RowSpan {
 
 // Offsets stay on the device. Malformed ones are contained, never trusted (spec/ops.md §2.12):
 // start = clamp(cu[b], 0, T), end = max(start, clamp(cu[b+1], 0, T)).
-// Row b's raw offsets (cu_seqlens[b] and [b + 1]; zeros without them), apart from row_span's arithmetic: a
-// kernel can then issue their load with its other inputs and wait for all of them at once.
+// Row b's raw offsets (cu_seqlens[b] and [b + 1]), loaded apart from row_span's arithmetic: a kernel can then
+// issue their load with its other inputs and wait for all of them at once (row_offsets: predicated loads, zeros
+// without offsets).
 struct RowOffsets {
   int begin, end;
 };
@@ -129,7 +130,8 @@ __device__ __forceinline__ RowSpan row_span(const int* cu, RowOffsets o, int uni
   return {s, e - s};
 }
 __device__ __forceinline__ RowSpan row_span(const int* cu, int uniform_len, int b, int total) {
-  return row_span(cu, row_offsets(cu, b), uniform_len, b, total);
+  if (cu == nullptr) return {b * uniform_len, uniform_len};
+  return row_span(cu, RowOffsets{cu[b], cu[b + 1]}, uniform_len, b, total);
 }
 
 }  // namespace ohk
@@ -142,16 +144,15 @@ __device__ __forceinline__ bool gdn_row_is_sequential(const GdnParams& p, int b,
   return captured || len < OHK_SEQUENTIAL_MIN_TOKENS;
 }
 
-// Row b's raw capture count where capture is on (else 0), apart from the arithmetic (see row_offsets).
+// Row b's raw capture count where capture is on (else 0; a predicated load), apart from the arithmetic of
+// gdn_captured_prefix (see row_offsets).
 __device__ __forceinline__ int gdn_capture_count(const GdnParams& p, int b) {
   return ohk::ld_global_if(p.capture_count + b, p.capacity > 0 && p.capture_active);
 }
-__device__ __forceinline__ int gdn_captured_prefix_of(const GdnParams& p, int count, int len) {
+// The captured prefix of a row of `len` tokens whose capture count is `count`.
+__device__ __forceinline__ int gdn_captured_prefix(const GdnParams& p, int count, int len) {
   if (p.capacity <= 0 || !p.capture_active) return 0;
   return max(0, min(count, min(p.capacity, len)));
-}
-__device__ __forceinline__ int gdn_captured_prefix(const GdnParams& p, int b, int len) {
-  return gdn_captured_prefix_of(p, gdn_capture_count(p, b), len);
 }
 
 // Log-space gate g of (token, value head, key column r) in fp32 (spec/ops.md §2.6).

@@ -637,7 +637,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy may land in shared memory after the warp exits
     return;
   }
-  const int m = gdn_captured_prefix_of(p, capture_count, span.len);
+  const int m = gdn_captured_prefix(p, capture_count, span.len);
   float* cap = p.capsule != nullptr ? p.capsule + (size_t)b * gdn_capsule_row(p) : nullptr;
   // The decay slot of a head is written by the warp holding row 0; the key slot of a key head by the warp
   // holding row 0 of value head hk * group (spec/ops.md §2.9).
