@@ -590,14 +590,14 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const bool vec_out = vector_rows<NPL>(p.state_out, dk);
 
   // A block's start waits for its inputs, so every load whose address does not depend on the offsets goes out
-  // first, together, with no arithmetic on a loaded value and no branch until the last is issued (ptxas then
-  // waits for them together; Nsight Compute found each waited for before the next went out, 22-27% of the
-  // recurrent kernels' stall samples, session 15): the gate constants, the inputs of the token this warp's
-  // prologue starts with, and this lane's value row of the chunk's tokens, all at the guessed row start
-  // b T / B (right when every row has the same length). The prologue starts with that token in decode, and
-  // with token `warp` of the row when rows may be longer (the block's warps share the prologue of rows of
-  // one chunk, one token each); and the row's offsets and capture count. Then the first two groups' state,
-  // needed only after the prologue. What the offsets contradict is loaded again.
+  // first and together, with no arithmetic on a loaded value and no branch until the last is issued: ptxas then
+  // waits for them once (Nsight Compute found each waited for before the next went out, 22-27% of the recurrent
+  // kernels' stall samples; BENCHMARKS.md session 15). They are the row's offsets and capture count, the gate
+  // constants, the inputs of the token this warp's prologue starts with, and this lane's value row of the
+  // chunk's tokens, the last two at the guessed row start b T / B (right when every row has the same length;
+  // what the offsets contradict is loaded again). The prologue starts with that token in decode, and with token
+  // `warp` of the row when rows may be longer (the block's warps share the prologue of rows of one chunk, one
+  // token each). The first two groups' state, needed only after the prologue, goes out after them.
   // The guess comes first: its 64-bit division is a call, before which ptxas waits for every load in flight.
   const int guess = p.total_tokens > 0 ? (int)((long long)b * p.total_tokens / p.batch) : -1;
   const int hk = h / (p.hv / p.hk);
@@ -605,8 +605,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const T* kb = static_cast<const T*>(p.k) + (size_t)hk * dk;
   const T* vh = static_cast<const T*>(p.v) + (size_t)h * p.dv + my_row;  // + token * v_stride + row group
   // Rows of one chunk take their values from one coalesced load per token: lane l holds row c_warp + l (the
-  // plans keep ROWS * row_groups <= 32), and each group gets its rows by shuffle. A load per group was
-  // waited for at the group's start whatever was issued ahead (ptxas, sm_90; BENCHMARKS.md session 12).
+  // plans keep ROWS * row_groups <= 32), and each group reads its rows from the warp's stash. A load per group
+  // was waited for at the group's start whatever was issued ahead (ptxas, sm_90; BENCHMARKS.md session 12).
   const T* v_lane = static_cast<const T*>(p.v) + (size_t)h * p.dv + c_warp + lane;  // + token * v_stride
   const bool lane_row_ok = lane < ROWS * p.row_groups && c_warp + lane < p.dv;
   const int tok_off = DECODE_LOOP || p.total_tokens <= p.batch ? 0 : warp;
