@@ -112,8 +112,6 @@ struct RowSpan {
   int len;
 };
 
-// Offsets stay on the device. Malformed ones are contained, never trusted (spec/ops.md §2.12):
-// start = clamp(cu[b], 0, T), end = max(start, clamp(cu[b+1], 0, T)).
 // Row b's raw offsets (cu_seqlens[b] and [b + 1]), loaded apart from row_span's arithmetic: a kernel can then
 // issue their load with its other inputs and wait for all of them at once (row_offsets: predicated loads, zeros
 // without offsets).
@@ -123,6 +121,8 @@ struct RowOffsets {
 __device__ __forceinline__ RowOffsets row_offsets(const int* cu, int b) {
   return {ld_global_if(cu + b, cu != nullptr), ld_global_if(cu + b + 1, cu != nullptr)};
 }
+// Offsets stay on the device. Malformed ones are contained, never trusted (spec/ops.md §2.12):
+// start = clamp(cu[b], 0, T), end = max(start, clamp(cu[b+1], 0, T)).
 __device__ __forceinline__ RowSpan row_span(const int* cu, RowOffsets o, int uniform_len, int b, int total) {
   if (cu == nullptr) return {b * uniform_len, uniform_len};
   const int s = min(max(o.begin, 0), total);

@@ -93,7 +93,7 @@ __device__ __forceinline__ void store_state_row(float* row, int lane, int dk, co
 }
 
 // A key vector's raw elements (zero past dk; converted where they are used), per element and predicated, in
-// straight-line code: with a 16-byte path beside this one, the branch between made ptxas convert each vector as
+// straight-line code: with an 8-byte path beside this one, the branch between made ptxas convert each vector as
 // it landed, so a block's start waited for its input loads one after the other (Nsight Compute, session 15).
 template <typename T, class L>
 __device__ __forceinline__ void load_head(const T* base, int lane, int dk, T (&x)[L::kKeys]) {
@@ -166,12 +166,12 @@ __device__ __forceinline__ void store_rows(const GdnParams& p, bool vec, size_t 
 
 // A warp's per-token values that do not depend on the state, for up to kTokens tokens: k, q and the per-key
 // decay (per-key rules) in key order (each lane of the row's first lane group writes its pieces, every lane
-// reads its own), and the scalars.
+// reads its own), the scalars, and the warp's value rows.
 template <int NPL>
 struct alignas(16) RecStash {
   // Tokens per prologue: 4 (a verify step of 4 tokens runs it once). More made the small-key instantiations
   // spill (each row group holds the chunk's values in registers); wide keys take fewer, so the vectors stay
-  // within 4 KB per warp.
+  // within 6 KB per warp.
   static constexpr int kTokens = NPL >= 16 ? 1 : (NPL >= 8 ? 2 : 4);
   float vec[kTokens][3][32 * NPL];  // [token][k, q, per-key decay][key column]
   float scalar[kTokens][4];         // decay (scalar rules), beta, q.k
