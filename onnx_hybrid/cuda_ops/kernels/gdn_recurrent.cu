@@ -175,7 +175,7 @@ struct alignas(16) RecStash {
   static constexpr int kTokens = NPL >= 16 ? 1 : (NPL >= 8 ? 2 : 4);
   float vec[kTokens][3][32 * NPL];  // [token][k, q, per-key decay][key column]
   float scalar[kTokens][4];         // decay (scalar rules), beta, q.k
-  float v[kTokens][32];             // rows of one chunk: the warp's value rows, row c_warp + l at l
+  float v[kTokens][32];             // the chunk's value rows of the warp: row c_warp + l at l
 };
 
 // A lane's values of one key vector to or from a stash row in key order, NPL columns (a piece) at a time.
@@ -597,16 +597,15 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   // chunk's tokens, the last two at the guessed row start b T / B (right when every row has the same length;
   // what the offsets contradict is loaded again). The prologue starts with that token in decode, and with token
   // `warp` of the row when rows may be longer (the block's warps share the prologue of rows of one chunk, one
-  // token each). The first two groups' state, needed only after the prologue, goes out after them.
+  // token each). The state, needed only after the prologue, goes out after them (kStageFirst, below).
   // The guess comes first: its 64-bit division is a call, before which ptxas waits for every load in flight.
   const int guess = p.total_tokens > 0 ? (int)((long long)b * p.total_tokens / p.batch) : -1;
   const int hk = h / (p.hv / p.hk);
   const T* qb = static_cast<const T*>(p.q) + (size_t)hk * dk;
   const T* kb = static_cast<const T*>(p.k) + (size_t)hk * dk;
-  const T* vh = static_cast<const T*>(p.v) + (size_t)h * p.dv + my_row;  // + token * v_stride + row group
-  // Rows of one chunk take their values from one coalesced load per token: lane l holds row c_warp + l (the
-  // plans keep ROWS * row_groups <= 32), and each group reads its rows from the warp's stash. A load per group
-  // was waited for at the group's start whatever was issued ahead (ptxas, sm_90; BENCHMARKS.md session 12).
+  // A chunk's values come from one coalesced load per token: lane l holds row c_warp + l (the plans keep
+  // ROWS * row_groups <= 32), and each group reads its rows from the warp's stash. A load per group was waited
+  // for at the group's start whatever was issued ahead (ptxas, sm_90; BENCHMARKS.md session 12).
   const T* v_lane = static_cast<const T*>(p.v) + (size_t)h * p.dv + c_warp + lane;  // + token * v_stride
   const bool lane_row_ok = lane < ROWS * p.row_groups && c_warp + lane < p.dv;
   const int tok_off = DECODE_LOOP || p.total_tokens <= p.batch ? 0 : warp;
@@ -626,10 +625,20 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
 
   const size_t head_base = ((size_t)b * p.hv + h) * p.dv;
   const unsigned long long evict_first = l2_evict_first_policy();
+  // The general kernels copy the first group's state into the stage: loaded into registers, it shared the
+  // inputs' scoreboards, so the gate and the prologue waited for the state's DRAM latency too (Nsight Compute,
+  // session 16: 4% of verify's samples on the gate's first instruction). The second group's copy then goes out
+  // in the first group, after its first reduction, as every later group's does. The decode kernels keep the
+  // first group in registers and the second in the stage: their group is one token, too short to cover a copy.
+  constexpr bool kStageFirst = !DECODE_LOOP;
   RecRows<L> S;
-  load_rows<L>(p, vec_in, head_base, c_warp, lane, S);
-  if (p.row_groups > 1 && c_warp + ROWS < p.dv)
-    stage_rows<L>(p, vec_in, head_base, c_warp + ROWS, lane, stage, evict_first);
+  if constexpr (kStageFirst) {
+    stage_rows<L>(p, vec_in, head_base, c_warp, lane, stage, evict_first);
+  } else {
+    load_rows<L>(p, vec_in, head_base, c_warp, lane, S);
+    if (p.row_groups > 1 && c_warp + ROWS < p.dv)
+      stage_rows<L>(p, vec_in, head_base, c_warp + ROWS, lane, stage, evict_first);
+  }
   const HeadGate gate = {p.gate_qwen ? -expf(a_log) : 0.0f, dt_bias};
 
   const RowSpan span = row_span(p.cu_seqlens, offsets, p.uniform_len, b, p.total_tokens);
@@ -754,12 +763,15 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   }
 
   const size_t tok_stride = (size_t)p.hv * p.dv;  // between one token's outputs (and delta slots) and the next's
+  if constexpr (kStageFirst) unstage_rows<L>(stage, lane, S);
   for (int rg = 0; rg < p.row_groups; ++rg) {
     const int c0 = c_warp + rg * ROWS;
     if (c0 >= p.dv) break;
     const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
     const bool row_ok = c0 + my_row < p.dv;
-    bool staged = !(more && rg > 0);  // the next group's state is requested after this group's first reduction
+    // The next group's state is requested after this group's first reduction (kStageFirst: the first group's
+    // too; else it went out at the start).
+    bool staged = !(more && (kStageFirst || rg > 0));
     // This lane's output element and delta-capsule slot of the row's first token (general kernels; decode
     // kernels: token 0's, indexed per token, see kSharedPrologue).
     T* ob = static_cast<T*>(p.out) + (size_t)h * p.dv + c0 + my_row;
@@ -778,17 +790,18 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         __syncwarp();  // the previous chunk's stash reads are done
         TokenInputs<T, P> cur;
         load_token<T, P>(p, span.start + t0, true, h, lane, qb, kb, cur);
+        // The chunk's value rows of the warp (lane l: row c_warp + l), as the start does for rows of one chunk.
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t)
+          stash.v[t][lane] =
+              lane_row_ok && t < n ? to_f32(v_lane[(size_t)(span.start + t0 + t) * p.v_stride]) : 0.0f;
         token_prologue<T, P>(p, stash, cur, span.start, t0, 0, 1, n, h, hk, gate, lane, qb, kb, m, cap,
                              capture_decay && rg == 0, capture_key && rg == 0);
-        __syncwarp();  // the scalars lane 0 wrote are read by every lane
+        __syncwarp();  // the scalars lane 0 wrote, and the value rows, are read by every lane
       }
-      float v[kTokens];
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) {
-        if (t >= n) break;
-        v[t] = one_chunk ? stash.v[t][rg * ROWS + my_row]
-                         : (row_ok ? to_f32(vh[(size_t)(span.start + t0 + t) * p.v_stride + c0]) : 0.0f);
-      }
+      // This lane's value row of each token, read in the token's step: gathered into registers here, with a
+      // branch per token, the group's start took about 120 instructions (Nsight Compute, session 16).
+      const float* v_row = &stash.v[0][rg * ROWS + my_row];
 
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) {
@@ -806,7 +819,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
           staged = true;
         }
         // Retrieval lanes: the delta of their row; output lanes take their row's delta from lane l - kHalf.
-        const float u_mine = p.has_delta ? beta * (v[t] - x) : v[t];
+        const float v = v_row[t * 32];
+        const float u_mine = p.has_delta ? beta * (v - x) : v;
         const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, kHalf);
         if constexpr (kSharedPrologue) {
           if (first_copy && row_ok && (out_lane || t0 + t < m)) {
