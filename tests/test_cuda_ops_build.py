@@ -158,6 +158,14 @@ def test_plan_grids_follow_the_geometry():
     assert rec.grid == (8, 48, 2) and rec.params.row_groups == 1 and rec.block == (128, 1, 1) and rec.smem == 0
     (rec,) = plan.gdn_plan(_geo([1]), "bfloat16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
     assert rec.kernel == "gdn_recurrent_bf16_k128_r4_decode"
+    # large batches: 8 value rows per warp; verify shares its prologue over 4 row groups per warp, decode takes one
+    # (more blocks in flight, measured faster)
+    (verify,) = plan.gdn_plan(_geo([4] * 32, capacity=4), "float16", plan.GdnParams(), arch=90,
+                              smem_optin=H100_SMEM)
+    (decode,) = plan.gdn_plan(_geo([1] * 32), "float16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
+    assert (verify.kernel, verify.params.row_groups, verify.grid) == ("gdn_recurrent_f16_k128_r8", 4, (1, 48, 32))
+    assert (decode.kernel, decode.params.row_groups, decode.grid) == ("gdn_recurrent_f16_k128_r8_decode", 1,
+                                                                     (4, 48, 32))
     # a warp serves at most REC_MAX_WARP_ROWS value rows, the defaults included
     assert max(plan.REC_ROW_VARIANTS[128]) * 4 <= plan.REC_MAX_WARP_ROWS
     with pytest.raises(ValueError, match="value rows per warp"):

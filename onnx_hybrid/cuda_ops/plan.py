@@ -72,7 +72,10 @@ REC_ROWS_SMALL = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
 # serves decode (each decode kernel is a second loop: for every shape they grew the image by 66%).
 REC_DECODE_TYPES = ("float16", "bfloat16")
 REC_DECODE_ROWS = {128: (4, 8)}
-REC_MIN_BLOCKS = 1024  # row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks
+# Row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks: the general kernels (verify)
+# share a block's per-token prologue over them. The decode instantiations take one group per warp, more blocks
+# in flight: 2-3% faster than 2 or 4 groups at B = 32 and 128 on the H200 (BENCHMARKS.md, session 16).
+REC_MIN_BLOCKS = 1024
 # Value rows per warp (rows x row groups) at most: a warp loads the values of all its rows in one access per
 # token, a row per lane (gdn_recurrent.cu). The defaults reach 8 x 4.
 REC_MAX_WARP_ROWS = 32
@@ -265,13 +268,13 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
                         else REC_ROWS_SMALL[kmax])
     if rows not in REC_ROW_VARIANTS[kmax]:
         raise ValueError(f"rec_rows {rows} is not instantiated for key size {kmax}: {REC_ROW_VARIANTS[kmax]}")
-    rec.row_groups = rec_groups or rec_row_groups(geo, rows)
+    decode = (geo.total_tokens <= geo.batch and dtype in REC_DECODE_TYPES
+              and rows in REC_DECODE_ROWS.get(kmax, ()))
+    rec.row_groups = rec_groups or (1 if decode else rec_row_groups(geo, rows))
     if rows * rec.row_groups > REC_MAX_WARP_ROWS:
         raise ValueError(f"rec_rows {rows} x rec_groups {rec.row_groups} exceeds {REC_MAX_WARP_ROWS} value rows "
                          f"per warp")
     rows_per_block = REC_WARPS * rows * rec.row_groups
-    decode = (geo.total_tokens <= geo.batch and dtype in REC_DECODE_TYPES
-              and rows in REC_DECODE_ROWS.get(kmax, ()))
     launches.append(Launch(f"gdn_recurrent_{TYPE_SUFFIX[dtype]}_k{kmax}_r{rows}" + ("_decode" if decode else ""),
                            (_ceil(geo.head_size_v, rows_per_block), geo.num_heads_v, geo.batch),
                            (REC_WARPS * 32, 1, 1), 0, rec))

@@ -148,11 +148,12 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
   rec.tail_only = use_chunked ? 1 : 0;
   const int large = cp::kRecRowsLarge[key];
   const int rows = RecRowGroups(geo, large) > 1 ? large : cp::kRecRowsSmall[key];
-  rec.row_groups = RecRowGroups(geo, rows);
+  const bool decode = geo.total_tokens <= geo.batch && HasDecodeInstantiation(type, key, rows);
+  rec.row_groups = decode ? 1 : RecRowGroups(geo, rows);  // plan.gdn_plan: decode kernels take one group per warp
   const int64_t rows_per_block = int64_t(cp::kRecWarps) * rows * rec.row_groups;
   KernelName recurrent("gdn_recurrent_", type);
   recurrent.Append("_k").Append(cp::kRecKeySizes[key]).Append("_r").Append(rows);
-  if (geo.total_tokens <= geo.batch && HasDecodeInstantiation(type, key, rows)) recurrent.Append("_decode");
+  if (decode) recurrent.Append("_decode");
   launches.push_back({recurrent,
                       {U(CeilDiv(geo.head_size_v, rows_per_block)), U(geo.num_heads_v), U(geo.batch)},
                       {U(cp::kRecWarps * 32), 1, 1},
