@@ -62,8 +62,9 @@ REC_KEY_SIZES = (32, 64, 128, 256, 512)  # instantiations: key head size up to t
 # Value rows per warp instantiated for each key size (gdn_recurrent.cu), and the default choice. Fewer rows
 # per warp mean more warps in flight; more rows share the per-token work (loads, gate, norms).
 REC_ROW_VARIANTS = {32: (1, 2, 4, 8), 64: (1, 2, 4, 8), 128: (1, 2, 4, 8), 256: (2, 4), 512: (1, 2)}
-# Default rows per warp: the most rows when the batch is large enough for several row groups per warp, else
-# the small-batch choice (measured on an H200, 27B geometry: BENCHMARKS.md "GPU kernels").
+# Default rows per warp: the most rows when the batch is large enough for several row groups per warp (by
+# rec_row_groups, which also sizes decode's batch threshold though decode then takes one group), else the
+# small-batch choice (measured on an H200, 27B geometry: BENCHMARKS.md "GPU kernels").
 REC_ROWS_LARGE = {32: 8, 64: 8, 128: 8, 256: 4, 512: 2}
 REC_ROWS_SMALL = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
 # Calls of at most one token per row (decode) take the `_decode` instantiation, which gives such rows a loop

@@ -629,7 +629,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   // inputs' scoreboards, so the gate and the prologue waited for the state's DRAM latency too (Nsight Compute,
   // session 16: 4% of verify's samples on the gate's first instruction). The second group's copy then goes out
   // in the first group, after its first reduction, as every later group's does. The decode kernels keep the
-  // first group in registers and the second in the stage: their group is one token, too short to cover a copy.
+  // first group in registers (the plan gives them one group per warp; with more, the second goes to the stage):
+  // their group is one token, too short to cover a copy.
   constexpr bool kStageFirst = !DECODE_LOOP;
   RecRows<L> S;
   if constexpr (kStageFirst) {
