@@ -26,6 +26,8 @@ def cases():
         yield f"27b-decode128-{dtype}", dict(lengths=(1,) * 128, dtype=dtype, **G27), SHAPES[:2]
         yield f"27b-verify32-{dtype}", dict(lengths=(4,) * 32, capacity=4, capture=(4,) * 32, dtype=dtype,
                                              **G27), SHAPES[:3]
+        yield f"27b-verify8-{dtype}", dict(lengths=(8, 5, 7, 8) * 4, capacity=8, capture=(8, 3, 7, 6) * 4,
+                                            dtype=dtype, **G27), SHAPES[:3]
         yield f"ragged-capture-{dtype}", dict(lengths=(1, 4, 4, 9, 0, 3), capacity=4, capture=(1, 4, 2, 4, 0, 3),
                                                dtype=dtype, **D128), SHAPES
         yield f"perkey-{dtype}", dict(lengths=(1, 1, 4, 6), per_key_decay=True, dtype=dtype, **D128), SHAPES[:3]

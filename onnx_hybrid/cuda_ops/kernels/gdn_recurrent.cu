@@ -11,8 +11,9 @@
 // reductions take 3 shuffle levels instead of 5 and k and q come from the stash in 16-byte pieces.
 //
 // Per token a prologue that does not depend on the state (normalised q and k, decay, beta, q.k) runs once for
-// all row groups, into a stash in shared memory: in the general kernels, for rows of one chunk (verify), the
-// block's warps share it, one token each; otherwise each warp runs its own (chunk by chunk for longer rows).
+// all row groups, into a stash in shared memory: in the general kernels, for rows of up to two chunks (verify),
+// the block's warps share it, a token or two each; otherwise each warp runs its own (chunk by chunk for longer
+// rows, and again for each of its row groups).
 // Each row group then needs one reduction per token: with S' = S * decay, the retrieval S'.k and the pre-update
 // output S'.q reduce together, and the output follows as S'.q + u (k.q), because the update adds k u.
 //
@@ -164,19 +165,17 @@ __device__ __forceinline__ void store_rows(const GdnParams& p, bool vec, size_t 
   }
 }
 
-// A warp's per-token values that do not depend on the state, for up to kTokens tokens: k, q and the per-key
-// decay (per-key rules) in key order (each lane of the row's first lane group writes its pieces, every lane
-// reads its own), the scalars, and the warp's value rows.
+// One token's values that do not depend on the state: k, q and the per-key decay (per-key rules) in key order
+// (each lane of the row's first lane group writes its pieces, every lane reads its own), and the scalars.
 template <int NPL>
-struct alignas(16) RecStash {
-  // Tokens per prologue: 4 (a verify step of 4 tokens runs it once). More made the small-key instantiations
-  // spill (each row group holds the chunk's values in registers); wide keys take fewer, so the vectors stay
-  // within 6 KB per warp.
-  static constexpr int kTokens = NPL >= 16 ? 1 : (NPL >= 8 ? 2 : 4);
-  float vec[kTokens][3][32 * NPL];  // [token][k, q, per-key decay][key column]
-  float scalar[kTokens][4];         // decay (scalar rules), beta, q.k
-  float v[kTokens][32];             // the chunk's value rows of the warp: row c_warp + l at l
+struct alignas(16) RecToken {
+  float vec[3][32 * NPL];  // [k, q, per-key decay][key column]
+  float scalar[4];         // decay (scalar rules), beta, q.k
 };
+
+// Tokens per chunk of a row group's loop: 4 (a verify step of 4 tokens is one chunk). More made the small-key
+// instantiations spill; wide keys take fewer, so a warp's stash stays within 6 KB.
+__host__ __device__ constexpr int rec_chunk_tokens(int npl) { return npl >= 16 ? 1 : (npl >= 8 ? 2 : 4); }
 
 // A lane's values of one key vector to or from a stash row in key order, NPL columns (a piece) at a time.
 template <class L>
@@ -286,6 +285,25 @@ __device__ __forceinline__ void unstage_rows(const RecStage<L>& stage, int lane,
       }
     }
 }
+
+// The kernel's shared memory. In the general kernels, rows of at most kBlockTokens tokens (verify of up to 8
+// drafts at K <= 128) run the per-token prologue once, shared by the block's warps, into the block's stash;
+// longer rows, and every row of the decode kernels, run it per warp (and chunk) into the warp's own stash. A
+// block holds one row, so the two are a union: the block's stash holds two chunks in the space of the warps'.
+// The warps' value rows of the stashed tokens, and each warp's stage for its next row group, sit beside them,
+// within 48 KB of static shared memory (45 KB at K = 128, 8 rows per warp).
+template <class L>
+struct RecShared {
+  static constexpr int kChunk = rec_chunk_tokens(L::NPL);
+  static constexpr int kBlockTokens = 2 * kChunk;
+  using Token = RecToken<L::NPL>;
+  union {
+    Token block[kBlockTokens];
+    Token warp[kRecWarps][kChunk];
+  } stash;
+  float v[kRecWarps][kBlockTokens][32];  // warp w's value rows of the stash's tokens: row c_warp + l at l
+  RecStage<L> stage[kRecWarps];
+};
 
 // One token's raw inputs for the prologue, loaded a token ahead. Loading issues no arithmetic on them (q and k
 // stay in the input type until token_values), so loads issued together are waited for together.
@@ -433,13 +451,13 @@ __device__ __forceinline__ void key_decay(const GdnParams& p, int tok, int h, in
   stash_put<L>(dst, lane, a);
 }
 
-// The prologue of tokens t0 + t, t = first, first + step, ... < n (n <= kTokens) of a row into a stash; `cur`
-// holds token t0 + first's inputs on entry. A warp alone runs every token (first 0, step 1); the warps of a
-// block share one stash for a row of one chunk (first = warp, step = its warps). With `capture_decay` /
+// The prologue of tokens t0 + t, t = first, first + step, ... < n of a row into stash slots t; `cur` holds token
+// t0 + first's inputs on entry. A warp alone runs every token (first 0, step 1); the warps of a block share the
+// block's stash for a short row (first = warp, step = its warps). With `capture_decay` /
 // `capture_key` (the warps holding value row 0 of the head, or of the key head's group) it also writes the
 // captured decay and key slots. The caller orders the stash writes before their reads (warp or block barrier).
 template <typename T, class L>
-__device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<L::NPL>& st, TokenInputs<T, L> cur,
+__device__ __forceinline__ void token_prologue(const GdnParams& p, RecToken<L::NPL>* st, TokenInputs<T, L> cur,
                                                int start, int t0, int first, int step, int n, int h, int hk,
                                                HeadGate gate, int lane, const T* qb, const T* kb, int m, float* cap,
                                                bool capture_decay, bool capture_key) {
@@ -449,14 +467,14 @@ __device__ __forceinline__ void token_prologue(const GdnParams& p, RecStash<L::N
     TokenValues<L> tv;
     token_values<T, L>(p, cur, gate, tv);
     if (lane < L::kLanes) {  // every lane group holds the same values
-      stash_put<L>(st.vec[t][0], lane, tv.k);
-      stash_put<L>(st.vec[t][1], lane, tv.q);
-      if (p.decay_per_key) key_decay<L>(p, start + t0 + t, h, lane, tv.alpha, st.vec[t][2]);
+      stash_put<L>(st[t].vec[0], lane, tv.k);
+      stash_put<L>(st[t].vec[1], lane, tv.q);
+      if (p.decay_per_key) key_decay<L>(p, start + t0 + t, h, lane, tv.alpha, st[t].vec[2]);
     }
     if (lane == 0) {
-      st.scalar[t][0] = tv.alpha;
-      st.scalar[t][1] = token_beta<T, L>(p, cur);
-      st.scalar[t][2] = tv.qk();
+      st[t].scalar[0] = tv.alpha;
+      st[t].scalar[1] = token_beta<T, L>(p, cur);
+      st[t].scalar[2] = tv.qk();
     }
     if (t0 + t < m) capture_token<L>(p, tv, t0 + t, h, hk, lane, cap, capture_decay, capture_key);
     if (t + step < n) cur = nxt;
@@ -555,32 +573,33 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   // The per-token prologue's layout: one piece per lane, the fewest registers; its values reach the row groups
   // through the stash, in key order, so the two layouts need not agree.
   using P = RecLayout<NPL, 1, 32>;
-  using Stash = RecStash<NPL>;
+  using Shared = RecShared<L>;
+  using Token = RecToken<NPL>;
   // Tokens per chunk of the general loop. The decode kernels take their rows of more than one token (rare in a
   // launch of at most one token per row) one at a time: their 4-token loop, beside the decode loop, spilled at
   // 8 lanes per row (ptxas, CUDA 13.0, sm_90).
-  constexpr int kTokens = DECODE_LOOP ? 1 : Stash::kTokens;
+  constexpr int kTokens = DECODE_LOOP ? 1 : Shared::kChunk;
   constexpr int KPL = L::kKeys;
   // After the reduction of 2 kRows values, lane sub of a row's lanes holds value sub >> kShift: retrieval S'.k
   // of the lane's row (sub >> kShift) in the row's lower half of lanes, output S'.q of its row
   // (sub >> kShift) - kRows in the upper half.
   constexpr int kShift = log2_int(L::kLanes) - log2_int(2 * L::kRows);
   constexpr int kHalf = L::kLanes / 2;  // lane offset from a row's retrieval lanes to its output lanes
-  __shared__ Stash stash_all[kRecWarps];
   // One stage per warp: the next group's copies go out after the current group's first reduction, which has
   // consumed the rows read from it (a second buffer would exceed the 48 KB of static shared memory at R = 8).
-  __shared__ RecStage<L> stage_all[kRecWarps];
+  __shared__ Shared sh;
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int b = blockIdx.z;
   const int h = blockIdx.y;
   const int c_warp = (blockIdx.x * kRecWarps + warp) * ROWS * p.row_groups;
-  // A warp without rows leaves at once; the one barrier (rows of one chunk, below) counts the others.
+  // A warp without rows leaves at once; the one barrier (short rows, below) counts the others.
   if (c_warp >= p.dv) return;
   const int dk = p.dk;
-  Stash& stash = stash_all[warp];
-  RecStage<L>& stage = stage_all[warp];
+  Token* const warp_stash = sh.stash.warp[warp];
+  float (&v_stash)[Shared::kBlockTokens][32] = sh.v[warp];
+  RecStage<L>& stage = sh.stage[warp];
   const int slot = L::sub(lane) >> kShift;                    // which reduced value this lane holds
   const bool first_copy = (lane & ((1 << kShift) - 1)) == 0;  // the lane that writes it
   const int my_row = L::row(lane, slot % L::kRows);
@@ -596,8 +615,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   // constants, the inputs of the token this warp's prologue starts with, and this lane's value row of the
   // chunk's tokens, the last two at the guessed row start b T / B (right when every row has the same length;
   // what the offsets contradict is loaded again). The prologue starts with that token in decode, and with token
-  // `warp` of the row when rows may be longer (the block's warps share the prologue of rows of one chunk, one
-  // token each). The state, needed only after the prologue, goes out after them (kStageFirst, below).
+  // `warp` of the row when rows may be longer (the block's warps share the prologue of short rows, from
+  // their own token). The state, needed only after the prologue, goes out after them (kStageFirst, below).
   // The guess comes first: its 64-bit division is a call, before which ptxas waits for every load in flight.
   const int guess = p.total_tokens > 0 ? (int)((long long)b * p.total_tokens / p.batch) : -1;
   const int hk = h / (p.hv / p.hk);
@@ -667,15 +686,16 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     // k, q and the per-key decay into the row groups' layout through the warp's stash, with the scalars and the
     // value rows: each group reads them there. Held in registers across the groups, the scalars and values made
     // the loop spill at 128 registers once the start's loads went out together (ptxas, CUDA 13.0, sm_90).
-    stash_put<P>(stash.vec[0][0], lane, tv.k);
-    stash_put<P>(stash.vec[0][1], lane, tv.q);
-    if (p.decay_per_key) key_decay<P>(p, span.start, h, lane, tv.alpha, stash.vec[0][2]);
+    Token& tok = warp_stash[0];
+    stash_put<P>(tok.vec[0], lane, tv.k);
+    stash_put<P>(tok.vec[1], lane, tv.q);
+    if (p.decay_per_key) key_decay<P>(p, span.start, h, lane, tv.alpha, tok.vec[2]);
     if (lane == 0) {
-      stash.scalar[0][0] = tv.alpha;
-      stash.scalar[0][1] = token_beta<T, P>(p, first);
-      stash.scalar[0][2] = tv.qk();
+      tok.scalar[0] = tv.alpha;
+      tok.scalar[1] = token_beta<T, P>(p, first);
+      tok.scalar[2] = tv.qk();
     }
-    stash.v[0][lane] = to_f32(v_raw[0]);
+    v_stash[0][lane] = to_f32(v_raw[0]);
     __syncwarp();
     // One pointer per lane, stepped by ROWS per group: the output (output lanes) or the delta-capsule slot
     // (retrieval lanes; null without a capsule). Two, with the capture flag, spilled at 128 registers (ptxas).
@@ -689,12 +709,12 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       if (c0 >= p.dv) break;
       const bool more = rg + 1 < p.row_groups && c0 + ROWS < p.dv;
       const bool row_ok = c0 + my_row < p.dv;
-      const float v = stash.v[0][g + my_row];
-      const float alpha_head = stash.scalar[0][0], beta = stash.scalar[0][1], qk = stash.scalar[0][2];
-      decay_rows<L>(p, stash.vec[0][2], lane, alpha_head, S);  // before k and q are read: fewer registers
+      const float v = v_stash[0][g + my_row];
+      const float alpha_head = tok.scalar[0], beta = tok.scalar[1], qk = tok.scalar[2];
+      decay_rows<L>(p, tok.vec[2], lane, alpha_head, S);  // before k and q are read: fewer registers
       float k[KPL], q[KPL];
-      stash_get<L>(stash.vec[0][0], lane, k);
-      stash_get<L>(stash.vec[0][1], lane, q);
+      stash_get<L>(tok.vec[0], lane, k);
+      stash_get<L>(tok.vec[1], lane, q);
       const float x = reduce_rows<L>(S, k, q, lane);
       if (more && rg > 0) stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);
       // Retrieval lanes: the delta of their row; output lanes take their row's delta from lane l - kHalf.
@@ -716,27 +736,35 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     return;
   }
 
-  // Rows of at most kTokens tokens (decode, verify) run the prologue once, for every row group. In the general
-  // kernels the block's warps share it: warp w computes tokens w, w + block_warps, ... into the block's stash
-  // (that of warp 0), so each warp's start waits for one token's inputs and butterflies, not for every token's,
-  // and the output and delta addresses step per chunk (below). The decode kernels keep a prologue per warp and
-  // per-token addresses (their rows of more than one token are rare): with the general kernels' code their
-  // decode loop's SASS moved, and decode B=32 measured about 1% slower on the H200 (BENCHMARKS.md, session 13).
+  // Short rows (decode, verify) run the prologue once, for every row group: up to kBlockTokens tokens in the
+  // general kernels, whose block's warps share it: warp w computes tokens w, w + block_warps, ... into the
+  // block's stash, so each warp's start waits for one or two tokens' inputs and butterflies, not for every
+  // token's, and the output and delta addresses step per chunk (below). Run per warp and row group, chunk by
+  // chunk, rows of 8 tokens took 2.8x the time of rows of 4 (H200, session 17). The decode kernels keep a
+  // prologue per warp and per-token addresses (their rows of more than one token are rare): with the general
+  // kernels' code their decode loop's SASS moved, and decode B=32 measured about 1% slower on the H200
+  // (BENCHMARKS.md, session 13).
   constexpr bool kSharedPrologue = !DECODE_LOOP;
-  const bool one_chunk = span.len <= kTokens;
-  Stash& chunk_stash = one_chunk && kSharedPrologue ? stash_all[0] : stash;
-  if (one_chunk && span.len > 0) {
+  const bool one_prologue = span.len <= (kSharedPrologue ? Shared::kBlockTokens : kTokens);
+  Token* const prologue_stash = kSharedPrologue ? sh.stash.block : warp_stash;
+  if (one_prologue && span.len > 0) {
     if (span.start != guess) {
       if (!kSharedPrologue) load_token<T, P>(p, span.start, true, h, lane, qb, kb, first);
 #pragma unroll
       for (int t = 0; t < kTokens; ++t)
         v_raw[t] = lane_row_ok && t < span.len ? v_lane[(size_t)(span.start + t) * p.v_stride] : from_f32<T>(0.0f);
     }
-    // The warp's value rows of the chunk's tokens go through its own stash (ordered by the barrier below), each
+    // The warp's value rows of the row's tokens go through its own stash (ordered by the barrier below), each
     // group reading its rows there: held in registers across the groups, they made the verify loop spill at 128
     // registers once the start's loads went out together (ptxas, CUDA 13.0, sm_90).
 #pragma unroll
-    for (int t = 0; t < kTokens; ++t) stash.v[t][lane] = to_f32(v_raw[t]);
+    for (int t = 0; t < kTokens; ++t) v_stash[t][lane] = to_f32(v_raw[t]);
+    if (kSharedPrologue && span.len > kTokens) {  // the second chunk's (loaded here: rare, and off the start)
+#pragma unroll
+      for (int t = kTokens; t < Shared::kBlockTokens; ++t)
+        v_stash[t][lane] =
+            lane_row_ok && t < span.len ? to_f32(v_lane[(size_t)(span.start + t) * p.v_stride]) : 0.0f;
+    }
     if constexpr (kSharedPrologue) {
       // The block's warps that hold rows (warp 0 always does: the grid is ceil(dv / rows per block)), counted, not
       // divided: ptxas (sm_90) put an integer division for it before the first state loads, and decode measured
@@ -752,12 +780,12 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         load_token<T, P>(p, span.start + w, true, h, lane, qb, kb, first);
       // The capsule's decay and key slots: written by whichever warp computes the token, in the block that holds
       // value row 0 (of a head of the key head's group, for the key).
-      token_prologue<T, P>(p, chunk_stash, first, span.start, 0, w, block_warps, span.len, h, hk, gate, lane, qb,
+      token_prologue<T, P>(p, prologue_stash, first, span.start, 0, w, block_warps, span.len, h, hk, gate, lane, qb,
                            kb, m, cap, c_block == 0, c_block == 0 && h % (p.hv / p.hk) == 0);
       // Every warp of the block that holds rows: the stash (lanes' vectors, lane 0's scalars) is complete.
       named_barrier_sync(1, 32 * block_warps);
     } else {
-      token_prologue<T, P>(p, stash, first, span.start, 0, 0, 1, span.len, h, hk, gate, lane, qb, kb, m, cap,
+      token_prologue<T, P>(p, warp_stash, first, span.start, 0, 0, 1, span.len, h, hk, gate, lane, qb, kb, m, cap,
                            capture_decay, capture_key);
       __syncwarp();  // the scalars lane 0 wrote are read by every lane
     }
@@ -787,33 +815,36 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
 
     for (int t0 = 0; t0 < span.len; t0 += kTokens) {
       const int n = min(kTokens, span.len - t0);
-      if (!one_chunk) {
+      // The chunk's first slot in the stashes: rows of one prologue hold every token, longer rows the chunk's.
+      const int c = one_prologue ? t0 : 0;
+      if (!one_prologue) {
         __syncwarp();  // the previous chunk's stash reads are done
         TokenInputs<T, P> cur;
         load_token<T, P>(p, span.start + t0, true, h, lane, qb, kb, cur);
-        // The chunk's value rows of the warp (lane l: row c_warp + l), as the start does for rows of one chunk.
+        // The chunk's value rows of the warp (lane l: row c_warp + l), as the start does for short rows.
 #pragma unroll
         for (int t = 0; t < kTokens; ++t)
-          stash.v[t][lane] =
+          v_stash[t][lane] =
               lane_row_ok && t < n ? to_f32(v_lane[(size_t)(span.start + t0 + t) * p.v_stride]) : 0.0f;
-        token_prologue<T, P>(p, stash, cur, span.start, t0, 0, 1, n, h, hk, gate, lane, qb, kb, m, cap,
+        token_prologue<T, P>(p, warp_stash, cur, span.start, t0, 0, 1, n, h, hk, gate, lane, qb, kb, m, cap,
                              capture_decay && rg == 0, capture_key && rg == 0);
         __syncwarp();  // the scalars lane 0 wrote, and the value rows, are read by every lane
       }
       // This lane's value row of each token, read in the token's step: gathered into registers here, with a
       // branch per token, the group's start took about 120 instructions (Nsight Compute, session 16).
-      const float* v_row = &stash.v[0][rg * ROWS + my_row];
+      const float* v_row = &v_stash[c][rg * ROWS + my_row];
+      const Token* toks = (one_prologue ? prologue_stash : warp_stash) + c;
 
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) {
         if (t >= n) break;
         const int tok = span.start + t0 + t;
-        decay_rows<L>(p, chunk_stash.vec[t][2], lane, chunk_stash.scalar[t][0], S);  // before k, q: fewer registers
+        decay_rows<L>(p, toks[t].vec[2], lane, toks[t].scalar[0], S);  // before k, q: fewer registers
         float k[KPL], q[KPL];
-        stash_get<L>(chunk_stash.vec[t][0], lane, k);
-        stash_get<L>(chunk_stash.vec[t][1], lane, q);
-        const float beta = chunk_stash.scalar[t][1];
-        const float qk = chunk_stash.scalar[t][2];
+        stash_get<L>(toks[t].vec[0], lane, k);
+        stash_get<L>(toks[t].vec[1], lane, q);
+        const float beta = toks[t].scalar[1];
+        const float qk = toks[t].scalar[2];
         const float x = reduce_rows<L>(S, k, q, lane);
         if (!staged) {
           stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);
