@@ -166,6 +166,13 @@ def test_plan_grids_follow_the_geometry():
     assert (verify.kernel, verify.params.row_groups, verify.grid) == ("gdn_recurrent_f16_k128_r8", 4, (1, 48, 32))
     assert (decode.kernel, decode.params.row_groups, decode.grid) == ("gdn_recurrent_f16_k128_r8_decode", 1,
                                                                      (4, 48, 32))
+    # verify of up to 8 drafts keeps 4 groups (the block's prologue covers the rows in one pass); rows averaging
+    # more take one group per warp, so that the block shares each chunk's prologue
+    (verify8,) = plan.gdn_plan(_geo([8] * 32, capacity=8), "float16", plan.GdnParams(), arch=90,
+                               smem_optin=H100_SMEM)
+    (longer,) = plan.gdn_plan(_geo([9] * 32), "float16", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
+    assert (verify8.kernel, verify8.params.row_groups) == ("gdn_recurrent_f16_k128_r8", 4)
+    assert (longer.kernel, longer.params.row_groups, longer.grid) == ("gdn_recurrent_f16_k128_r8", 1, (4, 48, 32))
     # a warp serves at most REC_MAX_WARP_ROWS value rows, the defaults included
     assert max(plan.REC_ROW_VARIANTS[128]) * 4 <= plan.REC_MAX_WARP_ROWS
     with pytest.raises(ValueError, match="value rows per warp"):

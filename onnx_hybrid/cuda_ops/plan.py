@@ -77,6 +77,11 @@ REC_DECODE_ROWS = {128: (4, 8)}
 # share a block's per-token prologue over them. The decode instantiations take one group per warp, more blocks
 # in flight: 2-3% faster than 2 or 4 groups at B = 32 and 128 on the H200 (BENCHMARKS.md, session 16).
 REC_MIN_BLOCKS = 1024
+# Tokens per row whose per-token prologue a general kernel's block runs in one pass, shared by its warps
+# (gdn_recurrent.cu RecShared::kBlockTokens: two chunks). Longer rows share it chunk by chunk only where a warp has
+# one row group, which keeps its state in registers from chunk to chunk, so calls whose rows average more take one
+# group per warp (the chunked engine takes rows of SEQUENTIAL_MIN_TOKENS and more where it serves the call).
+REC_BLOCK_TOKENS = {32: 8, 64: 8, 128: 8, 256: 4, 512: 2}
 # Value rows per warp (rows x row groups) at most: a warp loads the values of all its rows in one access per
 # token, a row per lane (gdn_recurrent.cu). The defaults reach 8 x 4.
 REC_MAX_WARP_ROWS = 32
@@ -271,7 +276,8 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
         raise ValueError(f"rec_rows {rows} is not instantiated for key size {kmax}: {REC_ROW_VARIANTS[kmax]}")
     decode = (geo.total_tokens <= geo.batch and dtype in REC_DECODE_TYPES
               and rows in REC_DECODE_ROWS.get(kmax, ()))
-    rec.row_groups = rec_groups or (1 if decode else rec_row_groups(geo, rows))
+    long_rows = not use_chunked and geo.total_tokens > REC_BLOCK_TOKENS[kmax] * geo.batch
+    rec.row_groups = rec_groups or (1 if decode or long_rows else rec_row_groups(geo, rows))
     if rows * rec.row_groups > REC_MAX_WARP_ROWS:
         raise ValueError(f"rec_rows {rows} x rec_groups {rec.row_groups} exceeds {REC_MAX_WARP_ROWS} value rows "
                          f"per warp")

@@ -305,6 +305,17 @@ struct RecShared {
   RecStage<L> stage[kRecWarps];
 };
 
+// The block's warps that hold rows of a launch of `group_rows` (ROWS x row groups) rows per warp; warp 0 always
+// does (the grid is ceil(dv / rows per block)). Counted, not divided: ptxas (sm_90) put an integer division for it
+// before the first state loads, and decode measured about 1% slower with it (BENCHMARKS.md, session 13).
+__device__ __forceinline__ int rec_block_warps(const GdnParams& p, int group_rows) {
+  const int c_block = blockIdx.x * kRecWarps * group_rows;
+  int warps = 1;
+#pragma unroll
+  for (int w = 1; w < kRecWarps; ++w) warps += c_block + w * group_rows < p.dv;
+  return warps;
+}
+
 // One token's raw inputs for the prologue, loaded a token ahead. Loading issues no arithmetic on them (q and k
 // stay in the input type until token_values), so loads issued together are waited for together.
 template <typename T, class L>
@@ -746,6 +757,9 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   // (BENCHMARKS.md, session 13).
   constexpr bool kSharedPrologue = !DECODE_LOOP;
   const bool one_prologue = span.len <= (kSharedPrologue ? Shared::kBlockTokens : kTokens);
+  // Longer rows share each chunk's prologue in the same way where a warp has one row group (block_chunks, below;
+  // the plan's choice for such calls): its state then stays in registers from chunk to chunk. With more groups, a
+  // warp walks the row once per group, running the prologue itself for each chunk.
   Token* const prologue_stash = kSharedPrologue ? sh.stash.block : warp_stash;
   if (one_prologue && span.len > 0) {
     if (span.start != guess) {
@@ -766,13 +780,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
             lane_row_ok && t < span.len ? to_f32(v_lane[(size_t)(span.start + t) * p.v_stride]) : 0.0f;
     }
     if constexpr (kSharedPrologue) {
-      // The block's warps that hold rows (warp 0 always does: the grid is ceil(dv / rows per block)), counted, not
-      // divided: ptxas (sm_90) put an integer division for it before the first state loads, and decode measured
-      // about 1% slower with it (BENCHMARKS.md, session 13).
       const int c_block = blockIdx.x * kRecWarps * ROWS * p.row_groups;
-      int block_warps = 1;
-#pragma unroll
-      for (int w = 1; w < kRecWarps; ++w) block_warps += c_block + w * ROWS * p.row_groups < p.dv;
+      const int block_warps = rec_block_warps(p, ROWS * p.row_groups);
       // The warp index through a shuffle: the compiler then knows it is the same in every lane, so the
       // prologue's butterflies (whose trip count depends on it) need no fallback for a diverged warp (ptxas).
       const int w = __shfl_sync(0xffffffffu, warp, 0);  // this warp's first token of the row
@@ -815,25 +824,54 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
 
     for (int t0 = 0; t0 < span.len; t0 += kTokens) {
       const int n = min(kTokens, span.len - t0);
-      // The chunk's first slot in the stashes: rows of one prologue hold every token, longer rows the chunk's.
-      const int c = one_prologue ? t0 : 0;
+      // Tested here, not held across the loop: held, it made ptxas spill 12 B in the r8 general kernels (CUDA 13.0,
+      // sm_90), and verify 4 measured 2-5% slower at B = 32 (H200, session 17).
+      const bool block_chunks = kSharedPrologue && !one_prologue && p.row_groups == 1;
+      // The chunk's first slot in the stashes: rows of one prologue hold every token; longer rows the chunk's, in
+      // the block's stash alternately in its two halves (t0 is a multiple of kTokens).
+      const int c = one_prologue ? t0 : (block_chunks ? t0 & kTokens : 0);
       if (!one_prologue) {
-        __syncwarp();  // the previous chunk's stash reads are done
-        TokenInputs<T, P> cur;
-        load_token<T, P>(p, span.start + t0, true, h, lane, qb, kb, cur);
-        // The chunk's value rows of the warp (lane l: row c_warp + l), as the start does for short rows.
+        if constexpr (kSharedPrologue) {
+          // With block_chunks, warp w computes the chunk's token w (and w + block warps, ...) into the half of the
+          // block's stash that the previous chunk does not use: that half's last readers (of the chunk before)
+          // are past the previous chunk's barrier. Otherwise the warp computes every token into its own stash.
+          // One code path for both: one for each spilled 16 B in the r8 general kernels (ptxas, CUDA 13.0, sm_90).
+          const int step = block_chunks ? rec_block_warps(p, ROWS) : 1;
+          const int first = block_chunks ? __shfl_sync(0xffffffffu, warp, 0) : 0;
+          const bool block_row0 = block_chunks && blockIdx.x == 0;  // the block holds value row 0
+          if (!block_chunks) __syncwarp();  // the previous chunk's stash reads are done
+          TokenInputs<T, P> cur;
+          load_token<T, P>(p, span.start + t0 + first, first < n, h, lane, qb, kb, cur);
+          // The chunk's value rows of the warp (lane l: row c_warp + l), as the start does for short rows.
 #pragma unroll
-        for (int t = 0; t < kTokens; ++t)
-          v_stash[t][lane] =
-              lane_row_ok && t < n ? to_f32(v_lane[(size_t)(span.start + t0 + t) * p.v_stride]) : 0.0f;
-        token_prologue<T, P>(p, warp_stash, cur, span.start, t0, 0, 1, n, h, hk, gate, lane, qb, kb, m, cap,
-                             capture_decay && rg == 0, capture_key && rg == 0);
-        __syncwarp();  // the scalars lane 0 wrote, and the value rows, are read by every lane
+          for (int t = 0; t < kTokens; ++t)
+            v_stash[c + t][lane] =
+                lane_row_ok && t < n ? to_f32(v_lane[(size_t)(span.start + t0 + t) * p.v_stride]) : 0.0f;
+          token_prologue<T, P>(p, (block_chunks ? prologue_stash : warp_stash) + c, cur, span.start, t0, first, step,
+                               n, h, hk, gate, lane, qb, kb, m, cap, block_row0 || (capture_decay && rg == 0),
+                               block_chunks ? block_row0 && h % (p.hv / p.hk) == 0 : capture_key && rg == 0);
+          if (block_chunks) {
+            named_barrier_sync(1, 32 * step);
+          } else {
+            __syncwarp();  // the scalars lane 0 wrote, and the value rows, are read by every lane
+          }
+        } else {  // the decode kernels' rows of more than one token: kept apart, so their SASS stays as measured
+          __syncwarp();  // the previous chunk's stash reads are done
+          TokenInputs<T, P> cur;
+          load_token<T, P>(p, span.start + t0, true, h, lane, qb, kb, cur);
+#pragma unroll
+          for (int t = 0; t < kTokens; ++t)
+            v_stash[t][lane] =
+                lane_row_ok && t < n ? to_f32(v_lane[(size_t)(span.start + t0 + t) * p.v_stride]) : 0.0f;
+          token_prologue<T, P>(p, warp_stash, cur, span.start, t0, 0, 1, n, h, hk, gate, lane, qb, kb, m, cap,
+                               capture_decay && rg == 0, capture_key && rg == 0);
+          __syncwarp();  // the scalars lane 0 wrote, and the value rows, are read by every lane
+        }
       }
       // This lane's value row of each token, read in the token's step: gathered into registers here, with a
       // branch per token, the group's start took about 120 instructions (Nsight Compute, session 16).
       const float* v_row = &v_stash[c][rg * ROWS + my_row];
-      const Token* toks = (one_prologue ? prologue_stash : warp_stash) + c;
+      const Token* toks = (one_prologue || block_chunks ? prologue_stash : warp_stash) + c;
 
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) {

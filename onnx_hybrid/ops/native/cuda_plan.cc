@@ -149,7 +149,9 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
   const int large = cp::kRecRowsLarge[key];
   const int rows = RecRowGroups(geo, large) > 1 ? large : cp::kRecRowsSmall[key];
   const bool decode = geo.total_tokens <= geo.batch && HasDecodeInstantiation(type, key, rows);
-  rec.row_groups = decode ? 1 : RecRowGroups(geo, rows);  // plan.gdn_plan: decode kernels take one group per warp
+  // plan.gdn_plan: decode kernels take one group per warp, and so do calls of long rows (REC_BLOCK_TOKENS)
+  const bool long_rows = !use_chunked && geo.total_tokens > int64_t(cp::kRecBlockTokens[key]) * geo.batch;
+  rec.row_groups = decode || long_rows ? 1 : RecRowGroups(geo, rows);
   const int64_t rows_per_block = int64_t(cp::kRecWarps) * rows * rec.row_groups;
   KernelName recurrent("gdn_recurrent_", type);
   recurrent.Append("_k").Append(cp::kRecKeySizes[key]).Append("_r").Append(rows);

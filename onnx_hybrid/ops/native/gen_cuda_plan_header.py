@@ -44,7 +44,7 @@ def ints(values) -> str:
 
 def render(c: dict[str, object]) -> str:
     keys = tuple(c["REC_KEY_SIZES"])
-    for name in ("REC_ROW_VARIANTS", "REC_ROWS_LARGE", "REC_ROWS_SMALL"):
+    for name in ("REC_ROW_VARIANTS", "REC_ROWS_LARGE", "REC_ROWS_SMALL", "REC_BLOCK_TOKENS"):
         if tuple(c[name]) != keys:
             raise SystemExit(f"plan.py: {name} keys {tuple(c[name])} differ from REC_KEY_SIZES {keys}")
     decode = c["REC_DECODE_ROWS"]
@@ -75,6 +75,8 @@ def render(c: dict[str, object]) -> str:
         f"inline constexpr int kRecRowVariants[][{widest}] = {{{variants}}};",
         f"inline constexpr int kRecRowsLarge[] = {ints(c['REC_ROWS_LARGE'].values())};",
         f"inline constexpr int kRecRowsSmall[] = {ints(c['REC_ROWS_SMALL'].values())};",
+        "// Per key size: the most tokens per row whose prologue a general kernel's block runs in one pass.",
+        f"inline constexpr int kRecBlockTokens[] = {ints(c['REC_BLOCK_TOKENS'].values())};",
         "// Per key size: the rows per warp with a `_decode` instantiation (0 = none), for the types marked 1 in",
         "// kRecDecodeTypes (ElemType order).",
         f"inline constexpr int kRecDecodeRows[][{widest}] = {{{decode_rows}}};",
