@@ -12,8 +12,8 @@
 //
 // Per token a prologue that does not depend on the state (normalised q and k, decay, beta, q.k) runs once for
 // all row groups, into a stash in shared memory: in the general kernels, for rows of up to two chunks (verify),
-// the block's warps share it, a token or two each; otherwise each warp runs its own (chunk by chunk for longer
-// rows, and again for each of its row groups).
+// the block's warps share it, a token or two each; longer rows go chunk by chunk, the block's warps sharing each
+// chunk where a warp has one row group, else each warp running its own, again for each of its row groups.
 // Each row group then needs one reduction per token: with S' = S * decay, the retrieval S'.k and the pre-update
 // output S'.q reduce together, and the output follows as S'.q + u (k.q), because the update adds k u.
 //
@@ -287,9 +287,11 @@ __device__ __forceinline__ void unstage_rows(const RecStage<L>& stage, int lane,
 }
 
 // The kernel's shared memory. In the general kernels, rows of at most kBlockTokens tokens (verify of up to 8
-// drafts at K <= 128) run the per-token prologue once, shared by the block's warps, into the block's stash;
-// longer rows, and every row of the decode kernels, run it per warp (and chunk) into the warp's own stash. A
-// block holds one row, so the two are a union: the block's stash holds two chunks in the space of the warps'.
+// drafts at K <= 128) run the per-token prologue once, shared by the block's warps, into the block's stash.
+// Longer rows run it chunk by chunk: shared by the block's warps too where a warp has one row group (into the
+// block's stash, its two halves in turn), else per warp into the warp's own stash, as the decode kernels do for
+// every row. A block holds one row, so the two are a union: the block's stash holds two chunks in the space of
+// the warps'.
 // The warps' value rows of the stashed tokens, and each warp's stage for its next row group, sit beside them,
 // within 48 KB of static shared memory (45 KB at K = 128, 8 rows per warp).
 template <class L>
@@ -835,7 +837,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
           // With block_chunks, warp w computes the chunk's token w (and w + block warps, ...) into the half of the
           // block's stash that the previous chunk does not use: that half's last readers (of the chunk before)
           // are past the previous chunk's barrier. Otherwise the warp computes every token into its own stash.
-          // One code path for both: one for each spilled 16 B in the r8 general kernels (ptxas, CUDA 13.0, sm_90).
+          // One code path serves both: a path for each spilled 16 B in the r8 general kernels (ptxas, CUDA 13.0,
+          // sm_90).
           const int step = block_chunks ? rec_block_warps(p, ROWS) : 1;
           const int first = block_chunks ? __shfl_sync(0xffffffffu, warp, 0) : 0;
           const bool block_row0 = block_chunks && blockIdx.x == 0;  // the block holds value row 0
