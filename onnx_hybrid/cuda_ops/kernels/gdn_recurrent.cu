@@ -466,7 +466,7 @@ __device__ __forceinline__ void key_decay(const GdnParams& p, int tok, int h, in
 
 // The prologue of tokens t0 + t, t = first, first + step, ... < n of a row into stash slots t; `cur` holds token
 // t0 + first's inputs on entry. A warp alone runs every token (first 0, step 1); the warps of a block share the
-// block's stash for a short row (first = warp, step = its warps). With `capture_decay` /
+// block's stash for a short row, or a chunk of a longer one (first = warp, step = its warps). With `capture_decay` /
 // `capture_key` (the warps holding value row 0 of the head, or of the key head's group) it also writes the
 // captured decay and key slots. The caller orders the stash writes before their reads (warp or block barrier).
 template <typename T, class L>
@@ -845,7 +845,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
           if (!block_chunks) __syncwarp();  // the previous chunk's stash reads are done
           TokenInputs<T, P> cur;
           load_token<T, P>(p, span.start + t0 + first, first < n, h, lane, qb, kb, cur);
-          // The chunk's value rows of the warp (lane l: row c_warp + l), as the start does for short rows.
+          // The chunk's value rows of the warp (lane l: row c_warp + l), as the start does for short rows. Written
+          // out here and at the start: one helper for the three loads changed every general kernel's SASS.
 #pragma unroll
           for (int t = 0; t < kTokens; ++t)
             v_stash[c + t][lane] =
