@@ -435,17 +435,22 @@ __device__ __forceinline__ void token_values(const GdnParams& p, const TokenInpu
 }
 
 // The captured decay and key of the token in slot `slot` (spec/ops.md §2.9); the key by the lanes of the
-// first row (every lane group holds the whole key).
+// first row (every lane group holds the whole key). The capsule is read back only by a later replay, never by the
+// next kernel, so its slots go out as streaming (evict-first) stores, like the state: as normal stores they pushed
+// the call's inputs and outputs out of the L2, and verify with capture at B = 128 measured 3% slower (H200,
+// session 18). The general loop's delta slots do the same. The decode loop's delta slots and finish_group's zeros
+// (rows that capture fewer tokens than the capacity) stay normal stores: streaming, they made ptxas spill 8-12 B in
+// the decode kernels (CUDA 13.0, sm_90a).
 template <class L>
 __device__ __forceinline__ void capture_token(const GdnParams& p, const TokenValues<L>& tv, int slot, int h,
                                               int hk, int lane, float* cap, bool capture_decay, bool capture_key) {
-  if (capture_decay && lane == 0) cap[(size_t)slot * p.hv + h] = tv.alpha;
+  if (capture_decay && lane == 0) __stcs(cap + (size_t)slot * p.hv + h, tv.alpha);
   if (capture_key && lane < L::kLanes) {
     float* key = cap + gdn_capsule_key(p) + ((size_t)slot * p.hk + hk) * p.dk;
 #pragma unroll
     for (int i = 0; i < L::kKeys; ++i) {
       const int r = L::col(lane, i);
-      if (r < p.dk) key[r] = tv.k[i];
+      if (r < p.dk) __stcs(key + r, tv.k[i]);
     }
   }
 }
@@ -906,7 +911,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
             if (out_lane) {
               *reinterpret_cast<T*>(sp) = from_f32<T>(fmaf(u_pair, qk, x));
             } else {
-              *reinterpret_cast<float*>(sp) = u_mine;
+              __stcs(reinterpret_cast<float*>(sp), u_mine);  // a delta slot (capture_token says why streaming)
             }
           }
           sp += sstep;
