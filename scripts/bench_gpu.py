@@ -171,7 +171,7 @@ def graph_time(fns, reps=20) -> float:
 CASES = [
     ("decode B=1", [1], 0), ("decode B=32", [1] * 32, 0), ("decode B=128", [1] * 128, 0),
     ("verify 4 tok B=32 cap", [4] * 32, 4), ("verify 4 tok B=32", [4] * 32, 0),
-    ("verify 4 tok B=128 cap", [4] * 128, 4),
+    ("verify 4 tok B=128 cap", [4] * 128, 4), ("verify 4 tok B=128", [4] * 128, 0),
     # up to 8 drafted tokens per row (MTP / EAGLE-style drafters): the block-shared prologue's second chunk
     ("verify 8 tok B=32 cap", [8] * 32, 8), ("verify 8 tok B=128 cap", [8] * 128, 8),
     ("prefill 1x4096", [4096], 0), ("prefill 1x8192", [8192], 0), ("prefill 1x16384", [16384], 0),
