@@ -890,8 +890,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         decay_rows<L>(p, toks[t].vec[2], lane, toks[t].scalar[0], S);  // before k, q: fewer registers
         // Every state register is an operand of the decay, so the stage has been read: the next group's copy can
         // go out. Here rather than after the reduction, it is in flight for one reduction longer: verify with
-        // capture at B = 32 measured 1-4% faster (B = 128 level to 1%; H200, session 18), and the R = 8 kernels
-        // need 115 registers, not 124 (ptxas, CUDA 13.0, sm_90a; the sm_80 build no longer spills).
+        // capture at B = 32 measured 1-4% faster (B = 128 level to 1%; H200, session 18), and ptxas needed fewer
+        // registers at R = 8 (124 -> 115, CUDA 13.0, sm_90a; the sm_80 build stopped spilling).
         if (!staged) {
           stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);
           staged = true;
