@@ -1,5 +1,8 @@
 """CUDA kernels without a GPU: NVRTC compiles every kernel for sm_80 and sm_90a (a build break fails CI),
-the cubin cache behaves, and the launch plan picks the engines the contract asks for."""
+the cubin cache behaves, the launch plan picks the engines the contract asks for, and a raw stream handle reaches
+CuPy."""
+
+import warnings
 
 import pytest
 
@@ -195,3 +198,15 @@ def test_prep_serves_a_whole_group_per_block_only_on_large_grids():
     assert prep_grid([8192], prep_heads=1) == (128, 48, 1) and prep_grid([64], prep_heads=3) == (1, 16, 1)
     with pytest.raises(ValueError, match="does not divide"):
         prep_grid([64], prep_heads=2)
+
+
+def test_raw_stream_handles_reach_cupy_without_a_deprecation():
+    # The scratch allocation runs on the caller's stream, given as a raw handle: CuPy 14 deprecates
+    # ExternalStream, so the handle goes through the CUDA stream protocol (no GPU needed to wrap it).
+    import cupy
+    from onnx_hybrid.cuda_ops import api
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream = cupy.cuda.Stream.from_external(api._StreamHandle(0x1234))
+    assert stream.ptr == 0x1234

@@ -82,8 +82,19 @@ def _scratch(workspace: Any, nbytes: int, device: int, stream: int) -> DeviceTen
         return t
     import cupy
 
-    with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream, device):
+    with cupy.cuda.Device(device), cupy.cuda.Stream.from_external(_StreamHandle(stream)):
         return as_device_tensor(cupy.empty(-(-nbytes // 4), dtype=cupy.int32), "workspace")
+
+
+class _StreamHandle:
+    """A raw stream handle in the CUDA stream protocol, for CuPy's Stream.from_external (ExternalStream is
+    deprecated from CuPy 14)."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
 
 
 def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None, stream: Any = None,
