@@ -294,10 +294,15 @@ __device__ __forceinline__ void unstage_rows(const RecStage<L>& stage, int lane,
 // the warps'.
 // The warps' value rows of the stashed tokens, and each warp's stage for its next row group, sit beside them,
 // within 48 KB of static shared memory (45 KB at K = 128, 8 rows per warp).
-template <class L>
+// The decode kernels (DECODE) take one token at a time and share no prologue, so they hold one token per warp:
+// 23 KB at K = 128, R = 8. They load the state straight into registers, and those loads stage in the L1, which
+// gets what the blocks' shared memory leaves of the SM's 256 KB (the general kernels copy it past the L1). With
+// the general kernels' 45 KB, 4 blocks left it 60 KB, and forcing 28 KB made decode 7.5% slower; at 23 KB decode
+// measured level to 1% faster (B = 256), so 60 KB is about enough (H200, BENCHMARKS.md session 19).
+template <class L, bool DECODE>
 struct RecShared {
-  static constexpr int kChunk = rec_chunk_tokens(L::NPL);
-  static constexpr int kBlockTokens = 2 * kChunk;
+  static constexpr int kChunk = DECODE ? 1 : rec_chunk_tokens(L::NPL);
+  static constexpr int kBlockTokens = DECODE ? 1 : 2 * kChunk;
   using Token = RecToken<L::NPL>;
   union {
     Token block[kBlockTokens];
@@ -591,7 +596,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   // The per-token prologue's layout: one piece per lane, the fewest registers; its values reach the row groups
   // through the stash, in key order, so the two layouts need not agree.
   using P = RecLayout<NPL, 1, 32>;
-  using Shared = RecShared<L>;
+  using Shared = RecShared<L, DECODE_LOOP>;
   using Token = RecToken<NPL>;
   // Tokens per chunk of the general loop. The decode kernels take their rows of more than one token (rare in a
   // launch of at most one token per row) one at a time: their 4-token loop, beside the decode loop, spilled at
