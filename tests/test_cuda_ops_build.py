@@ -2,6 +2,7 @@
 the cubin cache behaves, the launch plan picks the engines the contract asks for, and a raw stream handle reaches
 CuPy."""
 
+import re
 import warnings
 
 import pytest
@@ -186,6 +187,22 @@ def test_plan_grids_follow_the_geometry():
     assert rec.kernel == "gdn_recurrent_bf16_k128_r2"
     (rec,) = plan.gdn_plan(_geo([1]), "float32", plan.GdnParams(), arch=90, smem_optin=H100_SMEM)
     assert rec.kernel == "gdn_recurrent_f32_k128_r4"
+
+
+def test_conv_and_replay_grids_follow_the_kernels_constants():
+    source = (compiler.KERNEL_DIR / "conv.cu").read_text()
+    kernel = {name: int(v) for name, v in re.findall(r"constexpr int (k\w+) = (\d+);", source)}
+    assert kernel["kConvThreads"] == plan.CONV_THREADS
+    assert kernel["kConvRunTokens"] == plan.CONV_TOKENS  # the output pass's run is the tokens it requests at once
+    assert (kernel["kReplayWarps"], kernel["kReplayRowsPerWarp"]) == (plan.REPLAY_WARPS, plan.REPLAY_ROWS)
+    # 16 bytes of channels per thread: 10240 channels are 10 blocks of 128 threads at fp16, 20 at fp32
+    geo = contract.ConvGeometry(2, 600, 10240, 4, 3, 0)
+    out, state = plan.conv_plan(geo, "float16", plan.ConvParams())
+    assert (out.grid, state.grid) == ((10, 600 // plan.CONV_TOKENS, 1), (10, 2, 1))
+    (rows,) = plan.conv_plan(contract.ConvGeometry(32, 32, 10240, 4, 3, 0), "float32", plan.ConvParams())
+    assert rows.kernel == "conv_rows_f32" and rows.grid == (20, 32, 1)
+    (replay,) = plan.gdn_replay_plan(plan.GdnReplayParams(batch=3, hv=48, dv=100, dk=128))
+    assert replay.grid == (4, 48, 3) and replay.block == (plan.REPLAY_WARPS * 32, 1, 1)
 
 
 def test_prep_serves_a_whole_group_per_block_only_on_large_grids():

@@ -472,11 +472,13 @@ def test_fla_agrees_where_it_applies():
     assert rel_err(out, fla_out) <= 3e-2 and rel_err(state, fla_state) <= 3e-2
 
 
-def run_conv(case, alias=False):
+def run_conv(case, alias=False, input_override=None):
     attrs = contract.resolve_attributes(contract.VARLEN_CAUSAL_CONV, case.attributes)
     f = case.feeds
     geo = contract.resolve_conv({k: (None if v is None else np.shape(v)) for k, v in f.items()}, attrs)
     dev = {k: to_gpu(v) for k, v in f.items()}
+    if input_override is not None:
+        dev["input"] = input_override
     act = TORCH_TYPES[np.dtype(f["input"].dtype)]
     outs = {"output": poisoned((geo.total_tokens, geo.channels), act),
             "final_state": dev["initial_state"] if alias else poisoned((geo.batch, geo.channels, geo.state_length), act),
@@ -504,6 +506,17 @@ CONV_CONFIGS = [
     # fused one-launch kernel).
     ("long-rows", dict(lengths=(40, 17, 1, 30)), 1e-5),
     ("long-rows-capture", dict(lengths=(40, 17, 1, 30), capacity=4, capture=(4, 2, 1, 0)), 1e-5),
+    # 16-byte channel vectors (conv.cu kConvVec: 8 per thread at 16-bit types, 4 at fp32) with 4 taps; the
+    # configs above with 16-bit types have 12 channels, so they take the element path.
+    ("f16-k4-vec", dict(dtype="float16", channels=64, capacity=2, capture=(2, 1, 0, 2)), 2e-2),
+    ("bf16-k4-vec", dict(dtype="bfloat16", channels=40), 2e-2),
+    ("decode-f16-vec", dict(dtype="float16", channels=64, lengths=(1, 1, 1, 1), capacity=1), 2e-2),
+    # Over plan.CONV_SHORT_TOKENS in all: runs of plan.CONV_TOKENS tokens per thread, rows starting and ending
+    # inside a run, rows shorter than the window, an empty row.
+    ("prefill-runs", dict(lengths=(300, 77, 2, 129, 5, 0, 40), channels=24, capacity=4,
+                          capture=(4, 2, 1, 0, 3, 4, 4)), 1e-5),
+    ("prefill-runs-f16", dict(dtype="float16", lengths=(300, 77, 2, 129, 5, 0, 40), channels=72), 2e-2),
+    ("prefill-runs-k3", dict(kernel_size=3, lengths=(300, 77, 2, 129), channels=24), 1e-5),
 ]
 
 
@@ -515,6 +528,24 @@ def test_conv_matches_reference(name, kwargs, tol):
     assert rel_err(out, ref_out) <= tol
     assert np.array_equal(state.astype(np.float64), ref_state)  # raw samples: exact
     assert np.array_equal(cap.astype(np.float64), ref_cap)  # bit copies and zeros: exact
+
+
+@pytest.mark.parametrize("dtype,channels", [("float", 24), ("float16", 64), ("bfloat16", 40)])
+@pytest.mark.parametrize("lengths", [(10, 5, 1, 8), (300, 77, 2, 129, 5, 0, 40)], ids=["one-launch", "two-pass"])
+def test_conv_vector_path_equals_element_path(dtype, channels, lengths):
+    """The 16-byte path (aligned tensors) and the element path (an input one element off 16 bytes) give the
+    same bits: outputs, state and capsule."""
+    case = random_conv_case(np.random.default_rng(channels), lengths=lengths, dtype=dtype, channels=channels,
+                            capacity=3, capture=[3, 1, 0, 2, 3, 3, 1][:len(lengths)])
+    aligned = run_conv(case)
+    x = to_gpu(case.feeds["input"])
+    shifted = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+    shifted[1:] = x.reshape(-1)
+    misaligned = shifted[1:].view(x.shape)
+    assert misaligned.data_ptr() % 16
+    elements = run_conv(case, input_override=misaligned)
+    for a, e in zip(aligned, elements):
+        assert a.tobytes() == e.tobytes()
 
 
 @pytest.mark.parametrize("lengths", [(10, 5, 1, 8), (30, 12, 1, 20)], ids=["one-launch", "two-pass"])

@@ -12,6 +12,7 @@ import ctypes
 from dataclasses import dataclass
 
 from ..ops.contract import ConvGeometry, GdnGeometry
+from .tensors import ELEMENT_SIZE
 
 _p = ctypes.c_void_p
 _i = ctypes.c_int
@@ -107,14 +108,18 @@ CHUNK_PREP_SMEM_BYTES = 115200
 # SMs. Below it, one value head per block: more blocks in flight for short calls.
 CHUNK_PREP_SHARED_MIN_BLOCKS = 264
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
-CONV_THREADS, CONV_TOKENS = 128, 16
+# CONV_TOKENS: tokens per thread of the conv output pass on long calls, which conv.cu's kConvRunTokens requests at
+# once (the two must match; the kernel takes its run length from the grid's height).
+CONV_THREADS, CONV_TOKENS = 128, 8
+# Each conv thread holds 16 bytes of channels (conv.cu kConvVec: 8 at 16-bit types, 4 at fp32).
+CONV_VECTOR_BYTES = 16
 # At or below this many tokens (decode, verify) each output thread computes one token: a short call then
-# spreads over total_tokens blocks instead of a few serial runs of CONV_TOKENS dependent loads.
+# spreads over total_tokens blocks instead of a few runs of CONV_TOKENS tokens.
 CONV_SHORT_TOKENS = 256
 # At most this many tokens per request on average (decode, speculative verify): one fused launch, a thread
-# per (request, channel) doing its row's outputs and then its state (conv_rows).
+# per (request, 16 bytes of channels) doing its row's outputs and then its state (conv_rows).
 CONV_ROW_TOKENS = 8
-REPLAY_THREADS = 256
+REPLAY_WARPS, REPLAY_ROWS = 4, 8  # GDN replay: warps per block, value rows per warp (conv.cu kReplay*)
 
 TYPE_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
@@ -293,11 +298,16 @@ def conv_tokens_per_block(total_tokens: int) -> int:
     return 1 if total_tokens <= CONV_SHORT_TOKENS else CONV_TOKENS
 
 
+def conv_channel_blocks(channels: int, dtype: str) -> int:
+    """Blocks across the channels of a conv launch: CONV_THREADS threads of CONV_VECTOR_BYTES of channels each."""
+    return _ceil(channels, CONV_THREADS * (CONV_VECTOR_BYTES // ELEMENT_SIZE[dtype]))
+
+
 def conv_plan(geo: ConvGeometry, dtype: str, params: ConvParams) -> list[Launch]:
     """Output pass (reads the incoming state), then the state and capsule pass (may overwrite it); for short
     rows both in one launch."""
     sfx = TYPE_SUFFIX[dtype]
-    cx = _ceil(geo.channels, CONV_THREADS)
+    cx = conv_channel_blocks(geo.channels, dtype)
     if geo.total_tokens <= CONV_ROW_TOKENS * geo.batch:
         return [Launch(f"conv_rows_{sfx}", (cx, geo.batch, 1), (CONV_THREADS, 1, 1), 0, params)]
     return [
@@ -308,12 +318,13 @@ def conv_plan(geo: ConvGeometry, dtype: str, params: ConvParams) -> list[Launch]
 
 
 def gdn_replay_plan(params: GdnReplayParams) -> list[Launch]:
-    n = params.batch * params.hv * params.dv * params.dk
-    return [Launch("gdn_replay_f32", (_ceil(n, REPLAY_THREADS), 1, 1), (REPLAY_THREADS, 1, 1), 0, params)]
+    """REPLAY_WARPS warps per block, each on REPLAY_ROWS value rows of one (request, head) (conv.cu gdn_replay_f32)."""
+    return [Launch("gdn_replay_f32", (_ceil(params.dv, REPLAY_WARPS * REPLAY_ROWS), params.hv, params.batch),
+                   (REPLAY_WARPS * 32, 1, 1), 0, params)]
 
 
 def conv_replay_plan(dtype: str, params: ConvReplayParams) -> list[Launch]:
-    return [Launch(f"conv_replay_{TYPE_SUFFIX[dtype]}", (_ceil(params.channels, CONV_THREADS), params.batch, 1),
+    return [Launch(f"conv_replay_{TYPE_SUFFIX[dtype]}", (conv_channel_blocks(params.channels, dtype), params.batch, 1),
                    (CONV_THREADS, 1, 1), 0, params)]
 
 

@@ -3,7 +3,12 @@
 
 namespace ohk {
 
-constexpr int kConvThreads = 128;  // channels per block
+constexpr int kConvThreads = 128;  // threads per block, each holding kConvVec channels (below)
+
+// SiLU with the fast intrinsics (ex2.approx, rcp.approx): the exact expf and IEEE division made the conv's output
+// pass arithmetic-bound, 48% of its byte floor against 63-72% with these (H200, BENCHMARKS.md session 20). Their
+// relative error (a few 1e-7 here) is far below the outputs' fp16 / bf16 rounding and the fp32 tests' 1e-5.
+__device__ __forceinline__ float conv_silu(float z) { return __fdividef(z, 1.f + __expf(-z)); }
 
 // One output: token `pos` of request b (row span `span`) on channel c. Taps before the row's first token read
 // the request's incoming state.
@@ -19,7 +24,7 @@ __device__ __forceinline__ T conv_value(const ConvParams& p, int b, RowSpan span
                               : to_f32(st[((size_t)b * p.channels + c) * p.state_len + p.state_len + src]);
     z = fmaf(to_f32(w[j]), xv, z);
   }
-  if (p.silu) z = z / (1.f + expf(-z));
+  if (p.silu) z = conv_silu(z);
   return from_f32<T>(z);
 }
 
@@ -28,39 +33,218 @@ __device__ __forceinline__ float conv_bias(const ConvParams& p, int c) {
   return p.bias != nullptr ? to_f32(static_cast<const T*>(p.bias)[c]) : 0.f;
 }
 
-// Output pass: thread = (channel, run of consecutive tokens of the packed axis; the run's length follows
-// from the grid's height, which the plan picks: plan.py conv_tokens_per_block). Each token's
-// request is found by binary search over the clamped offsets; tokens outside every request (malformed
-// offsets only) are left unwritten. Reads the incoming state, writes none of it, so it runs before the
-// state pass even when initial_state and final_state alias.
+// Each thread owns kConvVec<T> consecutive channels: 16 bytes of them. The real models' convolutions (4 taps,
+// dilation 1, channel counts a multiple of 8, allocations 16-byte aligned) take a 16-byte path: one vector
+// load or store per token and 16 bytes of channels, and a window of the last three inputs in registers, so each
+// input is read once per run of tokens. Element loads and stores made the prefill's output pass read every
+// input four times, two bytes at a time (27B, 1 x 4096: 320 us, 12% of its byte floor; BENCHMARKS.md).
+// Every other shape walks the thread's channels one by one through the element path; both do the same
+// arithmetic in the same order, so the path never changes a bit.
 template <typename T>
-__device__ __forceinline__ void conv_output(const ConvParams& p) {
-  const int c = blockIdx.x * kConvThreads + threadIdx.x;
-  if (c >= p.channels) return;
-  const int tokens_per_block = (p.total_tokens + gridDim.y - 1) / gridDim.y;
-  const int t_begin = blockIdx.y * tokens_per_block;
-  const int t_end = min(t_begin + tokens_per_block, p.total_tokens);
-  T* out = static_cast<T*>(p.out);
-  const float bias = conv_bias<T>(p, c);
+constexpr int kConvVec = 16 / sizeof(T);
+constexpr int kConvTaps = 4;  // the 16-byte path's kernel size (state of 3 samples, dilation 1)
+// Tokens whose inputs a thread of the 16-byte path requests at once (plan.py CONV_TOKENS, the output pass's run):
+// loaded one token at a time, each waited for before the next went out, the prefill's output pass reached 22% of
+// its byte floor (H200, BENCHMARKS.md session 20).
+constexpr int kConvRunTokens = 8;
 
-  // last request whose clamped start is <= t_begin
+template <typename T>
+struct alignas(16) ConvPack {
+  T v[kConvVec<T>];
+};
+
+template <typename T>
+__device__ __forceinline__ ConvPack<T> conv_load(const void* base, size_t element) {
+  return *reinterpret_cast<const ConvPack<T>*>(static_cast<const T*>(base) + element);
+}
+template <typename T>
+__device__ __forceinline__ void conv_store(void* base, size_t element, const ConvPack<T>& x) {
+  *reinterpret_cast<ConvPack<T>*>(static_cast<T*>(base) + element) = x;
+}
+
+__device__ __forceinline__ bool aligned16(const void* ptr) { return (reinterpret_cast<size_t>(ptr) & 15) == 0; }
+
+// Decided once per call from its parameters, the same in every thread.
+template <typename T>
+__device__ __forceinline__ bool conv_vector_path(const ConvParams& p) {
+  return p.kernel_size == kConvTaps && p.dilation == 1 && p.state_len == kConvTaps - 1 &&
+         p.channels % kConvVec<T> == 0 && aligned16(p.x) && aligned16(p.weight) &&
+         (p.bias == nullptr || aligned16(p.bias)) && aligned16(p.state_in) && aligned16(p.out) &&
+         aligned16(p.state_out) && (p.capsule == nullptr || aligned16(p.capsule));
+}
+
+// Where a window's samples come from: the incoming state [B, Ch, 3], then a row of inputs [tokens, Ch] (the
+// row's first at `inputs`: the request's inputs, or a capsule's slots in a replay).
+struct ConvSamples {
+  const void* state;
+  const void* inputs;
+  int channels;
+};
+
+template <typename T>
+__device__ __forceinline__ ConvSamples conv_row_samples(const ConvParams& p, RowSpan span) {
+  return {p.state_in, static_cast<const T*>(p.x) + (size_t)span.start * p.channels, p.channels};
+}
+
+// A thread's channels c0 .. c0 + kConvVec - 1 in the 16-byte path: taps and bias in fp32, and the window of the
+// three inputs before the next token (win[0] the oldest), in fp32.
+template <typename T>
+struct ConvChannels {
+  static constexpr int N = kConvVec<T>;
+  float w[N][kConvTaps];
+  float bias[N];
+  float win[kConvTaps - 1][N];
+
+  __device__ void load_taps(const ConvParams& p, int c0) {
+#pragma unroll
+    for (int q = 0; q < kConvTaps * N / kConvVec<T>; ++q) {  // [Ch, 1, 4]: the thread's 4 N taps are contiguous
+      const ConvPack<T> x = conv_load<T>(p.weight, (size_t)c0 * kConvTaps + q * N);
+#pragma unroll
+      for (int e = 0; e < N; ++e) w[(q * N + e) / kConvTaps][(q * N + e) % kConvTaps] = to_f32(x.v[e]);
+    }
+    ConvPack<T> b{};
+    if (p.bias != nullptr) b = conv_load<T>(p.bias, c0);
+#pragma unroll
+    for (int i = 0; i < N; ++i) bias[i] = p.bias != nullptr ? to_f32(b.v[i]) : 0.f;
+  }
+
+  // The request's incoming state of these channels ([B, Ch, 3]: 3 N contiguous samples) as the window.
+  __device__ void load_state(const ConvSamples& src, int b, int c0) {
+    ConvPack<T> s[kConvTaps - 1];
+#pragma unroll
+    for (int q = 0; q < kConvTaps - 1; ++q)
+      s[q] = conv_load<T>(src.state, ((size_t)b * src.channels + c0) * (kConvTaps - 1) + q * N);
+#pragma unroll
+    for (int k = 0; k < (kConvTaps - 1) * N; ++k)
+      win[k % (kConvTaps - 1)][k / (kConvTaps - 1)] = to_f32(s[k / N].v[k % N]);
+  }
+
+  // The window before input `pos` of the row: earlier inputs of the row, else the incoming state.
+  __device__ void load_window(const ConvSamples& src, int b, int pos, int c0) {
+    if (pos < kConvTaps - 1) load_state(src, b, c0);
+#pragma unroll
+    for (int j = 0; j < kConvTaps - 1; ++j) {
+      const int at = pos - (kConvTaps - 1) + j;
+      if (at >= 0) {
+        const ConvPack<T> x = conv_load<T>(src.inputs, (size_t)at * src.channels + c0);
+#pragma unroll
+        for (int i = 0; i < N; ++i) win[j][i] = to_f32(x.v[i]);
+      } else if (pos > 0) {  // the state's newest samples move up to make room for the row's first inputs
+        // slot j + pos (>= j, not yet overwritten), chosen by selects: an index computed at run time would put
+        // the window in local memory
+        const int k = j + pos;
+#pragma unroll
+        for (int i = 0; i < N; ++i) win[j][i] = k == 2 ? win[2][i] : (k == 1 ? win[1][i] : win[0][i]);
+      }
+    }
+  }
+
+  // Output of the input `x` (the token after the window), as conv_value computes it; then x joins the window.
+  __device__ ConvPack<T> step(const ConvParams& p, const ConvPack<T>& x) {
+    ConvPack<T> out;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float xi = to_f32(x.v[i]);
+      float z = bias[i];
+#pragma unroll
+      for (int j = 0; j < kConvTaps - 1; ++j) z = fmaf(w[i][j], win[j][i], z);
+      z = fmaf(w[i][kConvTaps - 1], xi, z);
+      if (p.silu) z = conv_silu(z);
+      out.v[i] = from_f32<T>(z);
+#pragma unroll
+      for (int j = 0; j + 1 < kConvTaps - 1; ++j) win[j][i] = win[j + 1][i];
+      win[kConvTaps - 2][i] = xi;
+    }
+    return out;
+  }
+
+  // The window as the request's new state ([B, Ch, 3]).
+  __device__ void store_state(void* state, int channels, int b, int c0) const {
+    ConvPack<T> s[kConvTaps - 1];
+#pragma unroll
+    for (int k = 0; k < (kConvTaps - 1) * N; ++k)
+      s[k / N].v[k % N] = from_f32<T>(win[k % (kConvTaps - 1)][k / (kConvTaps - 1)]);
+#pragma unroll
+    for (int q = 0; q < kConvTaps - 1; ++q)
+      conv_store<T>(state, ((size_t)b * channels + c0) * (kConvTaps - 1) + q * N, s[q]);
+  }
+};
+
+// The capsule row of (request b, these channels): inputs for t < m, zeros after ([B, capacity, Ch]).
+template <typename T>
+__device__ __forceinline__ void conv_capture(const ConvParams& p, int b, RowSpan span, int c0) {
+  const int m = max(0, min(p.capture_count[b], min(p.capacity, span.len)));
+  for (int t = 0; t < p.capacity; ++t) {
+    const ConvPack<T> x = t < m ? conv_load<T>(p.x, (size_t)(span.start + t) * p.channels + c0) : ConvPack<T>{};
+    conv_store<T>(p.capsule, ((size_t)b * p.capacity + t) * p.channels + c0, x);
+  }
+}
+
+// The request whose clamped row holds token t (the last whose start is <= t), by binary search.
+__device__ __forceinline__ int conv_row_of(const ConvParams& p, int t) {
   int lo = 0, hi = p.batch - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (row_span(p.cu_seqlens, 0, mid, p.total_tokens).start <= t_begin) lo = mid; else hi = mid - 1;
+    if (row_span(p.cu_seqlens, 0, mid, p.total_tokens).start <= t) lo = mid; else hi = mid - 1;
   }
-  int b = lo;
+  return lo;
+}
+
+// Output pass: thread = (kConvVec channels, run of consecutive tokens of the packed axis; the run's length
+// follows from the grid's height, which the plan picks: plan.py conv_tokens_per_block). Tokens outside every
+// request (malformed offsets only) are left unwritten. Reads the incoming state, writes none of it, so it runs
+// before the state pass even when initial_state and final_state alias.
+template <typename T>
+__device__ __forceinline__ void conv_output(const ConvParams& p) {
+  const int c0 = (blockIdx.x * kConvThreads + threadIdx.x) * kConvVec<T>;
+  if (c0 >= p.channels) return;
+  const int tokens_per_block = (p.total_tokens + gridDim.y - 1) / gridDim.y;
+  const int t_begin = blockIdx.y * tokens_per_block;
+  const int t_end = min(t_begin + tokens_per_block, p.total_tokens);
+  int b = conv_row_of(p, t_begin);
   RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
+  const bool vec = conv_vector_path<T>(p);
+  ConvChannels<T> chans;
+  if (vec) {
+    chans.load_taps(p, c0);
+    // A whole run inside one row, which no later row's start cuts (malformed offsets may overlap rows): every
+    // input requested at once, then the run's outputs. The loop below gives the same bits one token at a time.
+    const int pos0 = t_begin - span.start;
+    if (t_end - t_begin == kConvRunTokens && pos0 >= 0 && pos0 + kConvRunTokens <= span.len &&
+        (b + 1 == p.batch || row_span(p.cu_seqlens, 0, b + 1, p.total_tokens).start >= t_end)) {
+      ConvPack<T> xs[kConvRunTokens];
+#pragma unroll
+      for (int i = 0; i < kConvRunTokens; ++i) xs[i] = conv_load<T>(p.x, (size_t)(t_begin + i) * p.channels + c0);
+      chans.load_window(conv_row_samples<T>(p, span), b, pos0, c0);
+#pragma unroll
+      for (int i = 0; i < kConvRunTokens; ++i)
+        conv_store<T>(p.out, (size_t)(t_begin + i) * p.channels + c0, chans.step(p, xs[i]));
+      return;
+    }
+  }
+  bool window = false;  // whether chans.win holds the inputs before token t
   for (int t = t_begin; t < t_end; ++t) {
     while (b + 1 < p.batch) {
       const RowSpan next = row_span(p.cu_seqlens, 0, b + 1, p.total_tokens);
       if (next.start > t) break;
       b += 1;
       span = next;
+      window = false;
     }
     const int pos = t - span.start;
-    if (pos < 0 || pos >= span.len) continue;
-    out[(size_t)t * p.channels + c] = conv_value<T>(p, b, span, pos, c, bias);
+    if (pos < 0 || pos >= span.len) {
+      window = false;
+      continue;
+    }
+    if (!vec) {
+      for (int c = c0; c < min(c0 + kConvVec<T>, p.channels); ++c)
+        static_cast<T*>(p.out)[(size_t)t * p.channels + c] = conv_value<T>(p, b, span, pos, c, conv_bias<T>(p, c));
+      continue;
+    }
+    if (!window) chans.load_window(conv_row_samples<T>(p, span), b, pos, c0);
+    window = true;
+    const size_t at = (size_t)t * p.channels + c0;
+    conv_store<T>(p.out, at, chans.step(p, conv_load<T>(p.x, at)));
   }
 }
 
@@ -84,74 +268,168 @@ __device__ __forceinline__ void conv_state_of(const ConvParams& p, int b, RowSpa
   }
 }
 
-// State pass: thread = (request, channel).
+// State pass: thread = (request, kConvVec channels). The 16-byte path reads the whole incoming state of its
+// channels before writing any of it, so initial_state may alias final_state.
 template <typename T>
 __device__ __forceinline__ void conv_state(const ConvParams& p) {
-  const int c = blockIdx.x * kConvThreads + threadIdx.x;
+  const int c0 = (blockIdx.x * kConvThreads + threadIdx.x) * kConvVec<T>;
   const int b = blockIdx.y;
-  if (c >= p.channels) return;
-  conv_state_of<T>(p, b, row_span(p.cu_seqlens, 0, b, p.total_tokens), c);
+  if (c0 >= p.channels) return;
+  const RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
+  if (!conv_vector_path<T>(p)) {
+    for (int c = c0; c < min(c0 + kConvVec<T>, p.channels); ++c) conv_state_of<T>(p, b, span, c);
+    return;
+  }
+  ConvChannels<T> chans;
+  chans.load_window(conv_row_samples<T>(p, span), b, span.len, c0);  // after the row's last input: the new state
+  chans.store_state(p.state_out, p.channels, b, c0);
+  if (p.capsule != nullptr) conv_capture<T>(p, b, span, c0);
 }
 
-// Both passes in one launch for short rows (decode, verify): thread = (request, channel) computes its row's
-// outputs, which read the old state, and only then writes the new state, so one thread owns every access to
-// its (request, channel) state and initial_state may alias final_state. One launch instead of two is most of
-// the node's host cost at these sizes.
+// Both passes in one launch for short rows (decode, verify): thread = (request, kConvVec channels) computes its
+// row's outputs, which read the old state, and only then writes the new state, so one thread owns every access
+// to its (request, channels) state and initial_state may alias final_state. One launch instead of two is most
+// of the node's host cost at these sizes.
 template <typename T>
 __device__ __forceinline__ void conv_rows(const ConvParams& p) {
-  const int c = blockIdx.x * kConvThreads + threadIdx.x;
+  const int c0 = (blockIdx.x * kConvThreads + threadIdx.x) * kConvVec<T>;
   const int b = blockIdx.y;
-  if (c >= p.channels) return;
+  if (c0 >= p.channels) return;
   const RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
-  T* out = static_cast<T*>(p.out);
-  const float bias = conv_bias<T>(p, c);
-  for (int pos = 0; pos < span.len; ++pos)
-    out[(size_t)(span.start + pos) * p.channels + c] = conv_value<T>(p, b, span, pos, c, bias);
-  conv_state_of<T>(p, b, span, c);
+  if (!conv_vector_path<T>(p)) {
+    T* out = static_cast<T*>(p.out);
+    for (int c = c0; c < min(c0 + kConvVec<T>, p.channels); ++c) {
+      const float bias = conv_bias<T>(p, c);
+      for (int pos = 0; pos < span.len; ++pos)
+        out[(size_t)(span.start + pos) * p.channels + c] = conv_value<T>(p, b, span, pos, c, bias);
+      conv_state_of<T>(p, b, span, c);
+    }
+    return;
+  }
+  ConvChannels<T> chans;
+  // The row's first kConvRunTokens inputs are requested with the taps and the state, so a thread waits once.
+  ConvPack<T> xs[kConvRunTokens];
+#pragma unroll
+  for (int i = 0; i < kConvRunTokens; ++i)
+    if (i < span.len) xs[i] = conv_load<T>(p.x, (size_t)(span.start + i) * p.channels + c0);
+  chans.load_taps(p, c0);
+  chans.load_state(conv_row_samples<T>(p, span), b, c0);
+#pragma unroll
+  for (int i = 0; i < kConvRunTokens; ++i)
+    if (i < span.len) conv_store<T>(p.out, (size_t)(span.start + i) * p.channels + c0, chans.step(p, xs[i]));
+  for (int pos = kConvRunTokens; pos < span.len; ++pos) {
+    const size_t at = (size_t)(span.start + pos) * p.channels + c0;
+    conv_store<T>(p.out, at, chans.step(p, conv_load<T>(p.x, at)));
+  }
+  chans.store_state(p.state_out, p.channels, b, c0);
+  if (p.capsule != nullptr) conv_capture<T>(p, b, span, c0);
 }
 
 // Conv replay: after n accepted steps the state is the last SL samples of (old state, capsule[0:n)).
+// thread = (request, kConvVec channels): in the 16-byte path the window after n inputs of the capsule, as the
+// state pass takes it after the row's inputs; else each channel by the element path.
 template <typename T>
 __device__ __forceinline__ void conv_replay(const ConvReplayParams& p) {
-  const int c = blockIdx.x * kConvThreads + threadIdx.x;
+  const int c0 = (blockIdx.x * kConvThreads + threadIdx.x) * kConvVec<T>;
   const int b = blockIdx.y;
-  if (c >= p.channels) return;
+  if (c0 >= p.channels) return;
   const int n = max(0, min(p.accepted[b], p.capacity));
-  const T* st = static_cast<const T*>(p.state_in) + ((size_t)b * p.channels + c) * p.state_len;
-  T* so = static_cast<T*>(p.state_out) + ((size_t)b * p.channels + c) * p.state_len;
-  const T* cap = static_cast<const T*>(p.capsule) + (size_t)b * p.capacity * p.channels + c;
-  for (int i = 0; i < p.state_len; ++i) {
-    const int src = n + i;
-    so[i] = src < p.state_len ? st[src] : cap[(size_t)(src - p.state_len) * p.channels];
+  const T* capsule = static_cast<const T*>(p.capsule) + (size_t)b * p.capacity * p.channels;
+  if (p.state_len == kConvTaps - 1 && p.channels % kConvVec<T> == 0 && aligned16(p.state_in) &&
+      aligned16(p.state_out) && aligned16(capsule)) {
+    ConvChannels<T> chans;
+    chans.load_window(ConvSamples{p.state_in, capsule, p.channels}, b, n, c0);
+    chans.store_state(p.state_out, p.channels, b, c0);
+    return;
+  }
+  for (int c = c0; c < min(c0 + kConvVec<T>, p.channels); ++c) {
+    const T* st = static_cast<const T*>(p.state_in) + ((size_t)b * p.channels + c) * p.state_len;
+    T* so = static_cast<T*>(p.state_out) + ((size_t)b * p.channels + c) * p.state_len;
+    for (int i = 0; i < p.state_len; ++i) {
+      const int src = n + i;
+      so[i] = src < p.state_len ? st[src] : capsule[(size_t)(src - p.state_len) * p.channels + c];
+    }
   }
 }
 
 }  // namespace ohk
 
-constexpr int kReplayThreads = 256;
+constexpr int kReplayWarps = 4;        // warps per block of the GDN replay
+constexpr int kReplayRowsPerWarp = 8;  // value rows per warp: 4 KB of state in flight per warp at Dk = 128
+constexpr int kReplayAhead = 4;        // tokens whose capsule values are requested with the state
 
-// GDN replay (spec/ops.md §2.10): thread = one state element; CUDA rounding S = fma(key, delta, S * decay).
-extern "C" __global__ void __launch_bounds__(kReplayThreads) gdn_replay_f32(const GdnReplayParams p) {
+// GDN replay (spec/ops.md §2.10): a warp per kReplayRowsPerWarp value rows of (request b, head h), lanes across
+// the key axis in 16-byte pieces; CUDA rounding S = fma(key, delta, S * decay), token by token. A token's decay
+// and key row are shared by the warp's rows, its delta is one value per row. The first kReplayAhead tokens'
+// values and the rows' state are all requested before any is used, so a warp waits for memory once. A thread per
+// state element, which found its (request, head, row, column) by 64-bit divisions, took 1.3 ms at 27B, B = 128
+// (15% of the byte floor); a warp per row, 379 us (51%; H200, BENCHMARKS.md session 20).
+extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(const GdnReplayParams p) {
+  constexpr int R = kReplayRowsPerWarp, A = kReplayAhead;
   ohk::wait_for_inputs();
-  const size_t per_row = (size_t)p.hv * p.dv * p.dk;
-  const size_t i = (size_t)blockIdx.x * kReplayThreads + threadIdx.x;
-  if (i >= per_row * p.batch) return;
-  const int b = (int)(i / per_row);
-  const size_t e = i % per_row;
-  const int h = (int)(e / ((size_t)p.dv * p.dk));
-  const int c = (int)(e / p.dk % p.dv);
-  const int r = (int)(e % p.dk);
+  const int lane = threadIdx.x & 31;
+  const int c0 = (blockIdx.x * kReplayWarps + (threadIdx.x >> 5)) * R;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  if (c0 >= p.dv) return;
   const int hk = h / (p.hv / p.hk);
   const int n = max(0, min(p.accepted[b], p.capacity));
+  const int rows = min(R, p.dv - c0);
   const float* cap = p.capsule + (size_t)b * p.capacity * (p.hv + (size_t)p.hk * p.dk + (size_t)p.hv * p.dv);
-  const float* key = cap + (size_t)p.capacity * p.hv;
-  const float* delta = key + (size_t)p.capacity * p.hk * p.dk;
-  float s = p.state_in[i];
-  for (int t = 0; t < n; ++t) {
-    const float sd = __fmul_rn(s, cap[(size_t)t * p.hv + h]);
-    s = __fmaf_rn(key[((size_t)t * p.hk + hk) * p.dk + r], delta[((size_t)t * p.hv + h) * p.dv + c], sd);
+  const float* decay = cap + h;                                                    // slot t at t Hv
+  const float* key = cap + (size_t)p.capacity * p.hv + (size_t)hk * p.dk;          // slot t at t Hk Dk
+  const float* delta = key + (size_t)p.capacity * p.hk * p.dk - (size_t)hk * p.dk  // slot t at t Hv Dv
+                       + (size_t)h * p.dv + c0;
+  const size_t first = (((size_t)b * p.hv + h) * p.dv + c0) * p.dk;
+  const float* in = p.state_in + first;
+  float* out = p.state_out + first;
+  const size_t key_step = (size_t)p.hk * p.dk, delta_step = (size_t)p.hv * p.dv;
+  if (p.dk % 4 == 0 && ohk::aligned16(in) && ohk::aligned16(out) && ohk::aligned16(key)) {
+    for (int r = 4 * lane; r < p.dk; r += 128) {
+      float a[A], u[A][R];
+      float4 k[A], s[R];
+#pragma unroll
+      for (int t = 0; t < A; ++t) {
+        const bool live = t < n;
+        a[t] = live ? decay[(size_t)t * p.hv] : 0.f;
+        k[t] = live ? *reinterpret_cast<const float4*>(key + t * key_step + r) : float4{};
+#pragma unroll
+        for (int j = 0; j < R; ++j) u[t][j] = live && j < rows ? delta[t * delta_step + j] : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+        s[j] = j < rows ? *reinterpret_cast<const float4*>(in + (size_t)j * p.dk + r) : float4{};
+      auto step = [&](float at, float4 kt, const float (&ut)[R]) {
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          s[j].x = __fmaf_rn(kt.x, ut[j], __fmul_rn(s[j].x, at));
+          s[j].y = __fmaf_rn(kt.y, ut[j], __fmul_rn(s[j].y, at));
+          s[j].z = __fmaf_rn(kt.z, ut[j], __fmul_rn(s[j].z, at));
+          s[j].w = __fmaf_rn(kt.w, ut[j], __fmul_rn(s[j].w, at));
+        }
+      };
+#pragma unroll
+      for (int t = 0; t < A; ++t)
+        if (t < n) step(a[t], k[t], u[t]);
+      for (int t = A; t < n; ++t) {
+        float ut[R];
+#pragma unroll
+        for (int j = 0; j < R; ++j) ut[j] = j < rows ? delta[t * delta_step + j] : 0.f;
+        step(decay[(size_t)t * p.hv], *reinterpret_cast<const float4*>(key + t * key_step + r), ut);
+      }
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+        if (j < rows) *reinterpret_cast<float4*>(out + (size_t)j * p.dk + r) = s[j];
+    }
+    return;
   }
-  p.state_out[i] = s;
+  for (int j = 0; j < rows; ++j)
+    for (int r = lane; r < p.dk; r += 32) {
+      float s = in[(size_t)j * p.dk + r];
+      for (int t = 0; t < n; ++t)
+        s = __fmaf_rn(key[t * key_step + r], delta[t * delta_step + j], __fmul_rn(s, decay[(size_t)t * p.hv]));
+      out[(size_t)j * p.dk + r] = s;
+    }
 }
 
 #define OHK_CONV(TNAME, T)                                                                                   \

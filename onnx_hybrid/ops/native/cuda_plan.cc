@@ -165,7 +165,9 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
 }
 
 std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType type, const ConvParams& params) {
-  const unsigned cx = U(CeilDiv(geo.channels, cp::kConvThreads));
+  // plan.py's conv_channel_blocks: each thread holds kConvVectorBytes of channels.
+  const int64_t channels_per_thread = cp::kConvVectorBytes / int64_t(ElemSize(type));
+  const unsigned cx = U(CeilDiv(geo.channels, cp::kConvThreads * channels_per_thread));
   const cuda::Dim3 block{U(cp::kConvThreads), 1, 1};
   if (geo.total_tokens <= int64_t(cp::kConvRowTokens) * geo.batch)  // short rows: both passes in one launch
     return {{KernelName("conv_rows_", type), {cx, U(geo.batch), 1}, block, 0, params}};
