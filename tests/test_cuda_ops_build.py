@@ -198,7 +198,7 @@ def test_conv_and_replay_grids_follow_the_kernels_constants():
     # 16 bytes of channels per thread: 10240 channels are 10 blocks of 128 threads at fp16, 20 at fp32
     geo = contract.ConvGeometry(2, 600, 10240, 4, 3, 0)
     out, state = plan.conv_plan(geo, "float16", plan.ConvParams())
-    assert (out.grid, state.grid) == ((10, 600 // plan.CONV_TOKENS, 1), (10, 2, 1))
+    assert (out.grid, state.grid) == ((10, -(-600 // plan.CONV_TOKENS), 1), (10, 2, 1))
     (rows,) = plan.conv_plan(contract.ConvGeometry(32, 32, 10240, 4, 3, 0), "float32", plan.ConvParams())
     assert rows.kernel == "conv_rows_f32" and rows.grid == (20, 32, 1)
     (replay,) = plan.gdn_replay_plan(plan.GdnReplayParams(batch=3, hv=48, dv=100, dk=128))
