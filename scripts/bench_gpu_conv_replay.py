@@ -83,7 +83,9 @@ def fla_conv(feeds, fla_state, tokens):
             return y[0] if isinstance(y, tuple) else y
         return run
     cu = feeds["cumulative_sequence_length"].long()
-    cu_cpu = cu.cpu()
+    # pinned: FLA copies the host offsets during the call, which graph capture allows only from pinned memory
+    # (at B = 32 it failed without; not yet rerun with it)
+    cu_cpu = cu.cpu().pin_memory()
 
     def run():
         y, _ = causal_conv1d(feeds["input"][None], weight=weight, bias=feeds["bias"], initial_state=fla_state,
