@@ -46,6 +46,16 @@ def copy_rate() -> float:
     return 2 * a.numel() / statistics.median(times)
 
 
+def rotated_sets(nbytes: int) -> int:
+    """Input sets for one graph replay to touch more than twice the L2 (at most 16) with calls of nbytes each."""
+    return max(1, min(16, math.ceil(2 * L2_BYTES / nbytes)))
+
+
+def current_stream() -> int:
+    """The raw handle of torch's current stream: asked for inside each call, so a graph capture records it."""
+    return torch.cuda.current_stream().cuda_stream
+
+
 def make_inputs(lengths, dtype, capacity, gen):
     t, b = sum(lengths), len(lengths)
     dev = "cuda"
@@ -95,7 +105,7 @@ def ours_fn(feeds, outs, capacity, workspace, rows=None, groups=None, engine="au
     attrs = dict(ATTRS, state_update_capacity=capacity)
 
     def run():
-        cuda_ops.gated_delta_net(feeds, outputs=outs, stream=torch.cuda.current_stream().cuda_stream,
+        cuda_ops.gated_delta_net(feeds, outputs=outs, stream=current_stream(),
                                  workspace=workspace, rec_rows=rows, rec_groups=groups, engine=engine,
                                  prep_heads=prep_heads, **attrs)
         return outs["output"]
@@ -212,8 +222,7 @@ def main() -> None:
             if args.cases and not any(c in name for c in args.cases.split(",")):
                 continue
             state_bytes = 2 * len(lengths) * HV * D * D * 4
-            sets = max(1, min(16, math.ceil(2 * L2_BYTES / state_bytes)))
-            inputs = [make_inputs(lengths, dtype, capacity, gen) for _ in range(sets)]
+            inputs = [make_inputs(lengths, dtype, capacity, gen) for _ in range(rotated_sets(state_bytes))]
             workspace = make_workspace(inputs[0][0], capacity)
             ours = [ours_fn(f, o, capacity, workspace) for f, o, _ in inputs]
             if args.once:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 
 import torch
 
-from bench_gpu import D, HK, HV, L2_BYTES, copy_rate, graph_time
+from bench_gpu import D, HK, HV, copy_rate, current_stream, graph_time, rotated_sets
 from onnx_hybrid import cuda_ops
 
 CHANNELS, TAPS = 2 * HK * D + HV * D, 4
@@ -32,10 +31,6 @@ REPLAY_CASES = [  # name, rows, capacity, accepted per row
     ("gdn replay B=32 2/4", 32, 4, 2), ("gdn replay B=128 2/4", 128, 4, 2), ("gdn replay B=128 4/4", 128, 4, 4),
     ("conv replay B=32 2/4", 32, 4, 2), ("conv replay B=128 2/4", 128, 4, 2),
 ]
-
-
-def rotated_sets(nbytes: int) -> int:
-    return max(1, min(16, math.ceil(2 * L2_BYTES / nbytes)))
 
 
 def conv_inputs(tokens: int, rows: int, capacity: int, dtype, gen):
@@ -65,7 +60,7 @@ def conv_bytes(tokens: int, rows: int, capacity: int, esize: int) -> int:
 
 def ours_conv(feeds, outs, capacity):
     def run():
-        cuda_ops.varlen_causal_conv(feeds, outputs=outs, stream=torch.cuda.current_stream().cuda_stream,
+        cuda_ops.varlen_causal_conv(feeds, outputs=outs, stream=current_stream(),
                                     activation="silu", dilation=1, state_update_capacity=capacity)
         return outs["output"]
     return run
@@ -124,16 +119,13 @@ def bench_replays(rate, gen, only: list[str]) -> None:
         if only and not any(o in name for o in only):
             continue
         acc = torch.full((rows,), accepted, dtype=torch.int32, device="cuda")
-
-        def stream():  # the capturing stream: asked for inside each call, as graph_time captures on its own
-            return torch.cuda.current_stream().cuda_stream
         if name.startswith("gdn"):
             state_bytes = rows * HV * D * D * 4
             nbytes = 2 * state_bytes + rows * accepted * GDN_SLOT * 4
             sets = [(torch.randn(rows, HV, D, D, device="cuda", generator=gen),
                      torch.randn(rows, capacity * GDN_SLOT, device="cuda", generator=gen),
                      torch.empty(rows, HV, D, D, device="cuda")) for _ in range(rotated_sets(nbytes))]
-            fns = [lambda s=s, c=c, o=o: cuda_ops.replay_gdn(s, c, acc, capacity, out=o, stream=stream())
+            fns = [lambda s=s, c=c, o=o: cuda_ops.replay_gdn(s, c, acc, capacity, out=o, stream=current_stream())
                    for s, c, o in sets]
         else:
             nbytes = 2 * 2 * rows * CHANNELS * (TAPS - 1) + 2 * rows * accepted * CHANNELS
@@ -141,7 +133,8 @@ def bench_replays(rate, gen, only: list[str]) -> None:
                      torch.randn(rows, capacity, CHANNELS, device="cuda", generator=gen).half(),
                      torch.empty(rows, CHANNELS, TAPS - 1, device="cuda", dtype=torch.float16))
                     for _ in range(rotated_sets(nbytes))]
-            fns = [lambda s=s, c=c, o=o: cuda_ops.replay_conv(s, c, acc, out=o, stream=stream()) for s, c, o in sets]
+            fns = [lambda s=s, c=c, o=o: cuda_ops.replay_conv(s, c, acc, out=o, stream=current_stream())
+                   for s, c, o in sets]
         t = graph_time(fns)
         print(f"{name:26s} {'float32' if name.startswith('gdn') else 'float16':9s} {t * 1e6:9.1f} {'':9s} {'':9s} "
               f"{nbytes / rate / t:7.1%}", flush=True)
