@@ -193,14 +193,24 @@ def test_conv_and_replay_grids_follow_the_kernels_constants():
     source = (compiler.KERNEL_DIR / "conv.cu").read_text()
     kernel = {name: int(v) for name, v in re.findall(r"constexpr int (k\w+) = (\d+);", source)}
     assert kernel["kConvThreads"] == plan.CONV_THREADS
-    assert kernel["kConvRunTokens"] == plan.CONV_TOKENS  # the output pass's run is the tokens it requests at once
+    # the output kernels' whole-run paths serve the plan's runs, streamed in pairs of chunks
+    assert (kernel["kConvLongRun"], kernel["kConvShortRun"]) == (plan.CONV_TOKENS, plan.CONV_MEDIUM_TOKENS)
+    assert all(run % (2 * kernel["kConvChunk"]) == 0 for run in (plan.CONV_TOKENS, plan.CONV_MEDIUM_TOKENS))
     assert (kernel["kReplayWarps"], kernel["kReplayRowsPerWarp"]) == (plan.REPLAY_WARPS, plan.REPLAY_ROWS)
     # 16 bytes of channels per thread: 10240 channels are 10 blocks of 128 threads at fp16, 20 at fp32
     geo = contract.ConvGeometry(2, 600, 10240, 4, 3, 0)
     out, state = plan.conv_plan(geo, "float16", plan.ConvParams())
-    assert (out.grid, state.grid) == ((10, -(-600 // plan.CONV_TOKENS), 1), (10, 2, 1))
-    (rows,) = plan.conv_plan(contract.ConvGeometry(32, 32, 10240, 4, 3, 0), "float32", plan.ConvParams())
-    assert rows.kernel == "conv_rows_f32" and rows.grid == (20, 32, 1)
+    assert (out.grid, state.grid) == ((10, -(-600 // plan.CONV_MEDIUM_TOKENS), 1), (10, 2, 1))
+    assert out.kernel == "conv_output_f16"
+    out, _ = plan.conv_plan(contract.ConvGeometry(1, 8191, 10240, 4, 3, 0), "bfloat16", plan.ConvParams())
+    assert out.kernel == "conv_output_long_bf16" and out.grid == (10, -(-8191 // plan.CONV_TOKENS), 1)
+    (short,) = [ln for ln in plan.conv_plan(contract.ConvGeometry(1, 256, 64, 4, 3, 0), "float16", plan.ConvParams())
+                if ln.kernel.startswith("conv_output")]
+    assert short.grid == (1, 256, 1)  # a token per thread
+    (decode,) = plan.conv_plan(contract.ConvGeometry(32, 32, 10240, 4, 3, 0), "float32", plan.ConvParams())
+    assert decode.kernel == "conv_decode_f32" and decode.grid == (20, 32, 1)
+    (rows,) = plan.conv_plan(contract.ConvGeometry(32, 128, 10240, 4, 3, 0), "float16", plan.ConvParams())
+    assert rows.kernel == "conv_rows_f16" and rows.grid == (10, 32, 1)
     (replay,) = plan.gdn_replay_plan(plan.GdnReplayParams(batch=3, hv=48, dv=100, dk=128))
     assert replay.grid == (4, 48, 3) and replay.block == (plan.REPLAY_WARPS * 32, 1, 1)
 

@@ -511,12 +511,21 @@ CONV_CONFIGS = [
     ("f16-k4-vec", dict(dtype="float16", channels=64, capacity=2, capture=(2, 1, 0, 2)), 2e-2),
     ("bf16-k4-vec", dict(dtype="bfloat16", channels=40), 2e-2),
     ("decode-f16-vec", dict(dtype="float16", channels=64, lengths=(1, 1, 1, 1), capacity=1), 2e-2),
+    # A token per row on average takes conv_decode, whose rows need not be one token each.
+    ("decode-ragged", dict(lengths=(0, 2, 1, 1), capacity=2, capture=(1, 2, 1, 0)), 1e-5),
+    ("decode-ragged-bf16-vec", dict(dtype="bfloat16", channels=64, lengths=(2, 1, 0, 1)), 2e-2),
     # Over plan.CONV_SHORT_TOKENS in all: runs of plan.CONV_TOKENS tokens per thread, rows starting and ending
     # inside a run, rows shorter than the window, an empty row.
     ("prefill-runs", dict(lengths=(300, 77, 2, 129, 5, 0, 40), channels=24, capacity=4,
                           capture=(4, 2, 1, 0, 3, 4, 4)), 1e-5),
     ("prefill-runs-f16", dict(dtype="float16", lengths=(300, 77, 2, 129, 5, 0, 40), channels=72), 2e-2),
     ("prefill-runs-k3", dict(kernel_size=3, lengths=(300, 77, 2, 129), channels=24), 1e-5),
+    # From plan.CONV_LONG_TOKENS on: longer runs, streamed in chunks (conv.cu kConvChunk), rows starting and
+    # ending inside chunks.
+    ("long-runs", dict(lengths=(3001, 77, 2, 1029, 5, 0, 43), channels=24, capacity=4,
+                       capture=(4, 2, 1, 0, 3, 4, 4)), 1e-5),
+    ("long-runs-f16", dict(dtype="float16", lengths=(3001, 77, 2, 1029, 5, 0, 43), channels=72), 2e-2),
+    ("long-runs-bf16", dict(dtype="bfloat16", lengths=(4099, 1), channels=40), 2e-2),
 ]
 
 
@@ -531,7 +540,8 @@ def test_conv_matches_reference(name, kwargs, tol):
 
 
 @pytest.mark.parametrize("dtype,channels", [("float", 24), ("float16", 64), ("bfloat16", 40)])
-@pytest.mark.parametrize("lengths", [(10, 5, 1, 8), (300, 77, 2, 129, 5, 0, 40)], ids=["one-launch", "two-pass"])
+@pytest.mark.parametrize("lengths", [(1, 0, 2, 1), (10, 5, 1, 8), (300, 77, 2, 129, 5, 0, 40),
+                                     (3001, 77, 2, 1029, 5, 0, 43)], ids=["decode", "one-launch", "two-pass", "long"])
 def test_conv_vector_path_equals_element_path(dtype, channels, lengths):
     """The 16-byte path (aligned tensors) and the element path (an input one element off 16 bytes) give the
     same bits: outputs, state and capsule."""

@@ -106,9 +106,11 @@ def test_gdn_workspace_matches_cuda_ops_plan():
     assert sized > 20  # chunked plans were compared, not only zeros
 
 
-# (batch, tokens, channels): both sides of CONV_ROW_TOKENS (8 per row) and of CONV_SHORT_TOKENS (256).
-@pytest.mark.parametrize("dims", [(1, 1, 1), (4, 4, 8192), (3, 100, 129), (8, 256, 64), (8, 257, 64),
-                                  (32, 256, 64), (32, 257, 64), (64, 1000, 4096), (2, 0, 10)])
+# (batch, tokens, channels): both sides of one token per row (decode), of CONV_ROW_TOKENS (8 per row), of
+# CONV_SHORT_TOKENS (256) and of CONV_LONG_TOKENS (2048).
+@pytest.mark.parametrize("dims", [(1, 1, 1), (4, 4, 8192), (4, 5, 8192), (3, 100, 129), (8, 256, 64),
+                                  (8, 257, 64), (32, 256, 64), (32, 257, 64), (64, 1000, 4096), (1, 2047, 64),
+                                  (1, 2048, 64), (1, 4096, 10240), (2, 0, 10)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_conv_plan_matches_cuda_ops_plan(dims, dtype):
     batch, total, channels = dims

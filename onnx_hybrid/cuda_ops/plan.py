@@ -108,16 +108,18 @@ CHUNK_PREP_SMEM_BYTES = 115200
 # SMs. Below it, one value head per block: more blocks in flight for short calls.
 CHUNK_PREP_SHARED_MIN_BLOCKS = 264
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
-# CONV_TOKENS: tokens per thread of the conv output pass on long calls, which conv.cu's kConvRunTokens requests at
-# once (the two must match; the kernel takes its run length from the grid's height).
-CONV_THREADS, CONV_TOKENS = 128, 8
+# Tokens per thread of the conv output pass (the kernel takes its run length from the grid's height): runs of
+# CONV_TOKENS (conv_output_long, conv.cu kConvLongRun) on calls of at least CONV_LONG_TOKENS tokens, else of
+# CONV_MEDIUM_TOKENS (conv_output, kConvShortRun), which keeps more blocks in flight on mid-sized calls.
+CONV_THREADS, CONV_TOKENS, CONV_MEDIUM_TOKENS, CONV_LONG_TOKENS = 128, 32, 8, 2048
 # Each conv thread holds 16 bytes of channels (conv.cu kConvVec: 8 at 16-bit types, 4 at fp32).
 CONV_VECTOR_BYTES = 16
 # At or below this many tokens (decode, verify) each output thread computes one token: a short call then
-# spreads over total_tokens blocks instead of a few runs of CONV_TOKENS tokens.
+# spreads over total_tokens blocks instead of a few runs of CONV_MEDIUM_TOKENS tokens.
 CONV_SHORT_TOKENS = 256
 # At most this many tokens per request on average (decode, speculative verify): one fused launch, a thread
-# per (request, 16 bytes of channels) doing its row's outputs and then its state (conv_rows).
+# per (request, 16 bytes of channels) doing its row's outputs and then its state (conv_rows; conv_decode at
+# one token per request on average, which requests fewer inputs ahead).
 CONV_ROW_TOKENS = 8
 REPLAY_WARPS, REPLAY_ROWS = 4, 8  # GDN replay: warps per block, value rows per warp (conv.cu kReplay*)
 
@@ -295,7 +297,9 @@ def gdn_plan(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: int, smem
 
 def conv_tokens_per_block(total_tokens: int) -> int:
     """Tokens per block of the conv output kernel (the kernel derives it from the grid's height)."""
-    return 1 if total_tokens <= CONV_SHORT_TOKENS else CONV_TOKENS
+    if total_tokens <= CONV_SHORT_TOKENS:
+        return 1
+    return CONV_TOKENS if total_tokens >= CONV_LONG_TOKENS else CONV_MEDIUM_TOKENS
 
 
 def conv_channel_blocks(channels: int, dtype: str) -> int:
@@ -309,9 +313,11 @@ def conv_plan(geo: ConvGeometry, dtype: str, params: ConvParams) -> list[Launch]
     sfx = TYPE_SUFFIX[dtype]
     cx = conv_channel_blocks(geo.channels, dtype)
     if geo.total_tokens <= CONV_ROW_TOKENS * geo.batch:
-        return [Launch(f"conv_rows_{sfx}", (cx, geo.batch, 1), (CONV_THREADS, 1, 1), 0, params)]
+        kernel = "conv_decode" if geo.total_tokens <= geo.batch else "conv_rows"
+        return [Launch(f"{kernel}_{sfx}", (cx, geo.batch, 1), (CONV_THREADS, 1, 1), 0, params)]
+    run = conv_tokens_per_block(geo.total_tokens)
     return [
-        Launch(f"conv_output_{sfx}", (cx, _ceil(geo.total_tokens, conv_tokens_per_block(geo.total_tokens)), 1),
+        Launch(f"conv_output{'_long' if run == CONV_TOKENS else ''}_{sfx}", (cx, _ceil(geo.total_tokens, run), 1),
                (CONV_THREADS, 1, 1), 0, params),
         Launch(f"conv_state_{sfx}", (cx, geo.batch, 1), (CONV_THREADS, 1, 1), 0, params),
     ]
@@ -333,7 +339,7 @@ def kernel_names() -> list[str]:
     names = []
     for sfx in TYPE_SUFFIX.values():
         names += [f"gdn_recurrent_{sfx}_k{k}_r{r}" for k, rows in REC_ROW_VARIANTS.items() for r in rows]
-        names += [f"conv_output_{sfx}", f"conv_state_{sfx}", f"conv_rows_{sfx}", f"conv_replay_{sfx}"]
+        names += [f"conv_{kind}_{sfx}" for kind in ("output", "output_long", "state", "rows", "decode", "replay")]
     names += [f"gdn_chunk_prep_{sfx}_d128" for sfx in ("f16", "bf16")]
     names += [f"gdn_chunked_{sfx}_d128_v{vt}" for vt in (CHUNK_VT, CHUNK_VT_WIDE) for sfx in ("f16", "bf16")]
     names += [f"gdn_recurrent_{TYPE_SUFFIX[t]}_k{k}_r{r}_decode" for t in REC_DECODE_TYPES

@@ -43,10 +43,19 @@ __device__ __forceinline__ float conv_bias(const ConvParams& p, int c) {
 template <typename T>
 constexpr int kConvVec = 16 / sizeof(T);
 constexpr int kConvTaps = 4;  // the 16-byte path's kernel size (state of 3 samples, dilation 1)
-// Tokens whose inputs a thread of the 16-byte path requests at once (plan.py CONV_TOKENS, the output pass's run):
-// loaded one token at a time, each waited for before the next went out, the prefill's output pass reached 22% of
-// its byte floor (H200, BENCHMARKS.md session 20).
-constexpr int kConvRunTokens = 8;
+// The output pass gives each thread a run of tokens: kConvLongRun on long calls, kConvShortRun on mid-sized ones
+// (plan.py CONV_TOKENS, CONV_MEDIUM_TOKENS). A run inside one row streams its inputs in chunks of kConvChunk,
+// each requested before the previous one is used, in straight-line code: a branch among loads in flight made
+// ptxas wait for them there (a loop over chunks with per-token row checks took 73 us at 27B, 1 x 4096, fp16;
+// this takes 53 us). The output kernel alone reached 67-70% of its byte floor with runs of 8 requested at once,
+// 75-84% with runs of 32 in chunks of 4: the window's three inputs are re-read once per run, not per 8 tokens
+// (H200, BENCHMARKS.md session 21). Chunks of 8 needed more than 128 registers (four blocks of 128 threads per
+// SM) and ran slower.
+constexpr int kConvLongRun = 32;
+constexpr int kConvShortRun = 8;
+constexpr int kConvChunk = 4;
+// Tokens whose inputs a thread of conv_rows requests with its state (verify rows; decode requests one).
+constexpr int kConvRowsAhead = 4;
 
 template <typename T>
 struct alignas(16) ConvPack {
@@ -194,7 +203,7 @@ __device__ __forceinline__ int conv_row_of(const ConvParams& p, int t) {
 // follows from the grid's height, which the plan picks: plan.py conv_tokens_per_block). Tokens outside every
 // request (malformed offsets only) are left unwritten. Reads the incoming state, writes none of it, so it runs
 // before the state pass even when initial_state and final_state alias.
-template <typename T>
+template <typename T, int RUN>
 __device__ __forceinline__ void conv_output(const ConvParams& p) {
   const int c0 = (blockIdx.x * kConvThreads + threadIdx.x) * kConvVec<T>;
   if (c0 >= p.channels) return;
@@ -203,48 +212,75 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   const int t_end = min(t_begin + tokens_per_block, p.total_tokens);
   int b = conv_row_of(p, t_begin);
   RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
-  const bool vec = conv_vector_path<T>(p);
-  ConvChannels<T> chans;
-  if (vec) {
-    chans.load_taps(p, c0);
-    // A whole run inside one row, which no later row's start cuts (malformed offsets may overlap rows): every
-    // input requested at once, then the run's outputs. The loop below gives the same bits one token at a time.
-    const int pos0 = t_begin - span.start;
-    if (t_end - t_begin == kConvRunTokens && pos0 >= 0 && pos0 + kConvRunTokens <= span.len &&
-        (b + 1 == p.batch || row_span(p.cu_seqlens, 0, b + 1, p.total_tokens).start >= t_end)) {
-      ConvPack<T> xs[kConvRunTokens];
-#pragma unroll
-      for (int i = 0; i < kConvRunTokens; ++i) xs[i] = conv_load<T>(p.x, (size_t)(t_begin + i) * p.channels + c0);
-      chans.load_window(conv_row_samples<T>(p, span), b, pos0, c0);
-#pragma unroll
-      for (int i = 0; i < kConvRunTokens; ++i)
-        conv_store<T>(p.out, (size_t)(t_begin + i) * p.channels + c0, chans.step(p, xs[i]));
-      return;
-    }
-  }
-  bool window = false;  // whether chans.win holds the inputs before token t
-  for (int t = t_begin; t < t_end; ++t) {
-    while (b + 1 < p.batch) {
-      const RowSpan next = row_span(p.cu_seqlens, 0, b + 1, p.total_tokens);
-      if (next.start > t) break;
-      b += 1;
-      span = next;
-      window = false;
-    }
-    const int pos = t - span.start;
-    if (pos < 0 || pos >= span.len) {
-      window = false;
-      continue;
-    }
-    if (!vec) {
+  if (!conv_vector_path<T>(p)) {
+    for (int t = t_begin; t < t_end; ++t) {
+      while (b + 1 < p.batch && row_span(p.cu_seqlens, 0, b + 1, p.total_tokens).start <= t) {
+        b += 1;
+        span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
+      }
+      const int pos = t - span.start;
+      if (pos < 0 || pos >= span.len) continue;
       for (int c = c0; c < min(c0 + kConvVec<T>, p.channels); ++c)
         static_cast<T*>(p.out)[(size_t)t * p.channels + c] = conv_value<T>(p, b, span, pos, c, conv_bias<T>(p, c));
-      continue;
     }
-    if (!window) chans.load_window(conv_row_samples<T>(p, span), b, pos, c0);
-    window = true;
-    const size_t at = (size_t)t * p.channels + c0;
-    conv_store<T>(p.out, at, chans.step(p, conv_load<T>(p.x, at)));
+    return;
+  }
+  ConvChannels<T> chans;
+  chans.load_taps(p, c0);
+  const auto next_row_start = [&]() {  // first token of the next row (total_tokens past the last row)
+    return b + 1 < p.batch ? row_span(p.cu_seqlens, 0, b + 1, p.total_tokens).start : p.total_tokens;
+  };
+  int next_start = next_row_start();
+  const int pos0 = t_begin - span.start;
+  if (t_end - t_begin == RUN && pos0 >= 0 && pos0 + RUN <= span.len && next_start >= t_end) {
+    // The run lies inside row b, and no later row's start cuts it (malformed offsets may overlap rows).
+    ConvPack<T> even[kConvChunk], odd[kConvChunk];
+    const auto request = [&](ConvPack<T>(&chunk)[kConvChunk], int t) {
+#pragma unroll
+      for (int i = 0; i < kConvChunk; ++i) chunk[i] = conv_load<T>(p.x, (size_t)(t + i) * p.channels + c0);
+    };
+    const auto use = [&](const ConvPack<T>(&chunk)[kConvChunk], int t) {
+#pragma unroll
+      for (int i = 0; i < kConvChunk; ++i)
+        conv_store<T>(p.out, (size_t)(t + i) * p.channels + c0, chans.step(p, chunk[i]));
+    };
+    request(even, t_begin);
+    chans.load_window(conv_row_samples<T>(p, span), b, pos0, c0);
+#pragma unroll
+    for (int k = 0; k < RUN; k += 2 * kConvChunk) {  // two chunks in turn: one requested while the other is used
+      request(odd, t_begin + k + kConvChunk);
+      use(even, t_begin + k);
+      if (k + 2 * kConvChunk < RUN) request(even, t_begin + k + 2 * kConvChunk);
+      use(odd, t_begin + k + kConvChunk);
+    }
+    return;
+  }
+  // Runs that rows start or end in, and short calls' single tokens: a chunk's inputs requested at once (the
+  // addresses clamped to the run: no branch among the loads), then used token by token.
+  bool window = false;  // whether chans.win holds the inputs before the next token
+  for (int t = t_begin; t < t_end; t += kConvChunk) {
+    ConvPack<T> chunk[kConvChunk];
+#pragma unroll
+    for (int i = 0; i < kConvChunk; ++i) chunk[i] = conv_load<T>(p.x, (size_t)min(t + i, t_end - 1) * p.channels + c0);
+#pragma unroll
+    for (int i = 0; i < kConvChunk; ++i) {
+      const int ti = t + i;
+      if (ti >= t_end) break;
+      if (ti >= next_start) {  // a row starts here (several may, when malformed offsets leave rows empty)
+        while (b + 1 < p.batch && row_span(p.cu_seqlens, 0, b + 1, p.total_tokens).start <= ti) b += 1;
+        span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
+        next_start = next_row_start();
+        window = false;
+      }
+      const int pos = ti - span.start;
+      if (pos < 0 || pos >= span.len) {  // outside every row (malformed offsets)
+        window = false;
+        continue;
+      }
+      if (!window) chans.load_window(conv_row_samples<T>(p, span), b, pos, c0);
+      window = true;
+      conv_store<T>(p.out, (size_t)ti * p.channels + c0, chans.step(p, chunk[i]));
+    }
   }
 }
 
@@ -289,8 +325,10 @@ __device__ __forceinline__ void conv_state(const ConvParams& p) {
 // Both passes in one launch for short rows (decode, verify): thread = (request, kConvVec channels) computes its
 // row's outputs, which read the old state, and only then writes the new state, so one thread owns every access
 // to its (request, channels) state and initial_state may alias final_state. One launch instead of two is most
-// of the node's host cost at these sizes.
-template <typename T>
+// of the node's host cost at these sizes. The row's first AHEAD inputs are requested with the taps and the
+// state, so a thread waits for memory once: 1 for decode, kConvRowsAhead for verify (more registers cost
+// blocks in flight: 8 ahead took 9.9 us at decode B = 128, 1 ahead 8.7; H200, BENCHMARKS.md session 21).
+template <typename T, int AHEAD>
 __device__ __forceinline__ void conv_rows(const ConvParams& p) {
   const int c0 = (blockIdx.x * kConvThreads + threadIdx.x) * kConvVec<T>;
   const int b = blockIdx.y;
@@ -307,17 +345,16 @@ __device__ __forceinline__ void conv_rows(const ConvParams& p) {
     return;
   }
   ConvChannels<T> chans;
-  // The row's first kConvRunTokens inputs are requested with the taps and the state, so a thread waits once.
-  ConvPack<T> xs[kConvRunTokens];
+  ConvPack<T> xs[AHEAD];
 #pragma unroll
-  for (int i = 0; i < kConvRunTokens; ++i)
+  for (int i = 0; i < AHEAD; ++i)
     if (i < span.len) xs[i] = conv_load<T>(p.x, (size_t)(span.start + i) * p.channels + c0);
   chans.load_taps(p, c0);
   chans.load_state(conv_row_samples<T>(p, span), b, c0);
 #pragma unroll
-  for (int i = 0; i < kConvRunTokens; ++i)
+  for (int i = 0; i < AHEAD; ++i)
     if (i < span.len) conv_store<T>(p.out, (size_t)(span.start + i) * p.channels + c0, chans.step(p, xs[i]));
-  for (int pos = kConvRunTokens; pos < span.len; ++pos) {
+  for (int pos = AHEAD; pos < span.len; ++pos) {
     const size_t at = (size_t)(span.start + pos) * p.channels + c0;
     conv_store<T>(p.out, at, chans.step(p, conv_load<T>(p.x, at)));
   }
@@ -432,24 +469,40 @@ extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(c
     }
 }
 
-#define OHK_CONV(TNAME, T)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads) conv_output_##TNAME(const ConvParams p) { \
-    ohk::wait_for_inputs();                                                                                  \
-    ohk::conv_output<T>(p);                                                                                  \
-  }                                                                                                          \
-  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads) conv_state_##TNAME(const ConvParams p) {  \
-    ohk::wait_for_inputs();                                                                                  \
-    ohk::conv_state<T>(p);                                                                                   \
-  }                                                                                                          \
-  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads) conv_rows_##TNAME(const ConvParams p) {   \
-    ohk::wait_for_inputs();                                                                                  \
-    ohk::conv_rows<T>(p);                                                                                    \
-  }                                                                                                          \
-  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads) conv_replay_##TNAME(const ConvReplayParams p) { \
-    ohk::wait_for_inputs();                                                                                  \
-    ohk::conv_replay<T>(p);                                                                                  \
+#define OHK_CONV(TNAME, T, LONG_MIN_BLOCKS)                                         \
+  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads, 4)                \
+      conv_output_##TNAME(const ConvParams p) {                                     \
+    ohk::wait_for_inputs();                                                         \
+    ohk::conv_output<T, ohk::kConvShortRun>(p);                                     \
+  }                                                                                 \
+  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads, LONG_MIN_BLOCKS)  \
+      conv_output_long_##TNAME(const ConvParams p) {                                \
+    ohk::wait_for_inputs();                                                         \
+    ohk::conv_output<T, ohk::kConvLongRun>(p);                                      \
+  }                                                                                 \
+  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads)                   \
+      conv_state_##TNAME(const ConvParams p) {                                      \
+    ohk::wait_for_inputs();                                                         \
+    ohk::conv_state<T>(p);                                                          \
+  }                                                                                 \
+  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads)                   \
+      conv_rows_##TNAME(const ConvParams p) {                                       \
+    ohk::wait_for_inputs();                                                         \
+    ohk::conv_rows<T, ohk::kConvRowsAhead>(p);                                      \
+  }                                                                                 \
+  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads)                   \
+      conv_decode_##TNAME(const ConvParams p) {                                     \
+    ohk::wait_for_inputs();                                                         \
+    ohk::conv_rows<T, 1>(p);                                                        \
+  }                                                                                 \
+  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads)                   \
+      conv_replay_##TNAME(const ConvReplayParams p) {                               \
+    ohk::wait_for_inputs();                                                         \
+    ohk::conv_replay<T>(p);                                                         \
   }
 
-OHK_CONV(f32, float)
-OHK_CONV(f16, __half)
-OHK_CONV(bf16, __nv_bfloat16)
+// Blocks per SM the long-run output kernel is built for. At 4 (128 registers) fp16 spills 20 bytes and bf16 262,
+// which made bf16 20% slower than at 3 (H200, BENCHMARKS.md session 21).
+OHK_CONV(f32, float, 4)
+OHK_CONV(f16, __half, 4)
+OHK_CONV(bf16, __nv_bfloat16, 3)

@@ -170,12 +170,15 @@ std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType t
   const unsigned cx = U(CeilDiv(geo.channels, cp::kConvThreads * channels_per_thread));
   const cuda::Dim3 block{U(cp::kConvThreads), 1, 1};
   if (geo.total_tokens <= int64_t(cp::kConvRowTokens) * geo.batch)  // short rows: both passes in one launch
-    return {{KernelName("conv_rows_", type), {cx, U(geo.batch), 1}, block, 0, params}};
-  // plan.py's conv_tokens_per_block: one token per thread for short calls.
-  const int64_t tokens_per_block = geo.total_tokens <= cp::kConvShortTokens ? 1 : cp::kConvTokens;
+    return {{KernelName(geo.total_tokens <= geo.batch ? "conv_decode_" : "conv_rows_", type), {cx, U(geo.batch), 1},
+             block, 0, params}};
+  // plan.py's conv_tokens_per_block: one token per thread for short calls, long runs for long ones.
+  const int64_t tokens_per_block = geo.total_tokens <= cp::kConvShortTokens ? 1
+                                   : geo.total_tokens >= cp::kConvLongTokens ? cp::kConvTokens
+                                                                             : cp::kConvMediumTokens;
   return {
-      {KernelName("conv_output_", type), {cx, U(CeilDiv(geo.total_tokens, tokens_per_block)), 1}, block, 0,
-       params},
+      {KernelName(tokens_per_block == cp::kConvTokens ? "conv_output_long_" : "conv_output_", type),
+       {cx, U(CeilDiv(geo.total_tokens, tokens_per_block)), 1}, block, 0, params},
       {KernelName("conv_state_", type), {cx, U(geo.batch), 1}, block, 0, params},
   };
 }
