@@ -16,7 +16,7 @@ import datetime
 
 import torch
 
-from bench_gpu import D, HK, HV, copy_rate, current_stream, graph_time, rotated_sets
+from bench_gpu import D, HK, HV, copy_rate, current_stream, graph_time, only_kernels, rotated_sets
 from onnx_hybrid import cuda_ops
 
 CHANNELS, TAPS = 2 * HK * D + HV * D, 4
@@ -78,8 +78,8 @@ def fla_conv(feeds, fla_state, tokens):
             return y[0] if isinstance(y, tuple) else y
         return run
     cu = feeds["cumulative_sequence_length"].long()
-    # pinned: FLA copies the host offsets during the call, which graph capture allows only from pinned memory
-    # (at B = 32 it failed without; not yet rerun with it)
+    # pinned: FLA copies the host offsets during the call, which graph capture allows only from pinned memory.
+    # At B = 32 it still fails with them pinned (2026-12-02): FLA makes host tensors of its own there.
     cu_cpu = cu.cpu().pin_memory()
 
     def run():
@@ -89,7 +89,16 @@ def fla_conv(feeds, fla_state, tokens):
     return run
 
 
-def bench_conv(dtype, rate, gen, with_fla: bool, only: list[str]) -> None:
+def split_times(sets, capacity) -> str:
+    """The two-pass plan's kernels timed apart (output pass, then state pass), each from its own graph."""
+    parts = []
+    for prefix in ("conv_output", "conv_state"):
+        t = graph_time([only_kernels(ours_conv(f, o, capacity), (prefix,)) for f, o, _ in sets])
+        parts.append(f"{prefix} alone {t * 1e6:.1f} us")
+    return "  (" + ", ".join(parts) + ")"
+
+
+def bench_conv(dtype, rate, gen, with_fla: bool, only: list[str], split: bool) -> None:
     esize = torch.tensor([], dtype=dtype).element_size()
     for name, tokens, rows, capacity in CONV_CASES:
         if only and not any(o in name for o in only):
@@ -108,8 +117,9 @@ def bench_conv(dtype, rate, gen, with_fla: bool, only: list[str]) -> None:
                 fla_t = graph_time(fla)
             except Exception as exc:  # report and keep our number
                 print(f"# FLA failed on {name}: {type(exc).__name__}: {str(exc)[:200]}")
+        parts = split_times(sets, capacity) if split and name.startswith("conv prefill") else ""
         print(f"{name:26s} {str(dtype)[6:]:9s} {ours_t * 1e6:9.1f} {fla_t * 1e6:9.1f} {fla_t / ours_t:9.2f} "
-              f"{nbytes / rate / ours_t:7.1%} {err:8.1e}", flush=True)
+              f"{nbytes / rate / ours_t:7.1%} {err:8.1e}{parts}", flush=True)
         del sets, ours
         torch.cuda.empty_cache()
 
@@ -147,6 +157,7 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float16", "bfloat16", "both"], default="both")
     ap.add_argument("--cases", default="", help="comma-separated substrings of case names to run")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--split", action="store_true", help="also time the prefill's output and state kernels apart")
     args = ap.parse_args()
     only = [c for c in args.cases.split(",") if c]
     rate = copy_rate()
@@ -154,7 +165,7 @@ def main() -> None:
     print(f"{'case':26s} {'dtype':9s} {'ours us':>9s} {'FLA us':>9s} {'FLA/ours':>9s} {'floor':>7s} {'max err':>8s}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     for dtype_name in (["float16", "bfloat16"] if args.dtype == "both" else [args.dtype]):
-        bench_conv(getattr(torch, dtype_name), rate, gen, not args.no_fla, only)
+        bench_conv(getattr(torch, dtype_name), rate, gen, not args.no_fla, only, args.split)
     bench_replays(rate, gen, only)
 
 
