@@ -108,9 +108,11 @@ def test_gdn_workspace_matches_cuda_ops_plan():
 
 # (batch, tokens, channels): both sides of one token per row (decode), of CONV_ROW_TOKENS (8 per row), of
 # CONV_SHORT_TOKENS (256) and of CONV_LONG_TOKENS (2048).
-@pytest.mark.parametrize("dims", [(1, 1, 1), (4, 4, 8192), (4, 5, 8192), (3, 100, 129), (8, 256, 64),
-                                  (8, 257, 64), (32, 256, 64), (32, 257, 64), (64, 1000, 4096), (1, 2047, 64),
-                                  (1, 2048, 64), (1, 4096, 10240), (2, 0, 10)])
+CONV_DIMS = [(1, 1, 1), (4, 4, 8192), (4, 5, 8192), (3, 100, 129), (8, 256, 64), (8, 257, 64), (32, 256, 64),
+             (32, 257, 64), (64, 1000, 4096), (1, 2047, 64), (1, 2048, 64), (1, 4096, 10240), (2, 0, 10)]
+
+
+@pytest.mark.parametrize("dims", CONV_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_conv_plan_matches_cuda_ops_plan(dims, dtype):
     batch, total, channels = dims
@@ -128,6 +130,9 @@ def test_planned_kernels_exist_in_the_image():
             except ValueError:
                 continue
             assert {ln[0] for ln in launches} <= names
+    planned = {ln[0] for dims, dtype in itertools.product(CONV_DIMS, DTYPES)
+               for ln in library.cuda_plan("conv", dtype, dims, arch=90, smem_optin=232448)}
+    assert {"conv_decode_bf16", "conv_rows_f16", "conv_output_f32", "conv_output_long_f16"} <= planned <= names
 
 
 # Images live for the whole process (they are never replaced), so these tests use compute capabilities no
