@@ -56,6 +56,19 @@ def current_stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
+def benchmark_arguments() -> argparse.ArgumentParser:
+    """The options every GPU benchmark takes: dtypes, a case filter, and whether FLA runs beside ours."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", choices=["float16", "bfloat16", "both"], default="both")
+    ap.add_argument("--cases", default="", help="comma-separated substrings of case names to run")
+    ap.add_argument("--no-fla", action="store_true")
+    return ap
+
+
+def benchmark_dtypes(choice: str) -> list[str]:
+    return ["float16", "bfloat16"] if choice == "both" else [choice]
+
+
 def make_inputs(lengths, dtype, capacity, gen):
     t, b = sum(lengths), len(lengths)
     dev = "cuda"
@@ -193,10 +206,7 @@ CASES = [
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", choices=["float16", "bfloat16", "both"], default="both")
-    ap.add_argument("--cases", default="", help="comma-separated substrings of case names to run")
-    ap.add_argument("--no-fla", action="store_true")
+    ap = benchmark_arguments()
     ap.add_argument("--once", action="store_true", help="run each case twice without graphs or timing (profilers)")
     ap.add_argument("--rows", default="", help="also time the recurrent kernel with these rows:groups per warp")
     ap.add_argument("--engines", default="", help="also time prefill cases with these engines (chunked, recurrent)")
@@ -209,7 +219,7 @@ def main() -> None:
                     help="also time each of our calls after a small torch kernel (one that does not opt in)")
     args = ap.parse_args()
     launch.set_programmatic_launch(args.pdl != "off")
-    dtypes = ["float16", "bfloat16"] if args.dtype == "both" else [args.dtype]
+    dtypes = benchmark_dtypes(args.dtype)
     rate = copy_rate()
     pdl = launch.programmatic_launch(torch.cuda.current_device())
     print(f"# {datetime.date.today()} {torch.cuda.get_device_name()}  copy rate {rate / 1e12:.2f} TB/s  "

@@ -11,12 +11,12 @@ replay of the graph touches more than twice the L2 (bench_gpu.py's method).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 
 import torch
 
-from bench_gpu import D, HK, HV, copy_rate, current_stream, graph_time, only_kernels, rotated_sets
+from bench_gpu import (D, HK, HV, benchmark_arguments, benchmark_dtypes, copy_rate, current_stream, graph_time,
+                       only_kernels, rotated_sets)
 from onnx_hybrid import cuda_ops
 
 CHANNELS, TAPS = 2 * HK * D + HV * D, 4
@@ -153,10 +153,7 @@ def bench_replays(rate, gen, only: list[str]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", choices=["float16", "bfloat16", "both"], default="both")
-    ap.add_argument("--cases", default="", help="comma-separated substrings of case names to run")
-    ap.add_argument("--no-fla", action="store_true")
+    ap = benchmark_arguments()
     ap.add_argument("--split", action="store_true", help="also time the prefill's output and state kernels apart")
     args = ap.parse_args()
     only = [c for c in args.cases.split(",") if c]
@@ -164,7 +161,7 @@ def main() -> None:
     print(f"# {datetime.date.today()} {torch.cuda.get_device_name()}  copy rate {rate / 1e12:.2f} TB/s")
     print(f"{'case':26s} {'dtype':9s} {'ours us':>9s} {'FLA us':>9s} {'FLA/ours':>9s} {'floor':>7s} {'max err':>8s}")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for dtype_name in (["float16", "bfloat16"] if args.dtype == "both" else [args.dtype]):
+    for dtype_name in benchmark_dtypes(args.dtype):
         bench_conv(getattr(torch, dtype_name), rate, gen, not args.no_fla, only, args.split)
     bench_replays(rate, gen, only)
 
