@@ -43,9 +43,10 @@ def main():
         feeds["capture_count"] = gpu(np.ones(b, np.int32))
         _, st, cap = cuda_ops.varlen_causal_conv(feeds, **conv.attributes)
         cuda_ops.replay_conv(st, cap, [5] + [1] * (b - 1))
-    # the conv's two-pass plan (over plan.CONV_SHORT_TOKENS tokens: runs of tokens per thread; from
-    # plan.CONV_LONG_TOKENS on, longer runs) on the 16-byte path (fp16, 64 channels) and the element path (fp32, 12
-    # channels), on malformed offsets of 600 and 4200 tokens
+    # the conv's output pass (over plan.CONV_SHORT_TOKENS tokens: runs of tokens per thread; from
+    # plan.CONV_LONG_TOKENS on, longer runs) with its state pass in the same grid and, in place, after it; on the
+    # 16-byte path (fp16, 64 channels) and the element path (fp32, 12 channels), on malformed offsets of 600 and
+    # 4200 tokens
     for cu in ([0, 300, 600], [0, 250, 100, 600], [-40, 300, 600], [0, 4000, 600], [30, 300, 600], [0, 300, 500],
                [0, 2**30, -2**30, 600], [0, 2100, 1000, 4200], [0, 9000, 4200], [-7, 4190, 4100, 4000]):
         b = len(cu) - 1
@@ -55,6 +56,7 @@ def main():
             feeds = device_feeds(conv, "cumulative_sequence_length", cu)
             feeds["capture_count"] = gpu(np.full(b, 2, np.int32))
             cuda_ops.varlen_causal_conv(feeds, **conv.attributes)
+            cuda_ops.varlen_causal_conv(feeds, outputs={"final_state": feeds["initial_state"]}, **conv.attributes)
     # the chunked kernels on long rows: a well-formed mixed batch (full, partial and short rows), then
     # overlapping rows (more chunks than the prep grid's bound)
     for cu in ([0, 130, 170, 175, 239], [0, 140, 0, 140]):

@@ -199,9 +199,17 @@ def test_conv_and_replay_grids_follow_the_kernels_constants():
     assert (kernel["kReplayWarps"], kernel["kReplayRowsPerWarp"]) == (plan.REPLAY_WARPS, plan.REPLAY_ROWS)
     # 16 bytes of channels per thread: 10240 channels are 10 blocks of 128 threads at fp16, 20 at fp32
     geo = contract.ConvGeometry(2, 600, 10240, 4, 3, 0)
-    out, state = plan.conv_plan(geo, "float16", plan.ConvParams())
+    in_place = plan.ConvParams(state_in=1 << 20, state_out=1 << 20)
+    out, state = plan.conv_plan(geo, "float16", in_place)
     assert (out.grid, state.grid) == ((10, -(-600 // plan.CONV_MEDIUM_TOKENS), 1), (10, 2, 1))
-    assert out.kernel == "conv_output_f16"
+    assert out.kernel == "conv_output_f16" and out.params.state_rows == 0 and state.kernel == "conv_state_f16"
+    # final_state apart from initial_state: the output grid's first two rows are the state pass
+    state_bytes = 2 * 10240 * 3 * 2
+    (fused,) = plan.conv_plan(geo, "float16", plan.ConvParams(state_in=1 << 20, state_out=(1 << 20) + state_bytes))
+    assert fused.grid == (10, 2 + -(-600 // plan.CONV_MEDIUM_TOKENS), 1) and fused.params.state_rows == 2
+    # a state that starts one byte before the other's end overlaps it
+    overlap = plan.ConvParams(state_in=(1 << 20) + state_bytes - 1, state_out=1 << 20)
+    assert [ln.kernel for ln in plan.conv_plan(geo, "float16", overlap)] == ["conv_output_f16", "conv_state_f16"]
     out, _ = plan.conv_plan(contract.ConvGeometry(1, 8191, 10240, 4, 3, 0), "bfloat16", plan.ConvParams())
     assert out.kernel == "conv_output_long_bf16" and out.grid == (10, -(-8191 // plan.CONV_TOKENS), 1)
     (short,) = [ln for ln in plan.conv_plan(contract.ConvGeometry(1, 256, 64, 4, 3, 0), "float16", plan.ConvParams())

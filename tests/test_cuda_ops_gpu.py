@@ -421,8 +421,9 @@ def test_malformed_offsets_are_contained(cu):
     feeds["cumulative_sequence_length"] = np.asarray(cu, dtype=np.int32)
     feeds["capture_count"] = np.ones(len(cu) - 1, dtype=np.int32)
     feeds["initial_state"] = np.resize(conv.feeds["initial_state"], (len(cu) - 1,) + conv.feeds["initial_state"].shape[1:])
-    _, st, cap = run_conv(type(conv)(feeds=feeds, attributes=conv.attributes, lengths=[]))
-    assert np.isfinite(st).all() and np.isfinite(cap).all()
+    for alias in (False, True):  # the state pass in the output grid, and after it
+        _, st, cap = run_conv(type(conv)(feeds=feeds, attributes=conv.attributes, lengths=[]), alias=alias)
+        assert np.isfinite(st).all() and np.isfinite(cap).all()
 
 
 def test_overlapping_long_rows_are_contained():
@@ -556,6 +557,19 @@ def test_conv_vector_path_equals_element_path(dtype, channels, lengths):
     elements = run_conv(case, input_override=misaligned)
     for a, e in zip(aligned, elements):
         assert a.tobytes() == e.tobytes()
+
+
+@pytest.mark.parametrize("dtype,channels", [("float", 24), ("float16", 72), ("bfloat16", 1001)])
+@pytest.mark.parametrize("lengths", [(300, 77, 2, 129, 5, 0, 40), (3001, 77, 2, 1029, 5, 0, 43), (0, 4099, 0)],
+                         ids=["runs", "long-runs", "empty-rows"])
+def test_conv_state_in_the_output_grid_equals_two_passes(dtype, channels, lengths):
+    """final_state apart from initial_state: the output launch writes the states too (plan.conv_plan's
+    state_rows); in place: a second launch does. Same bits either way: outputs, state and capsule."""
+    capture = [4, 2, 1, 0, 3, 4, 4][:len(lengths)]
+    case = random_conv_case(np.random.default_rng(len(lengths) + channels), lengths=lengths, dtype=dtype,
+                            channels=channels, capacity=4, capture=capture)
+    for a, b in zip(run_conv(case), run_conv(case, alias=True)):
+        assert a.tobytes() == b.tobytes()
 
 
 @pytest.mark.parametrize("lengths", [(10, 5, 1, 8), (30, 12, 1, 20)], ids=["one-launch", "two-pass"])

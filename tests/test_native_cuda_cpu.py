@@ -112,13 +112,17 @@ CONV_DIMS = [(1, 1, 1), (4, 4, 8192), (4, 5, 8192), (3, 100, 129), (8, 256, 64),
              (32, 257, 64), (64, 1000, 4096), (1, 2047, 64), (1, 2048, 64), (1, 4096, 10240), (2, 0, 10)]
 
 
+@pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("dims", CONV_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_conv_plan_matches_cuda_ops_plan(dims, dtype):
+def test_conv_plan_matches_cuda_ops_plan(dims, dtype, in_place):
     batch, total, channels = dims
     geo = contract.ConvGeometry(batch, total, channels, 4, 3, 0)
-    expected = [(ln.kernel, ln.grid, ln.block, ln.smem, 0, 0) for ln in plan.conv_plan(geo, dtype, plan.ConvParams())]
-    assert library.cuda_plan("conv", dtype, dims, arch=90, smem_optin=232448) == expected
+    # the library's stand-in addresses: final_state in place, or far from initial_state
+    params = plan.ConvParams(state_in=1 << 20, state_out=1 << 20 if in_place else 1 << 40)
+    expected = [(ln.kernel, ln.grid, ln.block, ln.smem, ln.params.state_rows, 0)
+                for ln in plan.conv_plan(geo, dtype, params)]
+    assert library.cuda_plan("conv", dtype, (*dims, int(in_place)), arch=90, smem_optin=232448) == expected
 
 
 def test_planned_kernels_exist_in_the_image():
@@ -130,9 +134,10 @@ def test_planned_kernels_exist_in_the_image():
             except ValueError:
                 continue
             assert {ln[0] for ln in launches} <= names
-    planned = {ln[0] for dims, dtype in itertools.product(CONV_DIMS, DTYPES)
-               for ln in library.cuda_plan("conv", dtype, dims, arch=90, smem_optin=232448)}
-    assert {"conv_decode_bf16", "conv_rows_f16", "conv_output_f32", "conv_output_long_f16"} <= planned <= names
+    planned = {ln[0] for dims, dtype, in_place in itertools.product(CONV_DIMS, DTYPES, (0, 1))
+               for ln in library.cuda_plan("conv", dtype, (*dims, in_place), arch=90, smem_optin=232448)}
+    assert {"conv_decode_bf16", "conv_rows_f16", "conv_output_f32", "conv_output_long_f16", "conv_state_f32"} \
+        <= planned <= names
 
 
 # Images live for the whole process (they are never replaced), so these tests use compute capabilities no

@@ -37,7 +37,7 @@ class ConvParams(ctypes.Structure):
         ("x", _p), ("weight", _p), ("bias", _p), ("state_in", _p), ("cu_seqlens", _p),
         ("capture_count", _p), ("out", _p), ("state_out", _p), ("capsule", _p),
         ("batch", _i), ("total_tokens", _i), ("channels", _i), ("kernel_size", _i), ("dilation", _i),
-        ("state_len", _i), ("capacity", _i), ("silu", _i),
+        ("state_len", _i), ("capacity", _i), ("silu", _i), ("state_rows", _i),
     ]
 
 
@@ -307,20 +307,31 @@ def conv_channel_blocks(channels: int, dtype: str) -> int:
     return _ceil(channels, CONV_THREADS * (CONV_VECTOR_BYTES // ELEMENT_SIZE[dtype]))
 
 
+def conv_states_overlap(geo: ConvGeometry, dtype: str, params: ConvParams) -> bool:
+    """Whether final_state shares memory with initial_state (in place, or any overlap of the two ranges)."""
+    nbytes = geo.batch * geo.channels * geo.state_length * ELEMENT_SIZE[dtype]
+    state_in, state_out = params.state_in or 0, params.state_out or 0
+    return state_in < state_out + nbytes and state_out < state_in + nbytes
+
+
 def conv_plan(geo: ConvGeometry, dtype: str, params: ConvParams) -> list[Launch]:
-    """Output pass (reads the incoming state), then the state and capsule pass (may overwrite it); for short
-    rows both in one launch."""
+    """For short rows one launch that computes each row's outputs, then its state. Otherwise the output pass,
+    which reads the incoming state, with the state and capsule pass as its grid's first rows; or, when the two
+    states overlap, as a second launch after it."""
     sfx = TYPE_SUFFIX[dtype]
     cx = conv_channel_blocks(geo.channels, dtype)
+    block = (CONV_THREADS, 1, 1)
     if geo.total_tokens <= CONV_ROW_TOKENS * geo.batch:
         kernel = "conv_decode" if geo.total_tokens <= geo.batch else "conv_rows"
-        return [Launch(f"{kernel}_{sfx}", (cx, geo.batch, 1), (CONV_THREADS, 1, 1), 0, params)]
+        return [Launch(f"{kernel}_{sfx}", (cx, geo.batch, 1), block, 0, params)]
     run = conv_tokens_per_block(geo.total_tokens)
-    return [
-        Launch(f"conv_output{'_long' if run == CONV_TOKENS else ''}_{sfx}", (cx, _ceil(geo.total_tokens, run), 1),
-               (CONV_THREADS, 1, 1), 0, params),
-        Launch(f"conv_state_{sfx}", (cx, geo.batch, 1), (CONV_THREADS, 1, 1), 0, params),
-    ]
+    output = _copy(params)
+    output.state_rows = 0 if conv_states_overlap(geo, dtype, params) else geo.batch
+    launches = [Launch(f"conv_output{'_long' if run == CONV_TOKENS else ''}_{sfx}",
+                       (cx, output.state_rows + _ceil(geo.total_tokens, run), 1), block, 0, output)]
+    if not output.state_rows:
+        launches.append(Launch(f"conv_state_{sfx}", (cx, geo.batch, 1), block, 0, params))
+    return launches
 
 
 def gdn_replay_plan(params: GdnReplayParams) -> list[Launch]:

@@ -278,7 +278,8 @@ def _plan_text(op: str, dtype: str, dims, arch: int, smem_optin: int, engine: st
 def cuda_plan(op: str, dtype: str, dims, *, arch: int, smem_optin: int, engine: str = "auto") -> list[tuple]:
     """The launches the CUDA variant would enqueue, computed by the library without a device: (kernel, grid,
     block, smem, tail_only, row_groups) each. op "gdn": dims (batch, total_tokens, hv, dk, dv, per_key_decay,
-    aligned[, hk]) with Hq = Hk = hk (default hv); op "conv": dims (batch, total_tokens, channels)."""
+    aligned[, hk]) with Hq = Hk = hk (default hv); op "conv": dims (batch, total_tokens, channels[, in_place])
+    with 4 taps, and (kernel, grid, block, smem, state_rows, 0) each."""
     text = _plan_text(op, dtype, dims, arch, smem_optin, engine)
     launches = []
     for line in text.splitlines():

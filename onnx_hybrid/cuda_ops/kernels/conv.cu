@@ -199,16 +199,26 @@ __device__ __forceinline__ int conv_row_of(const ConvParams& p, int t) {
   return lo;
 }
 
+template <typename T>
+__device__ __forceinline__ void conv_state(const ConvParams& p, int b);
+
 // Output pass: thread = (kConvVec channels, run of consecutive tokens of the packed axis; the run's length
 // follows from the grid's height, which the plan picks: plan.py conv_tokens_per_block). Tokens outside every
 // request (malformed offsets only) are left unwritten. Reads the incoming state, writes none of it, so it runs
-// before the state pass even when initial_state and final_state alias.
+// before a separate state pass when initial_state and final_state overlap. When they do not, the grid's first
+// p.state_rows rows are the state pass (row b of them: request b), which saves the second launch and its wait
+// for the whole output grid (about 10 us of a 65 us call at 27B, 1 x 4096; H200, BENCHMARKS.md session 22).
 template <typename T, int RUN>
 __device__ __forceinline__ void conv_output(const ConvParams& p) {
+  if ((int)blockIdx.y < p.state_rows) {
+    conv_state<T>(p, blockIdx.y);
+    return;
+  }
   const int c0 = (blockIdx.x * kConvThreads + threadIdx.x) * kConvVec<T>;
   if (c0 >= p.channels) return;
-  const int tokens_per_block = (p.total_tokens + gridDim.y - 1) / gridDim.y;
-  const int t_begin = blockIdx.y * tokens_per_block;
+  const int run_blocks = gridDim.y - p.state_rows;
+  const int tokens_per_block = (p.total_tokens + run_blocks - 1) / run_blocks;
+  const int t_begin = (blockIdx.y - p.state_rows) * tokens_per_block;
   const int t_end = min(t_begin + tokens_per_block, p.total_tokens);
   int b = conv_row_of(p, t_begin);
   RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
@@ -304,12 +314,11 @@ __device__ __forceinline__ void conv_state_of(const ConvParams& p, int b, RowSpa
   }
 }
 
-// State pass: thread = (request, kConvVec channels). The 16-byte path reads the whole incoming state of its
+// State pass of request b: thread = kConvVec channels. The 16-byte path reads the whole incoming state of its
 // channels before writing any of it, so initial_state may alias final_state.
 template <typename T>
-__device__ __forceinline__ void conv_state(const ConvParams& p) {
+__device__ __forceinline__ void conv_state(const ConvParams& p, int b) {
   const int c0 = (blockIdx.x * kConvThreads + threadIdx.x) * kConvVec<T>;
-  const int b = blockIdx.y;
   if (c0 >= p.channels) return;
   const RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
   if (!conv_vector_path<T>(p)) {
@@ -483,7 +492,7 @@ extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(c
   extern "C" __global__ void __launch_bounds__(ohk::kConvThreads)                   \
       conv_state_##TNAME(const ConvParams p) {                                      \
     ohk::wait_for_inputs();                                                         \
-    ohk::conv_state<T>(p);                                                          \
+    ohk::conv_state<T>(p, blockIdx.y);                                              \
   }                                                                                 \
   extern "C" __global__ void __launch_bounds__(ohk::kConvThreads)                   \
       conv_rows_##TNAME(const ConvParams p) {                                       \

@@ -60,6 +60,7 @@ struct ConvParams {
   int state_len;
   int capacity;
   int silu;
+  int state_rows;             // output pass: grid rows that run the state pass first (plan.py conv_plan), else 0
 };
 
 struct GdnReplayParams {

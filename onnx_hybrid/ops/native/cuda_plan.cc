@@ -164,6 +164,12 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
   return launches;
 }
 
+bool ConvStatesOverlap(const ConvGeometry& geo, ElemType type, const ConvParams& params) {
+  const auto nbytes = static_cast<uintptr_t>(geo.batch * geo.channels * geo.state_length) * ElemSize(type);
+  const auto in = reinterpret_cast<uintptr_t>(params.state_in), out = reinterpret_cast<uintptr_t>(params.state_out);
+  return in < out + nbytes && out < in + nbytes;
+}
+
 std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType type, const ConvParams& params) {
   // plan.py's conv_channel_blocks: each thread holds kConvVectorBytes of channels.
   const int64_t channels_per_thread = cp::kConvVectorBytes / int64_t(ElemSize(type));
@@ -176,11 +182,15 @@ std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType t
   const int64_t tokens_per_block = geo.total_tokens <= cp::kConvShortTokens ? 1
                                    : geo.total_tokens >= cp::kConvLongTokens ? cp::kConvTokens
                                                                              : cp::kConvMediumTokens;
-  return {
+  // plan.py's conv_plan: the state pass is the output grid's first rows unless the two states overlap.
+  ConvParams output = params;
+  output.state_rows = ConvStatesOverlap(geo, type, params) ? 0 : static_cast<int>(geo.batch);
+  std::vector<CudaLaunch<ConvParams>> launches{
       {KernelName(tokens_per_block == cp::kConvTokens ? "conv_output_long_" : "conv_output_", type),
-       {cx, U(CeilDiv(geo.total_tokens, tokens_per_block)), 1}, block, 0, params},
-      {KernelName("conv_state_", type), {cx, U(geo.batch), 1}, block, 0, params},
-  };
+       {cx, U(output.state_rows + CeilDiv(geo.total_tokens, tokens_per_block)), 1}, block, 0, output}};
+  if (output.state_rows == 0)
+    launches.push_back({KernelName("conv_state_", type), {cx, U(geo.batch), 1}, block, 0, params});
+  return launches;
 }
 
 }  // namespace onnx_hybrid

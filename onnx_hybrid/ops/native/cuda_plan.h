@@ -56,7 +56,11 @@ int64_t ChunkWorkspaceBytes(const GdnGeometry& geo);
 std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type, const GdnParams& params, int arch,
                                            int smem_optin, GdnCudaEngine engine);
 
-// plan.conv_plan: the output pass, then the state and capsule pass.
+// plan.conv_states_overlap: whether final_state shares memory with initial_state.
+bool ConvStatesOverlap(const ConvGeometry& geo, ElemType type, const ConvParams& params);
+
+// plan.conv_plan: short rows in one launch; else the output pass with the state and capsule pass as its grid's
+// first rows, or after it when the two states overlap.
 std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType type, const ConvParams& params);
 
 }  // namespace onnx_hybrid

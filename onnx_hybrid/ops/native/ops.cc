@@ -482,7 +482,8 @@ std::string StructLayout(const std::string& name) {
            ONNX_HYBRID_FIELD(S, capture_count) + ONNX_HYBRID_FIELD(S, out) + ONNX_HYBRID_FIELD(S, state_out) +
            ONNX_HYBRID_FIELD(S, capsule) + ONNX_HYBRID_FIELD(S, batch) + ONNX_HYBRID_FIELD(S, total_tokens) +
            ONNX_HYBRID_FIELD(S, channels) + ONNX_HYBRID_FIELD(S, kernel_size) + ONNX_HYBRID_FIELD(S, dilation) +
-           ONNX_HYBRID_FIELD(S, state_len) + ONNX_HYBRID_FIELD(S, capacity) + ONNX_HYBRID_FIELD(S, silu);
+           ONNX_HYBRID_FIELD(S, state_len) + ONNX_HYBRID_FIELD(S, capacity) + ONNX_HYBRID_FIELD(S, silu) +
+           ONNX_HYBRID_FIELD(S, state_rows);
   }
   return "";
 }
@@ -550,9 +551,13 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int
         for (const auto& l : PlanGdn(geo, elem, p, arch, smem_optin, gdn_engine))
           text += Describe(l.kernel, l.grid, l.block, l.smem, l.params.tail_only, l.params.row_groups);
       }
-    } else if (name == "conv" && n_dims == 3) {
-      ConvGeometry geo{dims[0], dims[1], dims[2], 0, 0, 0};
-      for (const auto& l : PlanConv(geo, elem, ConvParams{})) text += Describe(l.kernel, l.grid, l.block, l.smem, 0, 0);
+    } else if (name == "conv" && (n_dims == 3 || n_dims == 4)) {
+      ConvGeometry geo{dims[0], dims[1], dims[2], 4, 3, 0};
+      ConvParams p{};  // the plan compares the state addresses, never reads them: in place, or far apart
+      p.state_in = reinterpret_cast<const void*>(uintptr_t{1} << 20);
+      p.state_out = reinterpret_cast<void*>(n_dims == 4 && dims[3] ? uintptr_t{1} << 20 : uintptr_t{1} << 40);
+      for (const auto& l : PlanConv(geo, elem, p))
+        text += Describe(l.kernel, l.grid, l.block, l.smem, l.params.state_rows, 0);
     } else {
       throw std::invalid_argument("unknown op '" + name + "' or wrong number of dims");
     }
