@@ -27,6 +27,10 @@ HK, HV, D = 16, 48, 128
 L2_BYTES = 60e6
 MATMUL_RATE = 790e12  # measured bf16 dense rate on this H200 (spec/performance.md)
 CHUNK_FLOP_PER_TOKEN_HEAD = 180e3  # chunk-64 algorithm (spec/performance.md)
+# A graph of one call also times the graph's own launch, about 6 us on the H200: the conv's prefill at 27B,
+# 1 x 4096 took 71.5 us per call in a graph of one call and 65.2 in a graph of four (BENCHMARKS.md session 21).
+# Calls whose inputs exceed the L2 get one input set each; they repeat it to make up these calls.
+GRAPH_CALLS = 4
 
 
 def copy_rate() -> float:
@@ -46,6 +50,15 @@ def copy_rate() -> float:
     return 2 * a.numel() / statistics.median(times)
 
 
+def copy_time(nbytes: int) -> float:
+    """Seconds per device-to-device copy of nbytes / 2 bytes (nbytes read and written in all), timed as the
+    kernels are: input sets rotated past the L2, graph replays. What a plain copy reaches at a kernel's size."""
+    half = int(nbytes) // 2
+    sets = [(torch.empty(half, dtype=torch.uint8, device="cuda"), torch.empty(half, dtype=torch.uint8, device="cuda"))
+            for _ in range(rotated_sets(nbytes))]
+    return graph_time([lambda a=a, b=b: b.copy_(a) for a, b in sets])
+
+
 def rotated_sets(nbytes: int) -> int:
     """Input sets for one graph replay to touch more than twice the L2 (at most 16) with calls of nbytes each."""
     return max(1, min(16, math.ceil(2 * L2_BYTES / nbytes)))
@@ -57,12 +70,22 @@ def current_stream() -> int:
 
 
 def benchmark_arguments() -> argparse.ArgumentParser:
-    """The options every GPU benchmark takes: dtypes, a case filter, and whether FLA runs beside ours."""
+    """The options every GPU benchmark takes: dtypes, a case filter, whether FLA runs beside ours, and the
+    calls per graph."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", choices=["float16", "bfloat16", "both"], default="both")
     ap.add_argument("--cases", default="", help="comma-separated substrings of case names to run")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--graph-calls", type=int, default=GRAPH_CALLS,
+                    help="calls per timed graph at least (input sets repeat to make them up)")
     return ap
+
+
+def parse_benchmark_arguments(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    global GRAPH_CALLS
+    args = ap.parse_args()
+    GRAPH_CALLS = max(1, args.graph_calls)
+    return args
 
 
 def benchmark_dtypes(choice: str) -> list[str]:
@@ -167,7 +190,9 @@ def time_without_pdl(fns, default: bool) -> float:
 
 
 def graph_time(fns, reps=20) -> float:
-    """Seconds per call: one graph replays every fn (one per rotated input set) once."""
+    """Seconds per call: one graph replays every fn (one per rotated input set) once, or in turn until it
+    holds GRAPH_CALLS calls."""
+    fns = list(fns) * math.ceil(GRAPH_CALLS / len(fns))
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -217,7 +242,7 @@ def main() -> None:
                     help="programmatic dependent launch of our kernels (sm_90+); both: also time them without it")
     ap.add_argument("--neighbour", action="store_true",
                     help="also time each of our calls after a small torch kernel (one that does not opt in)")
-    args = ap.parse_args()
+    args = parse_benchmark_arguments(ap)
     launch.set_programmatic_launch(args.pdl != "off")
     dtypes = benchmark_dtypes(args.dtype)
     rate = copy_rate()
