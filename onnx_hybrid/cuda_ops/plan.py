@@ -121,7 +121,7 @@ CONV_SHORT_TOKENS = 256
 # per (request, 16 bytes of channels) doing its row's outputs and then its state (conv_rows; conv_decode at
 # one token per request on average, which requests fewer inputs ahead).
 CONV_ROW_TOKENS = 8
-REPLAY_WARPS, REPLAY_ROWS = 4, 8  # GDN replay: warps per block, value rows per warp (conv.cu kReplay*)
+REPLAY_WARPS, REPLAY_ROWS = 2, 8  # GDN replay: warps per block, value rows per warp (conv.cu kReplay*)
 
 TYPE_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
