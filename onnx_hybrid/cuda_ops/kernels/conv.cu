@@ -128,6 +128,14 @@ struct ConvChannels {
       win[k % (kConvTaps - 1)][k / (kConvTaps - 1)] = to_f32(s[k / N].v[k % N]);
   }
 
+  // The three inputs before the next token as the window (win[0] the oldest).
+  __device__ void set_window(const ConvPack<T> (&x)[kConvTaps - 1]) {
+#pragma unroll
+    for (int j = 0; j < kConvTaps - 1; ++j)
+#pragma unroll
+      for (int i = 0; i < N; ++i) win[j][i] = to_f32(x[j].v[i]);
+  }
+
   // The window before input `pos` of the row: earlier inputs of the row, else the incoming state.
   __device__ void load_window(const ConvSamples& src, int b, int pos, int c0) {
     if (pos < kConvTaps - 1) load_state(src, b, c0);
@@ -220,9 +228,9 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   const int tokens_per_block = (p.total_tokens + run_blocks - 1) / run_blocks;
   const int t_begin = (blockIdx.y - p.state_rows) * tokens_per_block;
   const int t_end = min(t_begin + tokens_per_block, p.total_tokens);
-  int b = conv_row_of(p, t_begin);
-  RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
   if (!conv_vector_path<T>(p)) {
+    int b = conv_row_of(p, t_begin);
+    RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
     for (int t = t_begin; t < t_end; ++t) {
       while (b + 1 < p.batch && row_span(p.cu_seqlens, 0, b + 1, p.total_tokens).start <= t) {
         b += 1;
@@ -237,6 +245,18 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   }
   ConvChannels<T> chans;
   chans.load_taps(p, c0);
+  // The run's first chunk and the three inputs before it have addresses that follow from the block alone. They
+  // are requested before the row lookup, so a block's first inputs no longer wait for its loads of the offsets
+  // (27B fp16, 1 x 8192 / 8 x 2048: 100.2 / 195.6 us before, 96.2 / 185.1 us after; H200, BENCHMARKS.md
+  // session 22). The registers this frees let bf16 run 4 blocks per SM without spilling.
+  ConvPack<T> even[kConvChunk], before[kConvTaps - 1];
+#pragma unroll
+  for (int i = 0; i < kConvChunk; ++i) even[i] = conv_load<T>(p.x, (size_t)min(t_begin + i, t_end - 1) * p.channels + c0);
+#pragma unroll
+  for (int j = 0; j < kConvTaps - 1; ++j)
+    before[j] = conv_load<T>(p.x, (size_t)max(t_begin - (kConvTaps - 1) + j, 0) * p.channels + c0);
+  int b = conv_row_of(p, t_begin);
+  RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
   const auto next_row_start = [&]() {  // first token of the next row (total_tokens past the last row)
     return b + 1 < p.batch ? row_span(p.cu_seqlens, 0, b + 1, p.total_tokens).start : p.total_tokens;
   };
@@ -244,7 +264,7 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   const int pos0 = t_begin - span.start;
   if (t_end - t_begin == RUN && pos0 >= 0 && pos0 + RUN <= span.len && next_start >= t_end) {
     // The run lies inside row b, and no later row's start cuts it (malformed offsets may overlap rows).
-    ConvPack<T> even[kConvChunk], odd[kConvChunk];
+    ConvPack<T> odd[kConvChunk];
     const auto request = [&](ConvPack<T>(&chunk)[kConvChunk], int t) {
 #pragma unroll
       for (int i = 0; i < kConvChunk; ++i) chunk[i] = conv_load<T>(p.x, (size_t)(t + i) * p.channels + c0);
@@ -254,8 +274,10 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
       for (int i = 0; i < kConvChunk; ++i)
         conv_store<T>(p.out, (size_t)(t + i) * p.channels + c0, chans.step(p, chunk[i]));
     };
-    request(even, t_begin);
-    chans.load_window(conv_row_samples<T>(p, span), b, pos0, c0);
+    if (pos0 >= kConvTaps - 1)
+      chans.set_window(before);
+    else  // the row starts within three tokens of the run: its window holds state samples
+      chans.load_window(conv_row_samples<T>(p, span), b, pos0, c0);
 #pragma unroll
     for (int k = 0; k < RUN; k += 2 * kConvChunk) {  // two chunks in turn: one requested while the other is used
       request(odd, t_begin + k + kConvChunk);
@@ -481,13 +503,13 @@ extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(c
     }
 }
 
-#define OHK_CONV(TNAME, T, LONG_MIN_BLOCKS)                                         \
+#define OHK_CONV(TNAME, T)                                                          \
   extern "C" __global__ void __launch_bounds__(ohk::kConvThreads, 4)                \
       conv_output_##TNAME(const ConvParams p) {                                     \
     ohk::wait_for_inputs();                                                         \
     ohk::conv_output<T, ohk::kConvShortRun>(p);                                     \
   }                                                                                 \
-  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads, LONG_MIN_BLOCKS)  \
+  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads, 4)                \
       conv_output_long_##TNAME(const ConvParams p) {                                \
     ohk::wait_for_inputs();                                                         \
     ohk::conv_output<T, ohk::kConvLongRun>(p);                                      \
@@ -513,8 +535,9 @@ extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(c
     ohk::conv_replay<T>(p);                                                         \
   }
 
-// Blocks per SM the long-run output kernel is built for. At 4 (128 registers) fp16 spills 20 bytes and bf16 262,
-// which made bf16 20% slower than at 3 (H200, BENCHMARKS.md session 21).
-OHK_CONV(f32, float, 4)
-OHK_CONV(f16, __half, 4)
-OHK_CONV(bf16, __nv_bfloat16, 3)
+// Both output kernels are built for 4 blocks per SM (128 registers), where none spills. Before the run's first
+// inputs were requested ahead of the row lookup, bf16 spilled 262 bytes there and was built for 3 (H200,
+// BENCHMARKS.md sessions 21 and 22).
+OHK_CONV(f32, float)
+OHK_CONV(f16, __half)
+OHK_CONV(bf16, __nv_bfloat16)
