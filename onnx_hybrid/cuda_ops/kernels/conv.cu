@@ -248,7 +248,7 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   // The run's first chunk and the three inputs before it have addresses that follow from the block alone. They
   // are requested before the row lookup, so a block's first inputs no longer wait for its loads of the offsets
   // (27B fp16, 1 x 8192 / 8 x 2048: 100.2 / 195.6 us before, 96.2 / 185.1 us after; H200, BENCHMARKS.md
-  // session 22). The registers this frees let bf16 run 4 blocks per SM without spilling.
+  // session 22). In this form bf16 fits 4 blocks per SM without spilling, too.
   ConvPack<T> even[kConvChunk], before[kConvTaps - 1];
 #pragma unroll
   for (int i = 0; i < kConvChunk; ++i) even[i] = conv_load<T>(p.x, (size_t)min(t_begin + i, t_end - 1) * p.channels + c0);
