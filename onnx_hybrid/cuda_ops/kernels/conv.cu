@@ -251,7 +251,8 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   // session 22). In this form bf16 fits 4 blocks per SM without spilling, too.
   ConvPack<T> even[kConvChunk], before[kConvTaps - 1];
 #pragma unroll
-  for (int i = 0; i < kConvChunk; ++i) even[i] = conv_load<T>(p.x, (size_t)min(t_begin + i, t_end - 1) * p.channels + c0);
+  for (int i = 0; i < kConvChunk; ++i)
+    even[i] = conv_load<T>(p.x, (size_t)min(t_begin + i, t_end - 1) * p.channels + c0);
 #pragma unroll
   for (int j = 0; j < kConvTaps - 1; ++j)
     before[j] = conv_load<T>(p.x, (size_t)max(t_begin - (kConvTaps - 1) + j, 0) * p.channels + c0);
