@@ -4,10 +4,10 @@
 beta, in-kernel L2 norm. FLA gets q/k already expanded to Hv heads and g / sigmoid(beta) precomputed
 (outside the timed region: that is less work for FLA than for us). Each case first checks our output
 against FLA's, then times graph replays with CUDA events (median), rotating input sets so that the working
-set exceeds L2, at least GRAPH_CALLS calls per graph. Prints ours, FLA, ratio, and the fraction of the byte floor (decode, verify) or of the
-FLOP floor (prefill) reached by our kernel. Our kernels use programmatic dependent launch on sm_90+ unless
-``--pdl off``; ``--pdl both`` also times them without it, ``--neighbour`` after a small torch kernel (which,
-like most of a model's kernels, does not opt in).
+set exceeds L2, at least GRAPH_CALLS calls per graph. Prints ours, FLA, ratio, and the fraction of the byte
+floor (decode, verify) or of the FLOP floor (prefill) reached by our kernel. Our kernels use programmatic
+dependent launch on sm_90+ unless ``--pdl off``; ``--pdl both`` also times them without it, ``--neighbour``
+after a small torch kernel (which, like most of a model's kernels, does not opt in).
 """
 
 from __future__ import annotations

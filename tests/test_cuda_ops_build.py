@@ -220,7 +220,8 @@ def test_conv_and_replay_grids_follow_the_kernels_constants():
     (rows,) = plan.conv_plan(contract.ConvGeometry(32, 128, 10240, 4, 3, 0), "float16", plan.ConvParams())
     assert rows.kernel == "conv_rows_f16" and rows.grid == (10, 32, 1)
     (replay,) = plan.gdn_replay_plan(plan.GdnReplayParams(batch=3, hv=48, dv=100, dk=128))
-    assert replay.grid == (-(-100 // (plan.REPLAY_WARPS * plan.REPLAY_ROWS)), 48, 3) and replay.block == (plan.REPLAY_WARPS * 32, 1, 1)
+    assert replay.grid == (-(-100 // (plan.REPLAY_WARPS * plan.REPLAY_ROWS)), 48, 3)
+    assert replay.block == (plan.REPLAY_WARPS * 32, 1, 1)
 
 
 def test_prep_serves_a_whole_group_per_block_only_on_large_grids():

@@ -207,8 +207,42 @@ __device__ __forceinline__ int conv_row_of(const ConvParams& p, int t) {
   return lo;
 }
 
+// State of (request b, channel c): final[i] = X[n - SL + i] over the virtual sequence (old state, then the
+// request's inputs). Ascending i reads index n + i >= i of the old state before writing index i, so aliasing
+// is safe. Also writes the capsule row: inputs for t < m, zeros after.
 template <typename T>
-__device__ __forceinline__ void conv_state(const ConvParams& p, int b);
+__device__ __forceinline__ void conv_state_of(const ConvParams& p, int b, RowSpan span, int c) {
+  const T* x = static_cast<const T*>(p.x);
+  const T* st = static_cast<const T*>(p.state_in) + ((size_t)b * p.channels + c) * p.state_len;
+  T* so = static_cast<T*>(p.state_out) + ((size_t)b * p.channels + c) * p.state_len;
+  for (int i = 0; i < p.state_len; ++i) {
+    const int src = span.len - p.state_len + i;
+    so[i] = src < 0 ? st[p.state_len + src] : x[(size_t)(span.start + src) * p.channels + c];
+  }
+  if (p.capsule != nullptr) {
+    const int m = max(0, min(p.capture_count[b], min(p.capacity, span.len)));
+    T* cap = static_cast<T*>(p.capsule) + (size_t)b * p.capacity * p.channels + c;
+    for (int t = 0; t < p.capacity; ++t)
+      cap[(size_t)t * p.channels] = t < m ? x[(size_t)(span.start + t) * p.channels + c] : from_f32<T>(0.f);
+  }
+}
+
+// State pass of request b: thread = kConvVec channels. The 16-byte path reads the whole incoming state of its
+// channels before writing any of it, so initial_state may alias final_state.
+template <typename T>
+__device__ __forceinline__ void conv_state(const ConvParams& p, int b) {
+  const int c0 = (blockIdx.x * kConvThreads + threadIdx.x) * kConvVec<T>;
+  if (c0 >= p.channels) return;
+  const RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
+  if (!conv_vector_path<T>(p)) {
+    for (int c = c0; c < min(c0 + kConvVec<T>, p.channels); ++c) conv_state_of<T>(p, b, span, c);
+    return;
+  }
+  ConvChannels<T> chans;
+  chans.load_window(conv_row_samples<T>(p, span), b, span.len, c0);  // after the row's last input: the new state
+  chans.store_state(p.state_out, p.channels, b, c0);
+  if (p.capsule != nullptr) conv_capture<T>(p, b, span, c0);
+}
 
 // Output pass: thread = (kConvVec channels, run of consecutive tokens of the packed axis; the run's length
 // follows from the grid's height, which the plan picks: plan.py conv_tokens_per_block). Tokens outside every
@@ -315,43 +349,6 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
       conv_store<T>(p.out, (size_t)ti * p.channels + c0, chans.step(p, chunk[i]));
     }
   }
-}
-
-// State of (request b, channel c): final[i] = X[n - SL + i] over the virtual sequence (old state, then the
-// request's inputs). Ascending i reads index n + i >= i of the old state before writing index i, so aliasing
-// is safe. Also writes the capsule row: inputs for t < m, zeros after.
-template <typename T>
-__device__ __forceinline__ void conv_state_of(const ConvParams& p, int b, RowSpan span, int c) {
-  const T* x = static_cast<const T*>(p.x);
-  const T* st = static_cast<const T*>(p.state_in) + ((size_t)b * p.channels + c) * p.state_len;
-  T* so = static_cast<T*>(p.state_out) + ((size_t)b * p.channels + c) * p.state_len;
-  for (int i = 0; i < p.state_len; ++i) {
-    const int src = span.len - p.state_len + i;
-    so[i] = src < 0 ? st[p.state_len + src] : x[(size_t)(span.start + src) * p.channels + c];
-  }
-  if (p.capsule != nullptr) {
-    const int m = max(0, min(p.capture_count[b], min(p.capacity, span.len)));
-    T* cap = static_cast<T*>(p.capsule) + (size_t)b * p.capacity * p.channels + c;
-    for (int t = 0; t < p.capacity; ++t)
-      cap[(size_t)t * p.channels] = t < m ? x[(size_t)(span.start + t) * p.channels + c] : from_f32<T>(0.f);
-  }
-}
-
-// State pass of request b: thread = kConvVec channels. The 16-byte path reads the whole incoming state of its
-// channels before writing any of it, so initial_state may alias final_state.
-template <typename T>
-__device__ __forceinline__ void conv_state(const ConvParams& p, int b) {
-  const int c0 = (blockIdx.x * kConvThreads + threadIdx.x) * kConvVec<T>;
-  if (c0 >= p.channels) return;
-  const RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
-  if (!conv_vector_path<T>(p)) {
-    for (int c = c0; c < min(c0 + kConvVec<T>, p.channels); ++c) conv_state_of<T>(p, b, span, c);
-    return;
-  }
-  ConvChannels<T> chans;
-  chans.load_window(conv_row_samples<T>(p, span), b, span.len, c0);  // after the row's last input: the new state
-  chans.store_state(p.state_out, p.channels, b, c0);
-  if (p.capsule != nullptr) conv_capture<T>(p, b, span, c0);
 }
 
 // Both passes in one launch for short rows (decode, verify): thread = (request, kConvVec channels) computes its
