@@ -193,8 +193,7 @@ def test_conv_and_replay_grids_follow_the_kernels_constants():
     source = (compiler.KERNEL_DIR / "conv.cu").read_text()
     kernel = {name: int(v) for name, v in re.findall(r"constexpr int (k\w+) = (\d+);", source)}
     assert kernel["kConvThreads"] == plan.CONV_THREADS
-    # the output kernels' whole-run paths serve the plan's runs, streamed in pairs of chunks
-    assert (kernel["kConvLongRun"], kernel["kConvShortRun"]) == (plan.CONV_TOKENS, plan.CONV_MEDIUM_TOKENS)
+    # the output kernel streams runs in pairs of chunks: the plan's runs are whole pairs (no idle last half)
     assert all(run % (2 * kernel["kConvChunk"]) == 0 for run in (plan.CONV_TOKENS, plan.CONV_MEDIUM_TOKENS))
     assert (kernel["kReplayWarps"], kernel["kReplayRowsPerWarp"]) == (plan.REPLAY_WARPS, plan.REPLAY_ROWS)
     # 16 bytes of channels per thread: 10240 channels are 10 blocks of 128 threads at fp16, 20 at fp32
@@ -211,7 +210,7 @@ def test_conv_and_replay_grids_follow_the_kernels_constants():
     overlap = plan.ConvParams(state_in=(1 << 20) + state_bytes - 1, state_out=1 << 20)
     assert [ln.kernel for ln in plan.conv_plan(geo, "float16", overlap)] == ["conv_output_f16", "conv_state_f16"]
     out, _ = plan.conv_plan(contract.ConvGeometry(1, 8191, 10240, 4, 3, 0), "bfloat16", plan.ConvParams())
-    assert out.kernel == "conv_output_long_bf16" and out.grid == (10, -(-8191 // plan.CONV_TOKENS), 1)
+    assert out.kernel == "conv_output_bf16" and out.grid == (10, -(-8191 // plan.CONV_TOKENS), 1)
     (short,) = [ln for ln in plan.conv_plan(contract.ConvGeometry(1, 256, 64, 4, 3, 0), "float16", plan.ConvParams())
                 if ln.kernel.startswith("conv_output")]
     assert short.grid == (1, 256, 1)  # a token per thread

@@ -109,9 +109,10 @@ CHUNK_PREP_SMEM_BYTES = 115200
 CHUNK_PREP_SHARED_MIN_BLOCKS = 264
 SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
 # Tokens per thread of the conv output pass (the kernel takes its run length from the grid's height): runs of
-# CONV_TOKENS (conv_output_long, conv.cu kConvLongRun) on calls of at least CONV_LONG_TOKENS tokens, else of
-# CONV_MEDIUM_TOKENS (conv_output, kConvShortRun), which keeps more blocks in flight on mid-sized calls.
-CONV_THREADS, CONV_TOKENS, CONV_MEDIUM_TOKENS, CONV_LONG_TOKENS = 128, 32, 8, 2048
+# CONV_TOKENS on calls of at least CONV_LONG_TOKENS tokens, else of CONV_MEDIUM_TOKENS, which keeps more blocks in
+# flight on mid-sized calls. Of runs of 13 to 128 tokens, 16 were fastest at 27B, 1 x 3072 to 1 x 8192: shorter
+# runs re-read their window more often, longer ones leave a longer last wave (H200, BENCHMARKS.md session 23).
+CONV_THREADS, CONV_TOKENS, CONV_MEDIUM_TOKENS, CONV_LONG_TOKENS = 128, 16, 8, 2048
 # Each conv thread holds 16 bytes of channels (conv.cu kConvVec: 8 at 16-bit types, 4 at fp32).
 CONV_VECTOR_BYTES = 16
 # At or below this many tokens (decode, verify) each output thread computes one token: a short call then
@@ -327,8 +328,8 @@ def conv_plan(geo: ConvGeometry, dtype: str, params: ConvParams) -> list[Launch]
     run = conv_tokens_per_block(geo.total_tokens)
     output = _copy(params)
     output.state_rows = 0 if conv_states_overlap(geo, dtype, params) else geo.batch
-    launches = [Launch(f"conv_output{'_long' if run == CONV_TOKENS else ''}_{sfx}",
-                       (cx, output.state_rows + _ceil(geo.total_tokens, run), 1), block, 0, output)]
+    launches = [Launch(f"conv_output_{sfx}", (cx, output.state_rows + _ceil(geo.total_tokens, run), 1), block, 0,
+                       output)]
     if not output.state_rows:
         launches.append(Launch(f"conv_state_{sfx}", (cx, geo.batch, 1), block, 0, params))
     return launches
@@ -350,7 +351,7 @@ def kernel_names() -> list[str]:
     names = []
     for sfx in TYPE_SUFFIX.values():
         names += [f"gdn_recurrent_{sfx}_k{k}_r{r}" for k, rows in REC_ROW_VARIANTS.items() for r in rows]
-        names += [f"conv_{kind}_{sfx}" for kind in ("output", "output_long", "state", "rows", "decode", "replay")]
+        names += [f"conv_{kind}_{sfx}" for kind in ("output", "state", "rows", "decode", "replay")]
     names += [f"gdn_chunk_prep_{sfx}_d128" for sfx in ("f16", "bf16")]
     names += [f"gdn_chunked_{sfx}_d128_v{vt}" for vt in (CHUNK_VT, CHUNK_VT_WIDE) for sfx in ("f16", "bf16")]
     names += [f"gdn_recurrent_{TYPE_SUFFIX[t]}_k{k}_r{r}_decode" for t in REC_DECODE_TYPES

@@ -43,23 +43,55 @@ __device__ __forceinline__ float conv_bias(const ConvParams& p, int c) {
 template <typename T>
 constexpr int kConvVec = 16 / sizeof(T);
 constexpr int kConvTaps = 4;  // the 16-byte path's kernel size (state of 3 samples, dilation 1)
-// The output pass gives each thread a run of tokens: kConvLongRun on long calls, kConvShortRun on mid-sized ones
-// (plan.py CONV_TOKENS, CONV_MEDIUM_TOKENS). A run inside one row streams its inputs in chunks of kConvChunk,
-// each requested before the previous one is used, in straight-line code: a branch among loads in flight made
-// ptxas wait for them there (a loop over chunks with per-token row checks took 73 us at 27B, 1 x 4096, fp16;
-// this takes 53 us). The output kernel alone reached 67-70% of its byte floor with runs of 8 requested at once,
-// 75-84% with runs of 32 in chunks of 4: the window's three inputs are re-read once per run, not per 8 tokens
-// (H200, BENCHMARKS.md session 21). Chunks of 8 needed more than 128 registers (four blocks of 128 threads per
-// SM) and ran slower.
-constexpr int kConvLongRun = 32;
-constexpr int kConvShortRun = 8;
+// The output pass gives each thread a run of consecutive tokens (its length follows from the grid's height: plan.py
+// conv_tokens_per_block). A run inside one row streams its inputs in chunks of kConvChunk, each requested before
+// the previous one is used, the addresses clamped to the run, so no branch sits among loads in flight (one made
+// ptxas wait for them there: a loop over chunks with per-token row checks took 73 us at 27B, 1 x 4096, fp16).
 constexpr int kConvChunk = 4;
 // Tokens whose inputs a thread of conv_rows requests with its state (verify rows; decode requests one).
 constexpr int kConvRowsAhead = 4;
 
+// 16 bytes of T as four 32-bit words. Elements widen to fp32 where they are used and narrow in pairs, so no
+// 16-bit element takes a register of its own: with T[8] members bf16's inputs were split into 8 registers per
+// 16 bytes and the output pass spilled at 128 registers (H200, BENCHMARKS.md session 23). The conversions are
+// the same as to_f32 / from_f32's (exact widening, round to nearest even), so no bit changes.
+template <typename T>
+constexpr bool kIsHalf = false;
+template <>
+constexpr bool kIsHalf<__half> = true;
+
 template <typename T>
 struct alignas(16) ConvPack {
-  T v[kConvVec<T>];
+  static constexpr int N = kConvVec<T>;
+  unsigned w[4];
+
+  __device__ __forceinline__ float at(int i) const {
+    if constexpr (sizeof(T) == 4) {
+      return __uint_as_float(w[i]);
+    } else if constexpr (kIsHalf<T>) {
+      const __half2 h = *reinterpret_cast<const __half2*>(&w[i / 2]);
+      return i % 2 ? __high2float(h) : __low2float(h);
+    } else {  // bf16: the upper 16 bits of an fp32
+      return __uint_as_float(i % 2 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16);
+    }
+  }
+
+  __device__ __forceinline__ static ConvPack of(const float (&z)[N]) {
+    ConvPack x;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (sizeof(T) == 4) {
+        x.w[k] = __float_as_uint(z[k]);
+      } else if constexpr (kIsHalf<T>) {
+        const __half2 h = __floats2half2_rn(z[2 * k], z[2 * k + 1]);
+        x.w[k] = *reinterpret_cast<const unsigned*>(&h);
+      } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(z[2 * k], z[2 * k + 1]);
+        x.w[k] = *reinterpret_cast<const unsigned*>(&h);
+      }
+    }
+    return x;
+  }
 };
 
 template <typename T>
@@ -109,12 +141,12 @@ struct ConvChannels {
     for (int q = 0; q < kConvTaps * N / kConvVec<T>; ++q) {  // [Ch, 1, 4]: the thread's 4 N taps are contiguous
       const ConvPack<T> x = conv_load<T>(p.weight, (size_t)c0 * kConvTaps + q * N);
 #pragma unroll
-      for (int e = 0; e < N; ++e) w[(q * N + e) / kConvTaps][(q * N + e) % kConvTaps] = to_f32(x.v[e]);
+      for (int e = 0; e < N; ++e) w[(q * N + e) / kConvTaps][(q * N + e) % kConvTaps] = x.at(e);
     }
     ConvPack<T> b{};
     if (p.bias != nullptr) b = conv_load<T>(p.bias, c0);
 #pragma unroll
-    for (int i = 0; i < N; ++i) bias[i] = p.bias != nullptr ? to_f32(b.v[i]) : 0.f;
+    for (int i = 0; i < N; ++i) bias[i] = p.bias != nullptr ? b.at(i) : 0.f;
   }
 
   // The request's incoming state of these channels ([B, Ch, 3]: 3 N contiguous samples) as the window.
@@ -125,7 +157,7 @@ struct ConvChannels {
       s[q] = conv_load<T>(src.state, ((size_t)b * src.channels + c0) * (kConvTaps - 1) + q * N);
 #pragma unroll
     for (int k = 0; k < (kConvTaps - 1) * N; ++k)
-      win[k % (kConvTaps - 1)][k / (kConvTaps - 1)] = to_f32(s[k / N].v[k % N]);
+      win[k % (kConvTaps - 1)][k / (kConvTaps - 1)] = s[k / N].at(k % N);
   }
 
   // The three inputs before the next token as the window (win[0] the oldest).
@@ -133,7 +165,7 @@ struct ConvChannels {
 #pragma unroll
     for (int j = 0; j < kConvTaps - 1; ++j)
 #pragma unroll
-      for (int i = 0; i < N; ++i) win[j][i] = to_f32(x[j].v[i]);
+      for (int i = 0; i < N; ++i) win[j][i] = x[j].at(i);
   }
 
   // The window before input `pos` of the row: earlier inputs of the row, else the incoming state.
@@ -145,7 +177,7 @@ struct ConvChannels {
       if (at >= 0) {
         const ConvPack<T> x = conv_load<T>(src.inputs, (size_t)at * src.channels + c0);
 #pragma unroll
-        for (int i = 0; i < N; ++i) win[j][i] = to_f32(x.v[i]);
+        for (int i = 0; i < N; ++i) win[j][i] = x.at(i);
       } else if (pos > 0) {  // the state's newest samples move up to make room for the row's first inputs
         // slot j + pos (>= j, not yet overwritten), chosen by selects: an index computed at run time would put
         // the window in local memory
@@ -158,32 +190,32 @@ struct ConvChannels {
 
   // Output of the input `x` (the token after the window), as conv_value computes it; then x joins the window.
   __device__ ConvPack<T> step(const ConvParams& p, const ConvPack<T>& x) {
-    ConvPack<T> out;
+    float out[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      const float xi = to_f32(x.v[i]);
+      const float xi = x.at(i);
       float z = bias[i];
 #pragma unroll
       for (int j = 0; j < kConvTaps - 1; ++j) z = fmaf(w[i][j], win[j][i], z);
       z = fmaf(w[i][kConvTaps - 1], xi, z);
       if (p.silu) z = conv_silu(z);
-      out.v[i] = from_f32<T>(z);
+      out[i] = z;
 #pragma unroll
       for (int j = 0; j + 1 < kConvTaps - 1; ++j) win[j][i] = win[j + 1][i];
       win[kConvTaps - 2][i] = xi;
     }
-    return out;
+    return ConvPack<T>::of(out);
   }
 
   // The window as the request's new state ([B, Ch, 3]).
   __device__ void store_state(void* state, int channels, int b, int c0) const {
-    ConvPack<T> s[kConvTaps - 1];
 #pragma unroll
-    for (int k = 0; k < (kConvTaps - 1) * N; ++k)
-      s[k / N].v[k % N] = from_f32<T>(win[k % (kConvTaps - 1)][k / (kConvTaps - 1)]);
+    for (int q = 0; q < kConvTaps - 1; ++q) {  // samples of T, so narrowing them is exact
+      float s[N];
 #pragma unroll
-    for (int q = 0; q < kConvTaps - 1; ++q)
-      conv_store<T>(state, ((size_t)b * channels + c0) * (kConvTaps - 1) + q * N, s[q]);
+      for (int e = 0; e < N; ++e) s[e] = win[(q * N + e) % (kConvTaps - 1)][(q * N + e) / (kConvTaps - 1)];
+      conv_store<T>(state, ((size_t)b * channels + c0) * (kConvTaps - 1) + q * N, ConvPack<T>::of(s));
+    }
   }
 };
 
@@ -250,7 +282,7 @@ __device__ __forceinline__ void conv_state(const ConvParams& p, int b) {
 // before a separate state pass when initial_state and final_state overlap. When they do not, the grid's first
 // p.state_rows rows are the state pass (row b of them: request b), which saves the second launch and its wait
 // for the whole output grid (about 10 us of a 65 us call at 27B, 1 x 4096; H200, BENCHMARKS.md session 22).
-template <typename T, int RUN>
+template <typename T>
 __device__ __forceinline__ void conv_output(const ConvParams& p) {
   if ((int)blockIdx.y < p.state_rows) {
     conv_state<T>(p, blockIdx.y);
@@ -262,6 +294,7 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   const int tokens_per_block = (p.total_tokens + run_blocks - 1) / run_blocks;
   const int t_begin = (blockIdx.y - p.state_rows) * tokens_per_block;
   const int t_end = min(t_begin + tokens_per_block, p.total_tokens);
+  if (t_begin >= t_end) return;
   if (!conv_vector_path<T>(p)) {
     int b = conv_row_of(p, t_begin);
     RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
@@ -279,14 +312,18 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   }
   ConvChannels<T> chans;
   chans.load_taps(p, c0);
-  // The run's first chunk and the three inputs before it have addresses that follow from the block alone. They
-  // are requested before the row lookup, so a block's first inputs no longer wait for its loads of the offsets
-  // (27B fp16, 1 x 8192 / 8 x 2048: 100.2 / 195.6 us before, 96.2 / 185.1 us after; H200, BENCHMARKS.md
-  // session 22). In this form bf16 fits 4 blocks per SM without spilling, too.
-  ConvPack<T> even[kConvChunk], before[kConvTaps - 1];
+  // A chunk's inputs, clamped to the run (the last chunk's tail re-reads the run's last input), and its outputs,
+  // stored for the run's tokens only.
+  const auto request = [&](ConvPack<T>(&chunk)[kConvChunk], int t) {
 #pragma unroll
-  for (int i = 0; i < kConvChunk; ++i)
-    even[i] = conv_load<T>(p.x, (size_t)min(t_begin + i, t_end - 1) * p.channels + c0);
+    for (int i = 0; i < kConvChunk; ++i) chunk[i] = conv_load<T>(p.x, (size_t)min(t + i, t_end - 1) * p.channels + c0);
+  };
+  // The run's first chunk and the three inputs before it have addresses that follow from the block alone. They
+  // are requested before the row lookup, so a block's first inputs do not wait for its loads of the offsets
+  // (27B fp16, 1 x 8192 / 8 x 2048: 100.2 / 195.6 us before, 96.2 / 185.1 us after; H200, BENCHMARKS.md
+  // session 22).
+  ConvPack<T> even[kConvChunk], before[kConvTaps - 1];
+  request(even, t_begin);
 #pragma unroll
   for (int j = 0; j < kConvTaps - 1; ++j)
     before[j] = conv_load<T>(p.x, (size_t)max(t_begin - (kConvTaps - 1) + j, 0) * p.channels + c0);
@@ -297,38 +334,39 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   };
   int next_start = next_row_start();
   const int pos0 = t_begin - span.start;
-  if (t_end - t_begin == RUN && pos0 >= 0 && pos0 + RUN <= span.len && next_start >= t_end) {
-    // The run lies inside row b, and no later row's start cuts it (malformed offsets may overlap rows).
-    ConvPack<T> odd[kConvChunk];
-    const auto request = [&](ConvPack<T>(&chunk)[kConvChunk], int t) {
-#pragma unroll
-      for (int i = 0; i < kConvChunk; ++i) chunk[i] = conv_load<T>(p.x, (size_t)(t + i) * p.channels + c0);
-    };
+  if (t_end - t_begin >= 2 * kConvChunk && pos0 >= 0 && t_end - span.start <= span.len && next_start >= t_end) {
+    // The run lies inside row b, and no later row's start cuts it (malformed offsets may overlap rows). Shorter
+    // runs (short calls' single tokens) take the path below, which computes no token past the run.
     const auto use = [&](const ConvPack<T>(&chunk)[kConvChunk], int t) {
 #pragma unroll
-      for (int i = 0; i < kConvChunk; ++i)
-        conv_store<T>(p.out, (size_t)(t + i) * p.channels + c0, chans.step(p, chunk[i]));
+      for (int i = 0; i < kConvChunk; ++i) {
+        const ConvPack<T> out = chans.step(p, chunk[i]);
+        if (t + i < t_end) conv_store<T>(p.out, (size_t)(t + i) * p.channels + c0, out);
+      }
     };
     if (pos0 >= kConvTaps - 1)
       chans.set_window(before);
     else  // the row starts within three tokens of the run: its window holds state samples
       chans.load_window(conv_row_samples<T>(p, span), b, pos0, c0);
-#pragma unroll
-    for (int k = 0; k < RUN; k += 2 * kConvChunk) {  // two chunks in turn: one requested while the other is used
-      request(odd, t_begin + k + kConvChunk);
-      use(even, t_begin + k);
-      if (k + 2 * kConvChunk < RUN) request(even, t_begin + k + 2 * kConvChunk);
-      use(odd, t_begin + k + kConvChunk);
+    ConvPack<T> odd[kConvChunk];
+    // Two chunks in turn: one requested while the other is used. A loop, not straight-line code for runs of one
+    // length: runs of any length from two chunks take it, and the plan's runs of 16 tokens (5 waves at 27B,
+    // 1 x 4096) took 47.7 us where straight-line runs of 32 took 52.0 (H200, BENCHMARKS.md session 23).
+#pragma unroll 1
+    for (int t = t_begin; t < t_end; t += 2 * kConvChunk) {
+      request(odd, t + kConvChunk);
+      use(even, t);
+      request(even, t + 2 * kConvChunk);
+      use(odd, t + kConvChunk);
     }
     return;
   }
-  // Runs that rows start or end in, and short calls' single tokens: a chunk's inputs requested at once (the
-  // addresses clamped to the run: no branch among the loads), then used token by token.
+  // Runs that rows start or end in, and short calls' single tokens: a chunk's inputs requested at once, then
+  // used token by token.
   bool window = false;  // whether chans.win holds the inputs before the next token
   for (int t = t_begin; t < t_end; t += kConvChunk) {
     ConvPack<T> chunk[kConvChunk];
-#pragma unroll
-    for (int i = 0; i < kConvChunk; ++i) chunk[i] = conv_load<T>(p.x, (size_t)min(t + i, t_end - 1) * p.channels + c0);
+    request(chunk, t);
 #pragma unroll
     for (int i = 0; i < kConvChunk; ++i) {
       const int ti = t + i;
@@ -505,12 +543,7 @@ extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(c
   extern "C" __global__ void __launch_bounds__(ohk::kConvThreads, 4)                \
       conv_output_##TNAME(const ConvParams p) {                                     \
     ohk::wait_for_inputs();                                                         \
-    ohk::conv_output<T, ohk::kConvShortRun>(p);                                     \
-  }                                                                                 \
-  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads, 4)                \
-      conv_output_long_##TNAME(const ConvParams p) {                                \
-    ohk::wait_for_inputs();                                                         \
-    ohk::conv_output<T, ohk::kConvLongRun>(p);                                      \
+    ohk::conv_output<T>(p);                                                         \
   }                                                                                 \
   extern "C" __global__ void __launch_bounds__(ohk::kConvThreads)                   \
       conv_state_##TNAME(const ConvParams p) {                                      \

@@ -186,8 +186,8 @@ std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType t
   ConvParams output = params;
   output.state_rows = ConvStatesOverlap(geo, type, params) ? 0 : static_cast<int>(geo.batch);
   std::vector<CudaLaunch<ConvParams>> launches{
-      {KernelName(tokens_per_block == cp::kConvTokens ? "conv_output_long_" : "conv_output_", type),
-       {cx, U(output.state_rows + CeilDiv(geo.total_tokens, tokens_per_block)), 1}, block, 0, output}};
+      {KernelName("conv_output_", type), {cx, U(output.state_rows + CeilDiv(geo.total_tokens, tokens_per_block)), 1},
+       block, 0, output}};
   if (output.state_rows == 0)
     launches.push_back({KernelName("conv_state_", type), {cx, U(geo.batch), 1}, block, 0, params});
   return launches;
