@@ -52,11 +52,17 @@ def copy_rate() -> float:
 
 def copy_time(nbytes: int) -> float:
     """Seconds per device-to-device copy of nbytes / 2 bytes (nbytes read and written in all), timed as the
-    kernels are: input sets rotated past the L2, graph replays. What a plain copy reaches at a kernel's size."""
-    half = int(nbytes) // 2
+    kernels are: input sets rotated past the L2, graph replays. What a plain copy reaches at a kernel's size: the
+    faster of a memcpy node (``copy_``) and a copy kernel on the SMs (int32 ``bitwise_or`` with 0). Captured in a
+    graph, the memcpy node reached only 39-64% of the copy rate from 8 to 400 MB in one H200 run, the kernel
+    48-98% (BENCHMARKS.md session 23)."""
+    half = int(nbytes) // 2 // 4 * 4
     sets = [(torch.empty(half, dtype=torch.uint8, device="cuda"), torch.empty(half, dtype=torch.uint8, device="cuda"))
             for _ in range(rotated_sets(nbytes))]
-    return graph_time([lambda a=a, b=b: b.copy_(a) for a, b in sets])
+    memcpy = graph_time([lambda a=a, b=b: b.copy_(a) for a, b in sets])
+    kernel = graph_time([lambda a=a, b=b: torch.bitwise_or(a.view(torch.int32), 0, out=b.view(torch.int32))
+                         for a, b in sets])
+    return min(memcpy, kernel)
 
 
 def rotated_sets(nbytes: int) -> int:

@@ -51,10 +51,11 @@ constexpr int kConvChunk = 4;
 // Tokens whose inputs a thread of conv_rows requests with its state (verify rows; decode requests one).
 constexpr int kConvRowsAhead = 4;
 
-// 16 bytes of T as four 32-bit words. Elements widen to fp32 where they are used and narrow in pairs, so no
-// 16-bit element takes a register of its own: with T[8] members bf16's inputs were split into 8 registers per
-// 16 bytes and the output pass spilled at 128 registers (H200, BENCHMARKS.md session 23). The conversions are
-// the same as to_f32 / from_f32's (exact widening, round to nearest even), so no bit changes.
+// 16 bytes of T as four 32-bit words, narrowed to in pairs (one conversion instruction per pair). With T[8]
+// members the bf16 output pass spilled at 128 registers (62.7 against 48.3 us at 27B, 1 x 4096). Elements widen
+// through to_f32 as before: shifting the words instead took conv_decode_bf16 from 96 to 110 registers, one block
+// fewer per SM (9.1 against 8.5 us at B = 128; H200, BENCHMARKS.md session 23). Both conversions are exact or round
+// to nearest even, as to_f32 / from_f32 do, so no bit changes.
 template <typename T>
 constexpr bool kIsHalf = false;
 template <>
@@ -65,16 +66,7 @@ struct alignas(16) ConvPack {
   static constexpr int N = kConvVec<T>;
   unsigned w[4];
 
-  __device__ __forceinline__ float at(int i) const {
-    if constexpr (sizeof(T) == 4) {
-      return __uint_as_float(w[i]);
-    } else if constexpr (kIsHalf<T>) {
-      const __half2 h = *reinterpret_cast<const __half2*>(&w[i / 2]);
-      return i % 2 ? __high2float(h) : __low2float(h);
-    } else {  // bf16: the upper 16 bits of an fp32
-      return __uint_as_float(i % 2 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16);
-    }
-  }
+  __device__ __forceinline__ float at(int i) const { return to_f32(reinterpret_cast<const T*>(w)[i]); }
 
   __device__ __forceinline__ static ConvPack of(const float (&z)[N]) {
     ConvPack x;
@@ -356,7 +348,7 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
     for (int t = t_begin; t < t_end; t += 2 * kConvChunk) {
       request(odd, t + kConvChunk);
       use(even, t);
-      request(even, t + 2 * kConvChunk);
+      if (t + 2 * kConvChunk < t_end) request(even, t + 2 * kConvChunk);  // not past the run's last pair
       use(odd, t + kConvChunk);
     }
     return;
