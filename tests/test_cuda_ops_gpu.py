@@ -515,14 +515,14 @@ CONV_CONFIGS = [
     # A token per row on average takes conv_decode, whose rows need not be one token each.
     ("decode-ragged", dict(lengths=(0, 2, 1, 1), capacity=2, capture=(1, 2, 1, 0)), 1e-5),
     ("decode-ragged-bf16-vec", dict(dtype="bfloat16", channels=64, lengths=(2, 1, 0, 1)), 2e-2),
-    # Over plan.CONV_SHORT_TOKENS in all: runs of plan.CONV_TOKENS tokens per thread, rows starting and ending
-    # inside a run, rows shorter than the window, an empty row.
+    # Over plan.CONV_SHORT_TOKENS in all: runs of plan.CONV_MEDIUM_TOKENS tokens per thread, rows starting and
+    # ending inside a run, rows shorter than the window, an empty row.
     ("prefill-runs", dict(lengths=(300, 77, 2, 129, 5, 0, 40), channels=24, capacity=4,
                           capture=(4, 2, 1, 0, 3, 4, 4)), 1e-5),
     ("prefill-runs-f16", dict(dtype="float16", lengths=(300, 77, 2, 129, 5, 0, 40), channels=72), 2e-2),
     ("prefill-runs-k3", dict(kernel_size=3, lengths=(300, 77, 2, 129), channels=24), 1e-5),
-    # From plan.CONV_LONG_TOKENS on: longer runs, streamed in chunks (conv.cu kConvChunk), rows starting and
-    # ending inside chunks.
+    # From plan.CONV_LONG_TOKENS on: runs of plan.CONV_TOKENS, streamed in pairs of chunks (conv.cu kConvChunk),
+    # rows starting and ending inside chunks; 4157 tokens leave a last run of 13 (a pair cut short), 4100 one of 4.
     ("long-runs", dict(lengths=(3001, 77, 2, 1029, 5, 0, 43), channels=24, capacity=4,
                        capture=(4, 2, 1, 0, 3, 4, 4)), 1e-5),
     ("long-runs-f16", dict(dtype="float16", lengths=(3001, 77, 2, 1029, 5, 0, 43), channels=72), 2e-2),
