@@ -45,22 +45,18 @@ constexpr int kConvVec = 16 / sizeof(T);
 constexpr int kConvTaps = 4;  // the 16-byte path's kernel size (state of 3 samples, dilation 1)
 // The output pass gives each thread a run of consecutive tokens (its length follows from the grid's height: plan.py
 // conv_tokens_per_block). A run inside one row streams its inputs in chunks of kConvChunk, each requested before
-// the previous one is used, the addresses clamped to the run, so no branch sits among loads in flight (one made
-// ptxas wait for them there: a loop over chunks with per-token row checks took 73 us at 27B, 1 x 4096, fp16).
+// the previous one is used, the addresses clamped to the run, so no per-token check sits among loads in flight
+// (one made ptxas wait for them there: a loop over chunks with per-token row checks took 73 us at 27B, 1 x 4096,
+// fp16).
 constexpr int kConvChunk = 4;
 // Tokens whose inputs a thread of conv_rows requests with its state (verify rows; decode requests one).
 constexpr int kConvRowsAhead = 4;
 
-// 16 bytes of T as four 32-bit words, narrowed to in pairs (one conversion instruction per pair). With T[8]
+// 16 bytes of T as four 32-bit words, narrowed to in pairs (pack2: one conversion instruction per pair). With T[8]
 // members the bf16 output pass spilled at 128 registers (62.7 against 48.3 us at 27B, 1 x 4096). Elements widen
 // through to_f32 as before: shifting the words instead took conv_decode_bf16 from 96 to 110 registers, one block
 // fewer per SM (9.1 against 8.5 us at B = 128; H200, BENCHMARKS.md session 23). Both conversions are exact or round
 // to nearest even, as to_f32 / from_f32 do, so no bit changes.
-template <typename T>
-constexpr bool kIsHalf = false;
-template <>
-constexpr bool kIsHalf<__half> = true;
-
 template <typename T>
 struct alignas(16) ConvPack {
   static constexpr int N = kConvVec<T>;
@@ -72,15 +68,10 @@ struct alignas(16) ConvPack {
     ConvPack x;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      if constexpr (sizeof(T) == 4) {
+      if constexpr (sizeof(T) == 4)
         x.w[k] = __float_as_uint(z[k]);
-      } else if constexpr (kIsHalf<T>) {
-        const __half2 h = __floats2half2_rn(z[2 * k], z[2 * k + 1]);
-        x.w[k] = *reinterpret_cast<const unsigned*>(&h);
-      } else {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(z[2 * k], z[2 * k + 1]);
-        x.w[k] = *reinterpret_cast<const unsigned*>(&h);
-      }
+      else
+        x.w[k] = pack2<T>(z[2 * k], z[2 * k + 1]);
     }
     return x;
   }
@@ -558,9 +549,9 @@ extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(c
     ohk::conv_replay<T>(p);                                                         \
   }
 
-// Both output kernels are built for 4 blocks per SM (128 registers), where none spills. Before the run's first
-// inputs were requested ahead of the row lookup, bf16 spilled 262 bytes there and was built for 3 (H200,
-// BENCHMARKS.md sessions 21 and 22).
+// The output kernel is built for 4 blocks per SM (128 registers), where no type spills
+// (tests/test_cuda_ops_build.py checks it). Session 21's bf16 kernel spilled 262 bytes there and was built for 3
+// (H200, BENCHMARKS.md sessions 21 to 23).
 OHK_CONV(f32, float)
 OHK_CONV(f16, __half)
 OHK_CONV(bf16, __nv_bfloat16)

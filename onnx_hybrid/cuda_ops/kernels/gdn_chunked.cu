@@ -981,16 +981,6 @@ __device__ __forceinline__ void scan_load_stage(const ScanCopy<VT>& c, unsigned 
   }
 }
 
-template <typename T>
-__device__ __forceinline__ unsigned pack2(float a, float b);  // two outputs as one 32-bit word, a in the low half
-template <>
-__device__ __forceinline__ unsigned pack2<__half>(float a, float b) { return pack_half2(a, b); }
-template <>
-__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float a, float b) {
-  const __nv_bfloat162 x = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const unsigned*>(&x);
-}
-
 namespace scan {
 
 using chunk::BT;
