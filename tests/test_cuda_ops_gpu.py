@@ -515,8 +515,9 @@ CONV_CONFIGS = [
     # A token per row on average takes conv_decode, whose rows need not be one token each.
     ("decode-ragged", dict(lengths=(0, 2, 1, 1), capacity=2, capture=(1, 2, 1, 0)), 1e-5),
     ("decode-ragged-bf16-vec", dict(dtype="bfloat16", channels=64, lengths=(2, 1, 0, 1)), 2e-2),
-    # Over plan.CONV_SHORT_TOKENS in all: runs of plan.CONV_MEDIUM_TOKENS tokens per thread, rows starting and
-    # ending inside a run, rows shorter than the window, an empty row.
+    # Over plan.CONV_SHORT_TOKENS in all: runs of plan.CONV_MEDIUM_TOKENS tokens per thread (one pair of chunks,
+    # conv.cu's straight-line case), rows starting and ending inside a run, rows shorter than the window, an empty
+    # row.
     ("prefill-runs", dict(lengths=(300, 77, 2, 129, 5, 0, 40), channels=24, capacity=4,
                           capture=(4, 2, 1, 0, 3, 4, 4)), 1e-5),
     ("prefill-runs-f16", dict(dtype="float16", lengths=(300, 77, 2, 129, 5, 0, 40), channels=72), 2e-2),

@@ -332,6 +332,20 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
     else  // the row starts within three tokens of the run: its window holds state samples
       chans.load_window(conv_row_samples<T>(p, span), b, pos0, c0);
     ConvPack<T> odd[kConvChunk];
+    if (t_end - t_begin == 2 * kConvChunk) {
+      // One pair (mid-sized calls' runs, plan.py CONV_MEDIUM_TOKENS): every token lies inside the run, so no load
+      // is clamped and no store predicated as in the loop below (27B fp16, 1 x 1024 / 1 x 2000: 16.8 / 28.2 us in
+      // the loop, 16.2 / 27.5 here; H200, BENCHMARKS.md session 24).
+#pragma unroll
+      for (int i = 0; i < kConvChunk; ++i)
+        odd[i] = conv_load<T>(p.x, (size_t)(t_begin + kConvChunk + i) * p.channels + c0);
+#pragma unroll
+      for (int i = 0; i < 2 * kConvChunk; ++i) {
+        const ConvPack<T>& in = i < kConvChunk ? even[i] : odd[i - kConvChunk];
+        conv_store<T>(p.out, (size_t)(t_begin + i) * p.channels + c0, chans.step(p, in));
+      }
+      return;
+    }
     // Two chunks in turn: one requested while the other is used. A loop, not straight-line code for runs of one
     // length: runs of any length from two chunks take it, and the plan's runs of 16 tokens (5 waves at 27B,
     // 1 x 4096) took 47.7 us where straight-line runs of 32 took 52.0 (H200, BENCHMARKS.md session 23).
