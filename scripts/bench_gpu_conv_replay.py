@@ -71,6 +71,7 @@ def ours_conv(feeds, outs, capacity, in_place=False):
 
 def fla_conv(feeds, fla_state, tokens):
     from fla.modules.causal_conv1d import causal_conv1d, causal_conv1d_update
+    from fla.ops.utils.index import prepare_chunk_indices
 
     weight = feeds["weight"][:, 0]
     if tokens == 1:
@@ -81,13 +82,14 @@ def fla_conv(feeds, fla_state, tokens):
             return y[0] if isinstance(y, tuple) else y
         return run
     cu = feeds["cumulative_sequence_length"].long()
-    # pinned: FLA copies the host offsets during the call, which graph capture allows only from pinned memory.
-    # At B = 32 it still fails with them pinned (2026-12-02): FLA makes host tensors of its own there.
-    cu_cpu = cu.cpu().pin_memory()
+    # FLA derives its chunk indices from the offsets on the host and copies them over during the call, which graph
+    # capture refuses (its cache of them holds only the last set's). Prepared here, outside the graph, as
+    # bench_gpu.py does for the GDN prefill; 64 is causal_conv1d's default chunk size.
+    chunk_indices = prepare_chunk_indices(cu, 64)
 
     def run():
         y, _ = causal_conv1d(feeds["input"][None], weight=weight, bias=feeds["bias"], initial_state=fla_state,
-                             output_final_state=True, activation="silu", cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
+                             output_final_state=True, activation="silu", cu_seqlens=cu, chunk_indices=chunk_indices)
         return y[0]
     return run
 
