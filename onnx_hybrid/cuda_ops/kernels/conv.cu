@@ -381,7 +381,7 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
         continue;
       }
       if (!window) {
-        if (ti == t_begin && pos >= kConvTaps - 1)
+        if (ti == t_begin && pos >= kConvTaps - 1)  // the three inputs before the run, requested above, are the row's
           chans.set_window(before);
         else
           chans.load_window(conv_row_samples<T>(p, span), b, pos, c0);
