@@ -295,8 +295,7 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   }
   ConvChannels<T> chans;
   chans.load_taps(p, c0);
-  // A chunk's inputs, clamped to the run (the last chunk's tail re-reads the run's last input), and its outputs,
-  // stored for the run's tokens only.
+  // A chunk's inputs, clamped to the run (the last chunk's tail re-reads the run's last input).
   const auto request = [&](ConvPack<T>(&chunk)[kConvChunk], int t) {
 #pragma unroll
     for (int i = 0; i < kConvChunk; ++i) chunk[i] = conv_load<T>(p.x, (size_t)min(t + i, t_end - 1) * p.channels + c0);
@@ -320,7 +319,7 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   if (t_end - t_begin >= 2 * kConvChunk && pos0 >= 0 && t_end - span.start <= span.len && next_start >= t_end) {
     // The run lies inside row b, and no later row's start cuts it (malformed offsets may overlap rows). Shorter
     // runs (short calls' single tokens) take the path below, which computes no token past the run.
-    const auto use = [&](const ConvPack<T>(&chunk)[kConvChunk], int t) {
+    const auto use = [&](const ConvPack<T>(&chunk)[kConvChunk], int t) {  // a chunk's outputs, stored inside the run
 #pragma unroll
       for (int i = 0; i < kConvChunk; ++i) {
         const ConvPack<T> out = chans.step(p, chunk[i]);
