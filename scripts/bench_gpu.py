@@ -82,6 +82,9 @@ def benchmark_arguments() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=["float16", "bfloat16", "both"], default="both")
     ap.add_argument("--cases", default="", help="comma-separated substrings of case names to run")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--fla-tune", choices=["case", "first"], default="case",
+                    help="case: FLA's autotuned configs are forgotten before each case, so it tunes for that case's "
+                         "shapes; first: kept for the process, as in sessions up to 24 (see retune_fla)")
     ap.add_argument("--graph-calls", type=int, default=GRAPH_CALLS,
                     help="calls per timed graph at least (input sets repeat to make them up)")
     return ap
@@ -92,6 +95,47 @@ def parse_benchmark_arguments(ap: argparse.ArgumentParser) -> argparse.Namespace
     args = ap.parse_args()
     GRAPH_CALLS = max(1, args.graph_calls)
     return args
+
+
+def fla_autotuner(kernel):
+    """The Triton autotuner under an FLA kernel's other decorators (``@triton.heuristics`` and the like)."""
+    from triton.runtime.autotuner import Autotuner
+    while kernel is not None and not isinstance(kernel, Autotuner):
+        kernel = getattr(kernel, "fn", None)
+    return kernel
+
+
+def retune_fla(how: str) -> None:
+    """With ``how == "case"``, forget the configs FLA's Triton autotuners chose, so its next call tunes for the
+    case at hand. Their keys leave out the token and row counts (``causal_conv1d_update``: channels and width only;
+    ``fused_recurrent``: block sizes and gate flags), so within one process every case would otherwise run with
+    the config tuned for the first case that reached the kernel, a decode of one row for the recurrent and
+    update kernels."""
+    if how != "case":
+        return
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("fla.") and module is not None:
+            for obj in list(vars(module).values()):
+                if (tuner := fla_autotuner(obj)) is not None:
+                    tuner.cache.clear()
+
+
+def best_config_time(kernel, fns) -> tuple[float, str]:
+    """Seconds per call of ``fns`` (graph_time) with each of the FLA kernel's autotune configs forced in turn
+    (an autotuner of one config runs it without tuning), and the fastest config. For kernels of a few
+    microseconds, whose own tuning (one do_bench per config) is noisy."""
+    tuner = fla_autotuner(kernel)
+    configs, best = tuner.configs, (float("inf"), "")
+    try:
+        for config in configs:
+            tuner.configs = [config]
+            best = min(best, (graph_time(fns), str(config)))
+    finally:
+        tuner.configs = configs
+        tuner.cache.clear()
+    return best
 
 
 def benchmark_dtypes(choice: str) -> list[str]:
@@ -287,6 +331,7 @@ def main() -> None:
             fla_t, err = float("nan"), float("nan")
             if not args.no_fla:
                 try:
+                    retune_fla(args.fla_tune)
                     fla = [fla_fn(x, lengths[0]) for _, _, x in inputs]
                     fla_out = fla[0]().float()
                     err = ((ours_out - fla_out).abs().max() / fla_out.abs().max().clamp(min=1)).item()

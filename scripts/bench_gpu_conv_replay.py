@@ -5,8 +5,10 @@ spec/performance.md asks conv and replay for at least 80% of their own byte floo
 rate measured in the same run. 27B geometry: conv channels 2 Hk Dk + Hv Dv = 10240 with 4 taps, GDN state
 [Hv, Dv, Dk] = [48, 128, 128] fp32. The conv runs side by side with FLA 0.6.0's `causal_conv1d` (prefill,
 verify; varlen) and `causal_conv1d_update` (decode) on the same inputs, both from CUDA graphs; FLA has no
-capsule, so it does less work in the capture cases. The replays have no peer. Input sets rotate so that each
-replay of the graph touches more than twice the L2 (bench_gpu.py's method).
+capsule, so it does less work in the capture cases; for decode its update kernel is also timed with each of its
+autotune configs, and the fastest counts (its own tuning of a kernel of a few microseconds varies from run to
+run). The replays have no peer. Input sets rotate so that each replay of the graph touches more than twice the L2
+(bench_gpu.py's method).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import datetime
 
 import torch
 
-from bench_gpu import (D, HK, HV, benchmark_arguments, benchmark_dtypes, copy_rate, copy_time, current_stream,
-                       graph_time, only_kernels, parse_benchmark_arguments, rotated_sets)
+from bench_gpu import (D, HK, HV, benchmark_arguments, benchmark_dtypes, best_config_time, copy_rate, copy_time,
+                       current_stream, graph_time, only_kernels, parse_benchmark_arguments, retune_fla, rotated_sets)
 from onnx_hybrid import cuda_ops
 
 CHANNELS, TAPS = 2 * HK * D + HV * D, 4
@@ -25,6 +27,11 @@ GDN_SLOT = HV + HK * D + HV * D  # fp32 values per captured token (spec/ops.md Â
 CONV_CASES = [  # name, tokens per row, rows, capture capacity
     ("conv decode B=1", 1, 1, 0), ("conv decode B=32", 1, 32, 0), ("conv decode B=128", 1, 128, 0),
     ("conv verify 4 B=32 cap", 4, 32, 4), ("conv verify 4 B=128 cap", 4, 128, 4),
+    ("conv short 1x200", 200, 1, 0),  # at most plan.CONV_SHORT_TOKENS tokens: one token per thread
+    # mid-sized calls (more than plan.CONV_SHORT_TOKENS tokens, fewer than CONV_LONG_TOKENS): runs of
+    # CONV_MEDIUM_TOKENS tokens per thread
+    ("conv mid 1x512", 512, 1, 0), ("conv mid 1x1024", 1024, 1, 0), ("conv mid 1x2000", 2000, 1, 0),
+    ("conv mid 4x300 cap", 300, 4, 4),
     ("conv prefill 1x4096", 4096, 1, 0), ("conv prefill 1x8192", 8192, 1, 0), ("conv prefill 8x2048", 2048, 8, 0),
 ]
 REPLAY_CASES = [  # name, rows, capacity, accepted per row
@@ -105,7 +112,8 @@ def split_times(sets, capacity) -> str:
     return "  (" + ", ".join(parts) + ")"
 
 
-def bench_conv(dtype, rate, gen, with_fla: bool, only: list[str], split: bool) -> None:
+def bench_conv(dtype, rate, gen, fla_tune: str | None, only: list[str], split: bool) -> None:
+    """``fla_tune``: retune_fla's choice, or None to leave FLA out."""
     esize = torch.tensor([], dtype=dtype).element_size()
     for name, tokens, rows, capacity in CONV_CASES:
         if only and not any(o in name for o in only):
@@ -115,18 +123,28 @@ def bench_conv(dtype, rate, gen, with_fla: bool, only: list[str], split: bool) -
         ours = [ours_conv(f, o, capacity) for f, o, _ in sets]
         ours_out = ours[0]().float()
         ours_t = graph_time(ours)
-        fla_t, err = float("nan"), float("nan")
-        if with_fla:
+        fla_t, err, notes = float("nan"), float("nan"), []
+        if fla_tune is not None:
             try:
+                retune_fla(fla_tune)
                 fla = [fla_conv(f, s, tokens) for f, _, s in sets]
                 fla_out = fla[0]().float().reshape(ours_out.shape)
                 err = ((ours_out - fla_out).abs().max() / fla_out.abs().max().clamp(min=1)).item()
                 fla_t = graph_time(fla)
+                if tokens == 1:  # FLA's own tuning of its update kernel is noisy at these sizes: each config timed too
+                    from fla.modules.causal_conv1d.ops import causal_conv1d_update_kernel
+
+                    best_t, config = best_config_time(causal_conv1d_update_kernel, fla)
+                    notes.append(f"FLA's update kernel: {fla_t * 1e6:.1f} us as its autotune chose, "
+                                 f"{best_t * 1e6:.1f} us with its best config ({config})")
+                    fla_t = min(fla_t, best_t)
             except Exception as exc:  # report and keep our number
                 print(f"# FLA failed on {name}: {type(exc).__name__}: {str(exc)[:200]}")
         parts = split_times(sets, capacity) if split and name.startswith("conv prefill") else ""
         print(f"{name:26s} {str(dtype)[6:]:9s} {ours_t * 1e6:9.1f} {fla_t * 1e6:9.1f} {fla_t / ours_t:9.2f} "
               f"{nbytes / rate / ours_t:7.1%} {nbytes / rate / copy_time(nbytes):7.1%} {err:8.1e}{parts}", flush=True)
+        for note in notes:
+            print(f"#   {note}")
         del sets, ours
         torch.cuda.empty_cache()
 
@@ -172,7 +190,7 @@ def main() -> None:
           f"{'max err':>8s}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     for dtype_name in benchmark_dtypes(args.dtype):
-        bench_conv(getattr(torch, dtype_name), rate, gen, not args.no_fla, only, args.split)
+        bench_conv(getattr(torch, dtype_name), rate, gen, None if args.no_fla else args.fla_tune, only, args.split)
     bench_replays(rate, gen, only)
 
 
