@@ -512,6 +512,9 @@ CONV_CONFIGS = [
     ("f16-k4-vec", dict(dtype="float16", channels=64, capacity=2, capture=(2, 1, 0, 2)), 2e-2),
     ("bf16-k4-vec", dict(dtype="bfloat16", channels=40), 2e-2),
     ("decode-f16-vec", dict(dtype="float16", channels=64, lengths=(1, 1, 1, 1), capacity=1), 2e-2),
+    # One token per row: conv.cu's conv_decode_guessed computes each row before its offsets arrive.
+    ("decode-f32-vec-capture", dict(channels=24, lengths=(1, 1, 1, 1, 1), capacity=2, capture=(1, 0, 1, 2, 1)),
+     1e-5),
     # A token per row on average takes conv_decode, whose rows need not be one token each.
     ("decode-ragged", dict(lengths=(0, 2, 1, 1), capacity=2, capture=(1, 2, 1, 0)), 1e-5),
     ("decode-ragged-bf16-vec", dict(dtype="bfloat16", channels=64, lengths=(2, 1, 0, 1)), 2e-2),
@@ -573,7 +576,8 @@ def test_conv_state_in_the_output_grid_equals_two_passes(dtype, channels, length
         assert a.tobytes() == b.tobytes()
 
 
-@pytest.mark.parametrize("lengths", [(10, 5, 1, 8), (30, 12, 1, 20)], ids=["one-launch", "two-pass"])
+@pytest.mark.parametrize("lengths", [(1, 1, 1, 1), (10, 5, 1, 8), (30, 12, 1, 20)],
+                         ids=["decode", "one-launch", "two-pass"])
 def test_conv_aliased_state_and_exact_replay(lengths):
     rng = np.random.default_rng(17)
     case = random_conv_case(rng, lengths=lengths, capacity=8, capture=(8, 5, 1, 8), kernel_size=4)

@@ -391,6 +391,29 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   }
 }
 
+// A decode row in the 16-byte path, computed before its offsets are looked at: its one input is where a decode's
+// offsets (0, 1, 2, ...) put it, token b, requested with the taps and the state. The output and the new state are
+// stored only if the offsets confirm that; else nothing is written and the caller runs the row from its offsets.
+// The offsets are requested first and looked at last, so a thread waits for memory once, not for the offsets and
+// then for the rest (27B fp16, B = 32 / 128: 4.21 / 8.65 us before, 3.94 / 8.27 us after; H200, BENCHMARKS.md
+// session 25).
+template <typename T>
+__device__ __forceinline__ bool conv_decode_guessed(const ConvParams& p, int b, int c0) {
+  if (p.total_tokens != p.batch) return false;  // not one token per row: b may lie past the inputs
+  const RowOffsets offsets = row_offsets(p.cu_seqlens, b);  // requested first, looked at last
+  ConvChannels<T> chans;
+  const ConvPack<T> x = conv_load<T>(p.x, (size_t)b * p.channels + c0);
+  chans.load_taps(p, c0);
+  chans.load_state(ConvSamples{p.state_in, nullptr, p.channels}, b, c0);  // the state alone: no row inputs
+  const ConvPack<T> out = chans.step(p, x);
+  const RowSpan span = row_span(p.cu_seqlens, offsets, 0, b, p.total_tokens);
+  if (span.start != b || span.len != 1) return false;
+  conv_store<T>(p.out, (size_t)b * p.channels + c0, out);
+  chans.store_state(p.state_out, p.channels, b, c0);
+  if (p.capsule != nullptr) conv_capture<T>(p, b, span, c0);
+  return true;
+}
+
 // Both passes in one launch for short rows (decode, verify): thread = (request, kConvVec channels) computes its
 // row's outputs, which read the old state, and only then writes the new state, so one thread owns every access
 // to its (request, channels) state and initial_state may alias final_state. One launch instead of two is most
@@ -402,6 +425,8 @@ __device__ __forceinline__ void conv_rows(const ConvParams& p) {
   const int c0 = (blockIdx.x * kConvThreads + threadIdx.x) * kConvVec<T>;
   const int b = blockIdx.y;
   if (c0 >= p.channels) return;
+  if constexpr (AHEAD == 1)
+    if (conv_vector_path<T>(p) && conv_decode_guessed<T>(p, b, c0)) return;
   const RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
   if (!conv_vector_path<T>(p)) {
     T* out = static_cast<T*>(p.out);
