@@ -59,7 +59,7 @@ def test_conv_kernels_fit_their_registers_on_sm90():
 
 
 ROOT = Path(__file__).resolve().parents[1]
-OLDEST_NVRTC_LIB = ROOT / "build" / "oldest-nvrtc" / "nvidia" / "cu13" / "lib"  # fetched by `make setup`
+OLDEST_NVRTC_LIB = ROOT / "build" / "oldest-nvrtc" / "nvidia" / "cu13" / "lib"  # fetched by `make test`
 
 
 def oldest_allowed_nvrtc() -> tuple[int, int]:
@@ -73,7 +73,7 @@ def test_kernels_build_with_the_oldest_allowed_nvrtc():
     that later versions accept: to 13.0's JIT mode a generic lambda is a host function (session 24). So the two
     build tests above run again, in a process that loads the oldest allowed NVRTC."""
     lib = OLDEST_NVRTC_LIB / "libnvrtc.so.13"
-    assert lib.is_file(), f"{lib} is missing: `make setup` fetches it"
+    assert lib.is_file(), f"{lib} is missing: `make test` fetches it"
     env = dict(os.environ, LD_PRELOAD=str(lib),
                LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(OLDEST_NVRTC_LIB), os.environ.get("LD_LIBRARY_PATH")])))
     script = (

@@ -379,23 +379,23 @@ __device__ __forceinline__ void prep_t_column(const __half* Mh, const __half* Dh
     }
     unsigned d[4];  // Dinv_i^T as B fragments, the same way
     ldmatrix_a(d, Dh + i * 16 * LDD, LDD, lane);
-    const unsigned x[4] = {pack_half2(acc[0][0], acc[0][1]), pack_half2(acc[0][2], acc[0][3]),
-                           pack_half2(acc[1][0], acc[1][1]), pack_half2(acc[1][2], acc[1][3])};
+    const unsigned x[4] = {pack2<__half>(acc[0][0], acc[0][1]), pack2<__half>(acc[0][2], acc[0][3]),
+                           pack2<__half>(acc[1][0], acc[1][1]), pack2<__half>(acc[1][2], acc[1][3])};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       float t[4] = {0.f, 0.f, 0.f, 0.f};  // T[i * 16 + nt * 8 + q2 + {0, 1}][s0 + {0, 8}]
       const unsigned b[2] = {d[nt], d[nt + 2]};
       mma_16816(t, x, b);
       if (i < BT / 16 - 1) {
-        sol[i][2 * nt] = pack_half2(t[0], t[1]);
-        sol[i][2 * nt + 1] = pack_half2(t[2], t[3]);
+        sol[i][2 * nt] = pack2<__half>(t[0], t[1]);
+        sol[i][2 * nt + 1] = pack2<__half>(t[2], t[3]);
       }
       const int tok = i * 16 + nt * 8 + q2;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int o = t_offset(s0 + 8 * r, tok);
-        *reinterpret_cast<unsigned*>(Tw + o) = pack_half2(t[2 * r] * cw[r], t[2 * r + 1] * cw[r]);
-        *reinterpret_cast<unsigned*>(Tu + o) = pack_half2(t[2 * r] * cu[r], t[2 * r + 1] * cu[r]);
+        *reinterpret_cast<unsigned*>(Tw + o) = pack2<__half>(t[2 * r] * cw[r], t[2 * r + 1] * cw[r]);
+        *reinterpret_cast<unsigned*>(Tu + o) = pack2<__half>(t[2 * r] * cu[r], t[2 * r + 1] * cu[r]);
       }
     }
   }
@@ -418,7 +418,7 @@ __device__ __forceinline__ void prep_load_b<__nv_bfloat16>(unsigned (&b)[2][2], 
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const float2 f = to_f32x2<__nv_bfloat16>(b[n][k]);
-      b[n][k] = pack_half2(f.x, f.y);
+      b[n][k] = pack2<__half>(f.x, f.y);
     }
   }
 }
@@ -437,7 +437,7 @@ __device__ __forceinline__ void prep_store_tile(const float (&acc)[4][4], unsign
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
       stage[(g8 + 8 * r) * 16 + ((nt ^ ((g8 >> 1) & 3)) << 2) + (lane & 3)] =
-          pack_half2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+          pack2<__half>(acc[nt][2 * r], acc[nt][2 * r + 1]);
   }
   __syncwarp();
 #pragma unroll
@@ -806,10 +806,10 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
           for (int half = 0; half < 2; ++half) {
             const float4 x0 = *reinterpret_cast<const float4*>(Md + s * LDM + half * 8);
             const float4 x1 = *reinterpret_cast<const float4*>(Md + s * LDM + half * 8 + 4);
-            const uint4 pw = make_uint4(pack_half2(x0.x * cw, x0.y * cw), pack_half2(x0.z * cw, x0.w * cw),
-                                        pack_half2(x1.x * cw, x1.y * cw), pack_half2(x1.z * cw, x1.w * cw));
-            const uint4 pu = make_uint4(pack_half2(x0.x * cu, x0.y * cu), pack_half2(x0.z * cu, x0.w * cu),
-                                        pack_half2(x1.x * cu, x1.y * cu), pack_half2(x1.z * cu, x1.w * cu));
+            const uint4 pw = make_uint4(pack2<__half>(x0.x * cw, x0.y * cw), pack2<__half>(x0.z * cw, x0.w * cw),
+                                        pack2<__half>(x1.x * cw, x1.y * cw), pack2<__half>(x1.z * cw, x1.w * cw));
+            const uint4 pu = make_uint4(pack2<__half>(x0.x * cu, x0.y * cu), pack2<__half>(x0.z * cu, x0.w * cu),
+                                        pack2<__half>(x1.x * cu, x1.y * cu), pack2<__half>(x1.z * cu, x1.w * cu));
             const int o = t_offset(s, wm * 16 + half * 8);
             *reinterpret_cast<uint4*>(Tw + o) = pw;
             *reinterpret_cast<uint4*>(Tu + o) = pu;
@@ -990,10 +990,10 @@ constexpr int KT = D / 8;   // key tiles of the state
 
 // The state's A fragment of keys 16 kk ... 16 kk + 15: two adjacent key tiles packed to fp16 pairs.
 __device__ __forceinline__ void state_fragment(const float (&s)[KT][4], int kk, unsigned (&a)[4]) {
-  a[0] = pack_half2(s[2 * kk][0], s[2 * kk][1]);
-  a[1] = pack_half2(s[2 * kk][2], s[2 * kk][3]);
-  a[2] = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-  a[3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  a[0] = pack2<__half>(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = pack2<__half>(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = pack2<__half>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = pack2<__half>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
 // The decays of a chunk: e^g (eg) and e^{g_L-g} (tail) of tokens 2 lane + {0, 1} (4 expf per lane), and
@@ -1049,8 +1049,8 @@ __device__ __forceinline__ void u_fragments(const unsigned (&ut)[NT / 2][2][2], 
       for (int half_row = 0; half_row < 2; ++half_row) {
         const float2 u_in = __half22float2(*reinterpret_cast<const __half2*>(&ut[np][i][half_row]));
         const float u0 = u_in.x - x[nt][2 * half_row], u1 = u_in.y - x[nt][2 * half_row + 1];
-        au[np][2 * i + half_row] = pack_half2(u0, u1);
-        ad[np][2 * i + half_row] = pack_half2(u0 * tail.x, u1 * tail.y);
+        au[np][2 * i + half_row] = pack2<__half>(u0, u1);
+        ad[np][2 * i + half_row] = pack2<__half>(u0 * tail.x, u1 * tail.y);
       }
     }
   }

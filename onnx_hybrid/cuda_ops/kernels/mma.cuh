@@ -85,8 +85,4 @@ __device__ __forceinline__ unsigned movmatrix_trans(unsigned x) {
   return y;
 }
 
-// Two fp32 values as one fp16x2 register (round to nearest), the first in the low half: the C -> A fragment
-// step of chained products.
-__device__ __forceinline__ unsigned pack_half2(float lo, float hi) { return pack2<__half>(lo, hi); }
-
 }  // namespace ohk
