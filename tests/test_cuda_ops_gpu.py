@@ -511,6 +511,10 @@ CONV_CONFIGS = [
     # configs above with 16-bit types have 12 channels, so they take the element path.
     ("f16-k4-vec", dict(dtype="float16", channels=64, capacity=2, capture=(2, 1, 0, 2)), 2e-2),
     ("bf16-k4-vec", dict(dtype="bfloat16", channels=40), 2e-2),
+    # The fused short-row kernel writes capsule slots from the inputs it holds (conv.cu kConvRowsAhead of them),
+    # later tokens' slots as it steps them, and zeros past a row or its capture count.
+    ("rows-capture-f16-vec", dict(dtype="float16", channels=64, lengths=(7, 2, 6, 1, 0), capacity=6,
+                                  capture=(6, 2, 4, 1, 3)), 2e-2),
     ("decode-f16-vec", dict(dtype="float16", channels=64, lengths=(1, 1, 1, 1), capacity=1), 2e-2),
     # One token per row: conv.cu's conv_decode_guessed computes each row before its offsets arrive.
     ("decode-f32-vec-capture", dict(channels=24, lengths=(1, 1, 1, 1, 1), capacity=2, capture=(1, 0, 1, 2, 1)),

@@ -202,10 +202,22 @@ struct ConvChannels {
   }
 };
 
-// The capsule row of (request b, these channels): inputs for t < m, zeros after ([B, capacity, Ch]).
+// The captured prefix m of request b's row: its capture count, clamped to the capsule and the row.
+__device__ __forceinline__ int conv_captured_prefix(const ConvParams& p, int count, RowSpan span) {
+  return max(0, min(count, min(p.capacity, span.len)));
+}
+
+// Slot t of the capsule row of (request b, these channels) ([B, capacity, Ch]): input x for t < m, else zeros.
+template <typename T>
+__device__ __forceinline__ void conv_capture_slot(const ConvParams& p, int b, int c0, int t, int m,
+                                                  const ConvPack<T>& x) {
+  conv_store<T>(p.capsule, ((size_t)b * p.capacity + t) * p.channels + c0, t < m ? x : ConvPack<T>{});
+}
+
+// The whole capsule row of (request b, these channels), its inputs loaded again.
 template <typename T>
 __device__ __forceinline__ void conv_capture(const ConvParams& p, int b, RowSpan span, int c0) {
-  const int m = max(0, min(p.capture_count[b], min(p.capacity, span.len)));
+  const int m = conv_captured_prefix(p, p.capture_count[b], span);
   for (int t = 0; t < p.capacity; ++t) {
     const ConvPack<T> x = t < m ? conv_load<T>(p.x, (size_t)(span.start + t) * p.channels + c0) : ConvPack<T>{};
     conv_store<T>(p.capsule, ((size_t)b * p.capacity + t) * p.channels + c0, x);
@@ -420,13 +432,20 @@ __device__ __forceinline__ bool conv_decode_guessed(const ConvParams& p, int b, 
 // of the node's host cost at these sizes. The row's first AHEAD inputs are requested with the taps and the
 // state, so a thread waits for memory once: 1 for decode, kConvRowsAhead for verify (more registers cost
 // blocks in flight: 8 ahead took 9.9 us at decode B = 128, 1 ahead 8.7; H200, BENCHMARKS.md session 21).
+// The verify kernel (HELD) requests the capture count with the offsets and writes each capsule slot from the
+// input it holds, as it steps that token: loaded after the state, count and inputs made a thread wait twice more
+// at its end (27B fp16, verify 4 with capture, B = 32 / 128: 6.32 / 16.29 us before, 6.03 / 15.45 us after; H200,
+// BENCHMARKS.md session 26). The decode kernel keeps conv_capture in its rare path (decode rows come through
+// conv_decode_guessed): holding inputs and count there took it from 96 to 112 registers, a block fewer per SM.
 template <typename T, int AHEAD>
 __device__ __forceinline__ void conv_rows(const ConvParams& p) {
+  constexpr bool HELD = AHEAD > 1;
   const int c0 = (blockIdx.x * kConvThreads + threadIdx.x) * kConvVec<T>;
   const int b = blockIdx.y;
   if (c0 >= p.channels) return;
-  if constexpr (AHEAD == 1)
+  if constexpr (!HELD)
     if (conv_vector_path<T>(p) && conv_decode_guessed<T>(p, b, c0)) return;
+  const int count = HELD ? ld_global_if(p.capture_count + b, p.capsule != nullptr) : 0;
   const RowSpan span = row_span(p.cu_seqlens, 0, b, p.total_tokens);
   if (!conv_vector_path<T>(p)) {
     T* out = static_cast<T*>(p.out);
@@ -445,15 +464,25 @@ __device__ __forceinline__ void conv_rows(const ConvParams& p) {
     if (i < span.len) xs[i] = conv_load<T>(p.x, (size_t)(span.start + i) * p.channels + c0);
   chans.load_taps(p, c0);
   chans.load_state(conv_row_samples<T>(p, span), b, c0);
+  const bool held = HELD && p.capsule != nullptr;
+  const int m = conv_captured_prefix(p, count, span);
 #pragma unroll
-  for (int i = 0; i < AHEAD; ++i)
+  for (int i = 0; i < AHEAD; ++i) {
     if (i < span.len) conv_store<T>(p.out, (size_t)(span.start + i) * p.channels + c0, chans.step(p, xs[i]));
+    if (held && i < p.capacity) conv_capture_slot<T>(p, b, c0, i, m, xs[i]);  // zeros past the row (m <= len)
+  }
   for (int pos = AHEAD; pos < span.len; ++pos) {
     const size_t at = (size_t)(span.start + pos) * p.channels + c0;
-    conv_store<T>(p.out, at, chans.step(p, conv_load<T>(p.x, at)));
+    const ConvPack<T> x = conv_load<T>(p.x, at);
+    conv_store<T>(p.out, at, chans.step(p, x));
+    if (held && pos < p.capacity) conv_capture_slot<T>(p, b, c0, pos, m, x);
   }
   chans.store_state(p.state_out, p.channels, b, c0);
-  if (p.capsule != nullptr) conv_capture<T>(p, b, span, c0);
+  if (held) {
+    for (int t = max(AHEAD, span.len); t < p.capacity; ++t) conv_capture_slot<T>(p, b, c0, t, m, ConvPack<T>{});
+  } else if (p.capsule != nullptr) {
+    conv_capture<T>(p, b, span, c0);
+  }
 }
 
 // Conv replay: after n accepted steps the state is the last SL samples of (old state, capsule[0:n)).
@@ -566,7 +595,7 @@ extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(c
     }
 }
 
-#define OHK_CONV(TNAME, T)                                                          \
+#define OHK_CONV(TNAME, T, ROWS_BOUNDS)                                             \
   extern "C" __global__ void __launch_bounds__(ohk::kConvThreads, 4)                \
       conv_output_##TNAME(const ConvParams p) {                                     \
     ohk::wait_for_inputs();                                                         \
@@ -577,7 +606,7 @@ extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(c
     ohk::wait_for_inputs();                                                         \
     ohk::conv_state<T>(p, blockIdx.y);                                              \
   }                                                                                 \
-  extern "C" __global__ void __launch_bounds__(ohk::kConvThreads)                   \
+  extern "C" __global__ void __launch_bounds__ ROWS_BOUNDS                         \
       conv_rows_##TNAME(const ConvParams p) {                                       \
     ohk::wait_for_inputs();                                                         \
     ohk::conv_rows<T, ohk::kConvRowsAhead>(p);                                      \
@@ -596,6 +625,8 @@ extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(c
 // The output kernel is built for 4 blocks per SM (128 registers), where no type spills
 // (tests/test_cuda_ops_build.py checks it). Session 21's bf16 kernel spilled 262 bytes there and was built for 3
 // (H200, BENCHMARKS.md sessions 21 to 23).
-OHK_CONV(f32, float)
-OHK_CONV(f16, __half)
-OHK_CONV(bf16, __nv_bfloat16)
+// The fp32 short-row kernel is held to 4 blocks per SM (128 registers), like the 16-bit ones, which take that many
+// on their own: left to choose, ptxas gave it 72 registers and spilled 16 bytes (CUDA 13.0, sm_90a).
+OHK_CONV(f32, float, (ohk::kConvThreads, 4))
+OHK_CONV(f16, __half, (ohk::kConvThreads))
+OHK_CONV(bf16, __nv_bfloat16, (ohk::kConvThreads))
