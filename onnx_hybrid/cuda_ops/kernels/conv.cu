@@ -214,7 +214,8 @@ __device__ __forceinline__ void conv_capture_slot(const ConvParams& p, int b, in
   conv_store<T>(p.capsule, ((size_t)b * p.capacity + t) * p.channels + c0, t < m ? x : ConvPack<T>{});
 }
 
-// The whole capsule row of (request b, these channels), its inputs loaded again.
+// The whole capsule row of (request b, these channels), its inputs loaded again. Written out rather than through
+// conv_capture_slot: the decode kernel, whose rare path this is, compiled to other code that way (sm_90a).
 template <typename T>
 __device__ __forceinline__ void conv_capture(const ConvParams& p, int b, RowSpan span, int c0) {
   const int m = conv_captured_prefix(p, p.capture_count[b], span);
@@ -247,7 +248,7 @@ __device__ __forceinline__ void conv_state_of(const ConvParams& p, int b, RowSpa
     so[i] = src < 0 ? st[p.state_len + src] : x[(size_t)(span.start + src) * p.channels + c];
   }
   if (p.capsule != nullptr) {
-    const int m = max(0, min(p.capture_count[b], min(p.capacity, span.len)));
+    const int m = conv_captured_prefix(p, p.capture_count[b], span);
     T* cap = static_cast<T*>(p.capsule) + (size_t)b * p.capacity * p.channels + c;
     for (int t = 0; t < p.capacity; ++t)
       cap[(size_t)t * p.channels] = t < m ? x[(size_t)(span.start + t) * p.channels + c] : from_f32<T>(0.f);
