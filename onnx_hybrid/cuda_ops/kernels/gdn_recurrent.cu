@@ -215,17 +215,11 @@ __device__ __forceinline__ void stash_get(const float* src, int lane, float (&x)
 // current group (ptxas, CUDA 13.0, sm_90: at a branch at the group's start in the general loop, and through a
 // scoreboard shared with the group's own loads and shuffles in the decode loop), so every group exposed one
 // full memory latency (Nsight Compute, BENCHMARKS.md session 12).
-__device__ __forceinline__ unsigned long long l2_evict_first_policy() {
-  unsigned long long policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
-// 16 bytes global -> shared, evict-first in L2 like the state's other accesses (__ldcs, __stcs).
-__device__ __forceinline__ void stage_copy16(float* dst, const float* src, unsigned long long policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "l"(policy)
-               : "memory");
+// 16 bytes global -> shared, with no L2 policy. The state's other accesses stream (__ldcs, __stcs), but with an
+// evict-first policy here verify 4 with capture took 223 us at 27B, B = 128, and 217.6 us without (H200; 4% faster at
+// B = 256, 2-3% slower at B = 32; BENCHMARKS.md session 27).
+__device__ __forceinline__ void stage_copy16(float* dst, const float* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
 
 // One row group's state, [lane's row][vector][lane][element]: each lane reads back only what it copied, so the
@@ -246,7 +240,7 @@ __device__ __forceinline__ void stage_put(float (&dst)[L::kKeys / L::kVec][32][L
 // whole 16-byte vectors are loaded here and written to the stage (rare shapes; the same values).
 template <class L>
 __device__ __forceinline__ void stage_rows(const GdnParams& p, bool vec, size_t head_base, int c0, int lane,
-                                           RecStage<L>& stage, unsigned long long policy) {
+                                           RecStage<L>& stage) {
   bool copied = false;
   if constexpr (L::NPL % 4 == 0) {
     if (vec && c0 + L::ROWS <= p.dv) {
@@ -255,7 +249,7 @@ __device__ __forceinline__ void stage_rows(const GdnParams& p, bool vec, size_t 
       for (int j = 0; j < L::kRows; ++j)
 #pragma unroll
         for (int c = 0; c < L::kKeys / 4; ++c)
-          stage_copy16(stage[j][c][lane], base + j * L::kDk + L::col_off(4 * c), policy);
+          stage_copy16(stage[j][c][lane], base + j * L::kDk + L::col_off(4 * c));
       copied = true;
     }
   }
@@ -667,7 +661,6 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
                             lane_row_ok && guess >= 0 && guess + t < p.total_tokens);
 
   const size_t head_base = ((size_t)b * p.hv + h) * p.dv;
-  const unsigned long long evict_first = l2_evict_first_policy();
   // The general kernels copy the first group's state into the stage: loaded into registers, it shared the
   // inputs' scoreboards, so the gate and the prologue waited for the state's DRAM latency too (Nsight Compute,
   // session 16: 4% of verify's samples on the gate's first instruction). The second group's copy then goes out
@@ -677,11 +670,11 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   constexpr bool kStageFirst = !DECODE_LOOP;
   RecRows<L> S;
   if constexpr (kStageFirst) {
-    stage_rows<L>(p, vec_in, head_base, c_warp, lane, stage, evict_first);
+    stage_rows<L>(p, vec_in, head_base, c_warp, lane, stage);
   } else {
     load_rows<L>(p, vec_in, head_base, c_warp, lane, S);
     if (p.row_groups > 1 && c_warp + ROWS < p.dv)
-      stage_rows<L>(p, vec_in, head_base, c_warp + ROWS, lane, stage, evict_first);
+      stage_rows<L>(p, vec_in, head_base, c_warp + ROWS, lane, stage);
   }
   const HeadGate gate = {p.gate_qwen ? -expf(a_log) : 0.0f, dt_bias};
 
@@ -740,7 +733,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
       stash_get<L>(tok.vec[0], lane, k);
       stash_get<L>(tok.vec[1], lane, q);
       const float x = reduce_rows<L>(S, k, q, lane);
-      if (more && rg > 0) stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);
+      if (more && rg > 0) stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage);
       // Retrieval lanes: the delta of their row; output lanes take their row's delta from lane l - kHalf.
       const float u_mine = p.has_delta ? beta * (v - x) : v;
       const float u_pair = __shfl_xor_sync(0xffffffffu, u_mine, kHalf);
@@ -898,7 +891,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         // capture at B = 32 measured 1-4% faster (B = 128 level to 1%; H200, session 18), and ptxas needed fewer
         // registers at R = 8 (124 -> 115, CUDA 13.0, sm_90a; the sm_80 build stopped spilling).
         if (!staged) {
-          stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);
+          stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage);
           staged = true;
         }
         float k[KPL], q[KPL];
@@ -930,7 +923,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         update_rows<L, kShift>(S, k, u_mine, u_lane);
       }
     }
-    if (!staged) stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage, evict_first);  // no tokens
+    if (!staged) stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage);  // no tokens
     if (kSharedPrologue)  // recomputed: held across the tokens it cost registers (spills at K = 128, ptxas)
       delta_cap = cap != nullptr ? cap + gdn_capsule_delta(p) + (size_t)h * p.dv + c0 + my_row : nullptr;
     finish_group<L>(p, dk, cap, delta_cap, m, h, hk, lane, rg == 0 && capture_decay, rg == 0 && capture_key,
