@@ -151,6 +151,12 @@ def enable_com_microsoft_alias(enabled: bool = True) -> None:
 
 # A folder of prepared images (``onnx-hybrid prepare-cuda -o DIR``): every sm<arch>.cubin in it is loaded.
 IMAGES_ENV = "ONNX_HYBRID_CUDA_IMAGES"
+# The folder beside the library file where the library itself looks for sm<arch>.cubin when a CUDA session
+# needs kernels none were handed for (after $ONNX_HYBRID_CUDA_IMAGES). Wheels and `-e cuda` exports fill it.
+IMAGE_FOLDER = "onnx_hybrid_cuda"
+# The architectures wheels and `-e cuda` exports carry by default: A100 (sm_80; its image also runs on
+# sm_86/87), L4/L40 (sm_89) and H100/H200 (sm_90, built as sm_90a).
+DEFAULT_CUDA_ARCHS = (80, 89, 90)
 _IMAGE_NAME = re.compile(r"^sm(\d+)\.cubin$")
 
 
