@@ -190,27 +190,61 @@ def test_engine_option_reaches_the_cuda_kernel_and_errors_come_back_as_status():
         run_cuda(GDN, case)
 
 
-def test_a_session_without_prepared_kernels_says_what_to_call():
-    code = (
-        "import numpy as np, onnxruntime as ort\n"
-        "if hasattr(ort, 'preload_dlls'):\n"
-        "    ort.preload_dlls()\n"
-        "from onnx_hybrid.ops import library, single_op\n"
-        "from onnx_hybrid.ops.testing import random_gdn_case\n"
-        "case = random_gdn_case(np.random.default_rng(0), lengths=(2, 3))\n"
-        "model = single_op.single_op_model('GatedDeltaNet', case.feeds, case.attributes).SerializeToString()\n"
-        "so = ort.SessionOptions()\n"
-        "so.register_custom_ops_library(library.library_path())  # no prepare_cuda()\n"
-        "s = ort.InferenceSession(model, so, providers=['CUDAExecutionProvider'])\n"
-        "try:\n"
-        "    single_op.run_session(s, case.feeds)\n"
-        "except Exception as e:\n"
-        "    print(e)\n"
-    )
+# A process that never imports onnx_hybrid: the feeds and the model come from files, the library from a path.
+PLAIN_SESSION = """
+import sys, numpy as np, onnxruntime as ort
+if hasattr(ort, 'preload_dlls'):
+    ort.preload_dlls()
+library, model, feeds = sys.argv[1:4]
+so = ort.SessionOptions()
+so.register_custom_ops_library(library)
+session = ort.InferenceSession(model, so, providers=['CUDAExecutionProvider'])
+assert 'onnx_hybrid' not in ' '.join(sys.modules), 'onnx_hybrid was imported'
+data = dict(np.load(feeds))
+try:
+    outputs = session.run(None, {i.name: data[i.name] for i in session.get_inputs() if i.name in data})
+except Exception as error:
+    print('error', error)
+else:
+    np.savez(feeds + '.out.npz', *outputs)
+    print('ran', len(outputs))
+"""
+
+
+def test_a_plain_session_finds_the_images_beside_the_library(tmp_path):
+    """register_custom_ops_library(path) alone, in a fresh process: with no image for this GPU the first run names
+    the architecture, the places looked in and the command; with onnx_hybrid_cuda/sm<arch>.cubin beside the
+    library (as in a wheel or an -e cuda export) the CUDA kernels run and equal the reference."""
+    case = random_gdn_case(np.random.default_rng(0), lengths=(2, 3))
+    model = tmp_path / "gdn.onnx"
+    model.write_bytes(single_op.single_op_model(GDN, case.feeds, case.attributes).SerializeToString())
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, **{k: v for k, v in case.feeds.items() if v is not None})
+    folder = tmp_path / "lib"
+    folder.mkdir()
+    copy = folder / os.path.basename(library.library_path())
+    copy.write_bytes(open(library.library_path(), "rb").read())
     env = {k: v for k, v in os.environ.items() if k != library.IMAGES_ENV}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert ("onnx_hybrid: CUDA kernels are not loaded; call onnx_hybrid.ops.library.prepare_cuda() before running "
-            "a CUDA session") in done.stdout, done.stdout + done.stderr
+
+    def run_plain():
+        done = subprocess.run([sys.executable, "-c", PLAIN_SESSION, str(copy), str(model), str(feeds)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout.strip().splitlines()[-1]
+
+    arch = int(cupy.cuda.Device().compute_capability)
+    images = folder / library.IMAGE_FOLDER
+    line = run_plain()
+    assert line.startswith("error") and f"no CUDA kernel image for this GPU's architecture sm_{arch}" in line, line
+    assert f"beside the library ({images}): no such folder" in line
+    assert f"onnx-hybrid prepare-cuda --arch {arch} -o {images}" in line
+
+    library.write_cuda_images([arch], images)
+    assert run_plain() == "ran 3"
+    outputs = np.load(str(feeds) + ".out.npz")
+    expected = reference.gated_delta_net(case.feeds, **case.attributes)
+    for port, want in enumerate(expected):  # fp32 case: the tolerance of run_cuda's reference check
+        assert rel_err(outputs[f"arr_{port}"], want) <= 1e-4, f"output {port}"
 
 
 def bind_inputs(io, feeds):

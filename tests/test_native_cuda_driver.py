@@ -162,9 +162,10 @@ def stub_with_launch_ex(programs):
     return programs[1]["ex"] / "libcuda.so.1"
 
 
-def run(programs, *images, cc="90", with_driver=True, current=None, driver="plain", env_extra=None):
-    harness, drivers = programs
-    env = dict(os.environ, STUB_CC=cc, **(env_extra or {}))
+def run(programs, *images, cc="90", with_driver=True, current=None, driver="plain", env_extra=None, harness=None):
+    harness, drivers = harness or programs[0], programs[1]
+    env = {k: v for k, v in os.environ.items() if k != "ONNX_HYBRID_CUDA_IMAGES"}
+    env.update(STUB_CC=cc, **(env_extra or {}))
     if current:
         env["STUB_CURRENT"] = current
     if with_driver:
@@ -173,13 +174,22 @@ def run(programs, *images, cc="90", with_driver=True, current=None, driver="plai
     return done.stdout.splitlines()
 
 
+def no_image_error(arch, folder, handed="none", env="$ONNX_HYBRID_CUDA_IMAGES: not set",
+                   beside="no such folder"):
+    """The library's error for a device it has no image for, with the places it looked in."""
+    images = folder / "onnx_hybrid_cuda"
+    return (f"error onnx_hybrid: no CUDA kernel image for this GPU's architecture sm_{arch}. Looked in {env}; "
+            f"beside the library ({images}): {beside}; handed over by onnx_hybrid.ops.library.prepare_cuda(): "
+            f"{handed}. Prepare one with `onnx-hybrid prepare-cuda --arch {arch} -o {images}` (needs CuPy and "
+            f"NVRTC, no GPU), or export with `export-hybrid ... -e cuda --cuda-arch {arch}`")
+
+
 def test_launch_sequence(programs):
     lines = run(programs, "sm80", "sm90", cc="90")
     assert lines == [
         "push 0x10",
         "pop",
-        "error onnx_hybrid: CUDA kernels are not loaded; call onnx_hybrid.ops.library.prepare_cuda() before "
-        "running a CUDA session",
+        no_image_error(90, programs[0].parent),
         "images sm_80, sm_90",
         "push 0x10", "load sm90", "device 90 232448", "lookup k", "launch k 2 3 4 128 1 1 0 0x10 42 7", "pop",
         "push 0x10", "device 90 232448", "attr k 8 100000", "launch k 2 3 4 128 1 1 100000 0x10 42 7", "pop",
@@ -210,9 +220,65 @@ def test_a_cubin_serves_later_minors_of_its_major(programs):
 
 def test_no_image_for_the_device_names_the_loaded_ones(programs):
     lines = run(programs, "sm86", cc="80")
-    assert ("error onnx_hybrid: no CUDA kernel image for sm_80 (loaded: sm_86); call "
-            "onnx_hybrid.ops.library.prepare_cuda() for this device") in lines
+    assert no_image_error(80, programs[0].parent, handed="sm_86") in lines
     assert sum(line.startswith("push") for line in lines) == lines.count("pop")  # popped on the error path too
+
+
+@pytest.fixture
+def own_harness(programs, tmp_path):
+    """A copy of the harness in a folder of its own: the library's folder, as the launcher sees it (dladdr)."""
+    folder = tmp_path / "lib"
+    folder.mkdir()
+    shutil.copy2(programs[0], folder / "harness")
+    return folder / "harness"
+
+
+def write_images(folder, *archs, tag="disk"):
+    folder.mkdir(parents=True, exist_ok=True)
+    for arch in archs:  # the stub's cuModuleLoadData prints the image as text: an ELF magic, then a name
+        (folder / f"sm{arch}.cubin").write_bytes(b"\x7fELF" + f"sm{arch}-{tag}".encode() + b"\0")
+
+
+def test_images_beside_the_library_are_found_by_the_library(programs, own_harness):
+    write_images(own_harness.parent / "onnx_hybrid_cuda", 80, 90)
+    (own_harness.parent / "onnx_hybrid_cuda" / "sm90.cubin.tmp").write_bytes(b"ignored")
+    lines = run(programs, cc="86", harness=own_harness)
+    assert lines[:2] == ["push 0x10", "load \x7fELFsm80-disk"]  # the first launch, with no image handed over
+    assert "launch k 2 3 4 128 1 1 0 0x10 42 7" in lines
+    assert lines.count("load \x7fELFsm80-disk") == 2  # two contexts, one image read from disk
+
+
+def test_the_variable_comes_before_the_folder_beside_the_library(programs, own_harness, tmp_path):
+    write_images(own_harness.parent / "onnx_hybrid_cuda", 90, tag="beside")
+    write_images(tmp_path / "env", 90, tag="env")
+    lines = run(programs, cc="90", harness=own_harness, env_extra={"ONNX_HYBRID_CUDA_IMAGES": str(tmp_path / "env")})
+    assert lines[1] == "load \x7fELFsm90-env"
+
+
+def test_handed_images_come_before_the_folders(programs, own_harness):
+    write_images(own_harness.parent / "onnx_hybrid_cuda", 90)
+    lines = run(programs, "sm90", cc="90", harness=own_harness)
+    assert "load \x7fELFsm90-disk" in lines  # the first launch, before the harness hands its images over
+    assert "load sm90" not in lines  # then the image read from disk stays: images are never replaced
+    assert "set failed onnx_hybrid_set_cuda_image: a different image is already set for sm_90 (images are never " \
+           "replaced; restart the process to use new kernels)" in lines
+
+
+def test_no_image_anywhere_names_every_place_looked_in(programs, own_harness, tmp_path):
+    write_images(own_harness.parent / "onnx_hybrid_cuda", 80)
+    (tmp_path / "empty").mkdir()
+    lines = run(programs, cc="90", harness=own_harness, env_extra={"ONNX_HYBRID_CUDA_IMAGES": str(tmp_path / "empty")})
+    assert lines[2] == no_image_error(90, own_harness.parent, env=f"$ONNX_HYBRID_CUDA_IMAGES ({tmp_path / 'empty'}): "
+                                      "no sm<arch>.cubin", beside="holds sm_80")
+
+
+def test_a_file_that_is_no_cubin_is_a_clear_error(programs, own_harness):
+    folder = own_harness.parent / "onnx_hybrid_cuda"
+    folder.mkdir()
+    (folder / "sm90.cubin").write_text("not a cubin")
+    lines = run(programs, cc="90", harness=own_harness)
+    assert lines[2] == (f"error onnx_hybrid: {folder / 'sm90.cubin'} is not a cubin (no ELF header); write it with "
+                        "`onnx-hybrid prepare-cuda`")
 
 
 def test_missing_driver_is_a_clear_error(programs):

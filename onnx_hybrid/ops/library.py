@@ -47,10 +47,12 @@ _REGISTERED_KEY = "onnx_hybrid.custom_ops_library"
 def register(session_options) -> None:
     """Register the library's ops (domain ``onnx_hybrid``) into ``session_options``; idempotent.
 
-    Where a CUDA session could run (an ORT with the CUDA EP and a visible GPU, or $ONNX_HYBRID_CUDA_IMAGES
-    set), also prepares the CUDA kernels (:func:`prepare_cuda`; once per process and GPU architecture), so
-    that a plain ``InferenceSession(..., providers=["CUDAExecutionProvider"])`` works. Without the variable,
-    a failure to prepare them is a warning: CPU sessions do not need them.
+    The library finds CUDA kernel images by itself ($ONNX_HYBRID_CUDA_IMAGES, then ``onnx_hybrid_cuda/``
+    beside its file: :func:`cuda_image_folders`). Where a CUDA session could run (an ORT with the CUDA EP and
+    a visible GPU) and neither holds an image for the GPU, this also compiles the kernels through CuPy
+    (:func:`prepare_cuda`; once per process and GPU architecture), so that a plain
+    ``InferenceSession(..., providers=["CUDAExecutionProvider"])`` works in a source checkout. A failure to
+    compile them is a warning: CPU sessions do not need them.
     """
     path = library_path()
     try:
@@ -63,7 +65,7 @@ def register(session_options) -> None:
     session_options.add_session_config_entry(_REGISTERED_KEY, path)
     if os.environ.get(IMAGES_ENV):
         prepare_cuda()  # asked for explicitly: a bad folder is an error
-    elif (archs := _visible_cuda_archs()) and not set(archs) <= set(cuda_images()):  # once per process
+    elif (archs := _visible_cuda_archs()) and not all(_has_image(a) for a in archs):  # once per process
         try:
             prepare_cuda()
         except (RuntimeError, OSError, ImportError) as error:  # CPU sessions must not depend on the CUDA kernels
@@ -92,6 +94,8 @@ def control() -> ctypes.CDLL:
     lib.onnx_hybrid_set_cuda_image.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_images.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.onnx_hybrid_cuda_images.restype = ctypes.c_int
+    lib.onnx_hybrid_cuda_image_folders.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.onnx_hybrid_cuda_image_folders.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_struct_layout.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.onnx_hybrid_cuda_struct_layout.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_plan.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
@@ -178,14 +182,53 @@ def cuda_images() -> list[int]:
     return [int(item.removeprefix("sm_")) for item in text.split(", ") if item]
 
 
+def cuda_image_folders() -> list[tuple[str, str, list[int] | str]]:
+    """The folders the library searches for images by itself, in order: (how chosen, path, the archs of the
+    sm<arch>.cubin files there, or why there are none), as the library sees them now."""
+    folders = []
+    for line in _text(control().onnx_hybrid_cuda_image_folders).splitlines():
+        how, path, held = line.split("\t")
+        archs = [int(item.removeprefix("sm_")) for item in held.split(", ")] if held.startswith("sm_") else held
+        folders.append((how, path, archs))
+    return folders
+
+
+def _runs_on(image_arch: int, device_arch: int) -> bool:
+    """A cubin runs on later minors of its major (sm_80 on 8.6; the library picks images by the same rule)."""
+    return image_arch // 10 == device_arch // 10 and image_arch % 10 <= device_arch % 10
+
+
+def _has_image(device_arch: int) -> bool:
+    held = cuda_images() + [a for _, _, archs in cuda_image_folders() if isinstance(archs, list) for a in archs]
+    return any(_runs_on(a, device_arch) for a in held)
+
+
 def image_file_name(arch: int) -> str:
     return f"sm{arch}.cubin"
 
 
-def write_cuda_images(archs, directory) -> list[pathlib.Path]:
-    """Compile the kernels for each ``sm_<arch>`` (no GPU needed) into ``directory``/sm<arch>.cubin."""
-    from ..cuda_ops.compiler import compile_image
+def packaged_image(arch: int) -> pathlib.Path | None:
+    """The image for ``sm_<arch>`` that ships beside this package's library (wheels carry them), if any."""
+    path = _LIBRARY.parent / IMAGE_FOLDER / image_file_name(arch)
+    return path if path.is_file() else None
 
+
+def cuda_image(arch: int) -> bytes:
+    """The kernels' image for ``sm_<arch>``: the one shipped beside the library (built from the same sources),
+    else compiled through CuPy/NVRTC (cached on disk; no GPU needed)."""
+    if (shipped := packaged_image(arch)) is not None:
+        return shipped.read_bytes()
+    try:
+        from ..cuda_ops.compiler import compile_image
+    except ImportError as error:
+        raise CudaPrepareError(f"no sm{arch}.cubin ships beside {_LIBRARY.name} ({_LIBRARY.parent / IMAGE_FOLDER}), "
+                               f"and compiling one needs CuPy with NVRTC ({error}): pip install 'onnx-hybrid[gpu]', "
+                               "or install a wheel that carries the images") from None
+    return compile_image(arch)
+
+
+def write_cuda_images(archs, directory) -> list[pathlib.Path]:
+    """Write the kernels' image for each ``sm_<arch>`` (no GPU needed) to ``directory``/sm<arch>.cubin."""
     folder = pathlib.Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -194,7 +237,7 @@ def write_cuda_images(archs, directory) -> list[pathlib.Path]:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=path.name, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(compile_image(arch))
+                f.write(cuda_image(arch))
             os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the images from other users of the folder
             os.replace(tmp, path)
         except BaseException:
@@ -225,13 +268,8 @@ def prepare_cuda(*, arch: int | None = None, directory=None) -> list[int]:
     if not archs:
         raise CudaPrepareError("no CUDA device visible to CuPy; pass arch=<compute capability> or set "
                                f"{IMAGES_ENV} to a folder written by `onnx-hybrid prepare-cuda`")
-    try:
-        from ..cuda_ops.compiler import compile_image
-    except ImportError as error:
-        raise CudaPrepareError(f"compiling the CUDA kernels needs CuPy with NVRTC ({error}); or set {IMAGES_ENV} "
-                               "to a folder written by `onnx-hybrid prepare-cuda` on a host that has them") from None
     for a in archs:
-        set_cuda_image(a, compile_image(a))
+        set_cuda_image(a, cuda_image(a))
     return archs
 
 

@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -58,9 +62,10 @@ static_assert(sizeof(LaunchConfig) == 56 && offsetof(LaunchConfig, stream) == 32
 
 std::atomic<bool> g_programmatic_launch{true};
 
-constexpr char kNotLoaded[] =
-    "onnx_hybrid: CUDA kernels are not loaded; call onnx_hybrid.ops.library.prepare_cuda() before running a CUDA "
-    "session";
+// Where the library looks for sm<arch>.cubin by itself (library.py names the same two places).
+constexpr char kImagesEnv[] = "ONNX_HYBRID_CUDA_IMAGES";
+constexpr char kImageFolder[] = "onnx_hybrid_cuda";
+constexpr std::uintmax_t kMaxImageBytes = 512u << 20;  // a sanity bound: our images are ~5 MB
 
 // The entry points the launcher uses, resolved once from libcuda.so.1.
 struct Driver {
@@ -145,11 +150,86 @@ Images& TheImages() {
   return *images;
 }
 
-// "sm_80, sm_90"; the caller holds images.mutex.
-std::string ListLocked(const Images& images) {
+// "sm_80, sm_90" for the keys of a map by arch.
+template <class Map>
+std::string ArchList(const Map& by_arch) {
   std::string list;
-  for (const auto& entry : images.by_arch) list += (list.empty() ? "sm_" : ", sm_") + std::to_string(entry.first);
+  for (const auto& entry : by_arch) list += (list.empty() ? "sm_" : ", sm_") + std::to_string(entry.first);
   return list;
+}
+
+// A folder the library searches for images, and what it holds: sm<arch>.cubin files by arch.
+struct ImageFolder {
+  std::string how;   // how the folder was chosen, for messages
+  std::string path;  // empty: the variable is not set
+  std::map<int, std::filesystem::path> files;
+  std::string problem;  // why nothing could be read there (no such folder, ...)
+};
+
+// The folder of this library's own file: an export folder's copy finds the images exported beside it.
+std::filesystem::path LibraryFolder() {
+  Dl_info info{};
+  if (!dladdr(reinterpret_cast<const void*>(&LibraryFolder), &info) || !info.dli_fname) return {};
+  std::error_code ec;
+  const auto file = std::filesystem::weakly_canonical(info.dli_fname, ec);
+  return ec ? std::filesystem::path(info.dli_fname).parent_path() : file.parent_path();
+}
+
+ImageFolder Scan(std::string how, std::string path) {
+  ImageFolder folder{std::move(how), std::move(path), {}, {}};
+  if (folder.path.empty()) {
+    folder.problem = "not set";
+    return folder;
+  }
+  std::error_code ec;
+  std::filesystem::directory_iterator it(folder.path, ec), end;
+  if (ec) {
+    folder.problem = ec.value() == ENOENT ? "no such folder" : "unreadable: " + ec.message();
+    return folder;
+  }
+  for (; it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int arch = 0;  // sm<arch>.cubin exactly (sm80.cubin, sm100.cubin): the name written back must match
+    if (std::sscanf(name.c_str(), "sm%d", &arch) != 1 || arch < 10 || arch > 999 ||
+        name != "sm" + std::to_string(arch) + ".cubin")
+      continue;
+    folder.files.emplace(arch, it->path());
+  }
+  if (folder.files.empty()) folder.problem = "no sm<arch>.cubin";
+  return folder;
+}
+
+// $ONNX_HYBRID_CUDA_IMAGES, then <library folder>/onnx_hybrid_cuda, scanned now.
+std::vector<ImageFolder> ScanImageFolders() {
+  const char* env = std::getenv(kImagesEnv);
+  const std::filesystem::path beside = LibraryFolder();
+  return {Scan(std::string("$") + kImagesEnv, env ? env : ""),
+          Scan("beside the library", beside.empty() ? "" : (beside / kImageFolder).string())};
+}
+
+std::vector<unsigned char> ReadImage(const std::filesystem::path& file) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(file, ec);
+  if (ec || size == 0 || size > kMaxImageBytes)
+    throw std::runtime_error("onnx_hybrid: " + file.string() + " is not a usable CUDA kernel image (size " +
+                             (ec ? ec.message() : std::to_string(size) + " bytes") + ")");
+  std::ifstream in(file, std::ios::binary);
+  std::vector<unsigned char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) throw std::runtime_error("onnx_hybrid: cannot read " + file.string());
+  if (data.size() < 4 || std::memcmp(data.data(), "\x7f" "ELF", 4) != 0)
+    throw std::runtime_error("onnx_hybrid: " + file.string() + " is not a cubin (no ELF header); write it with "
+                             "`onnx-hybrid prepare-cuda`");
+  return data;
+}
+
+// The image that runs on major.minor among `by_arch`: the same major, the highest minor not above the
+// device's (a cubin runs on later minors of its major; an sm_90a one only on 9.0). Null when none does.
+template <class Map>
+const typename Map::value_type* BestFor(const Map& by_arch, int major, int minor) {
+  const typename Map::value_type* best = nullptr;
+  for (const auto& entry : by_arch)
+    if (entry.first / 10 == major && entry.first % 10 <= minor) best = &entry;
+  return best;
 }
 
 }  // namespace
@@ -172,20 +252,28 @@ struct ContextModule {
 
 namespace {
 
-// The best image for a device: the same major, the highest minor not above the device's (a cubin runs
-// on later minors of its major; spec/native_library.md §9.4).
+// The image for a device: one handed over through onnx_hybrid_set_cuda_image, else one found in the image
+// folders (read now, kept from then on), else an error that says where it looked and how to make one.
 const std::vector<unsigned char>& ImageFor(int major, int minor) {
   Images& images = TheImages();
   std::lock_guard<std::mutex> lock(images.mutex);
-  if (images.by_arch.empty()) throw std::runtime_error(kNotLoaded);
-  const std::vector<unsigned char>* best = nullptr;
-  for (const auto& [arch, data] : images.by_arch)
-    if (arch / 10 == major && arch % 10 <= minor) best = &data;
-  if (!best)
-    throw std::runtime_error("onnx_hybrid: no CUDA kernel image for sm_" + std::to_string(10 * major + minor) +
-                             " (loaded: " + ListLocked(images) + "); call onnx_hybrid.ops.library.prepare_cuda() "
-                             "for this device");
-  return *best;  // never erased, so the reference outlives the lock
+  if (const auto* best = BestFor(images.by_arch, major, minor)) return best->second;  // never erased
+  const std::vector<ImageFolder> folders = ScanImageFolders();
+  for (const ImageFolder& folder : folders)
+    if (const auto* file = BestFor(folder.files, major, minor))
+      return images.by_arch.emplace(file->first, ReadImage(file->second)).first->second;
+  const std::string sm = std::to_string(10 * major + minor);
+  std::string looked;
+  for (const ImageFolder& folder : folders)
+    looked += (looked.empty() ? "" : "; ") + folder.how + (folder.path.empty() ? "" : " (" + folder.path + ")") +
+              ": " + (folder.files.empty() ? folder.problem : "holds " + ArchList(folder.files));
+  const std::string handed = images.by_arch.empty() ? "none" : ArchList(images.by_arch);
+  const std::string target = folders.back().path.empty() ? "<folder>" : folders.back().path;
+  throw std::runtime_error(
+      "onnx_hybrid: no CUDA kernel image for this GPU's architecture sm_" + sm + ". Looked in " + looked +
+      "; handed over by onnx_hybrid.ops.library.prepare_cuda(): " + handed + ". Prepare one with `onnx-hybrid "
+      "prepare-cuda --arch " + sm + " -o " + target + "` (needs CuPy and NVRTC, no GPU), or export with "
+      "`export-hybrid ... -e cuda --cuda-arch " + sm + "`");
 }
 
 ContextModule* ModuleFor(const Driver& d, CUcontext context) {
@@ -258,7 +346,15 @@ void SetProgrammaticLaunch(bool enabled) { g_programmatic_launch.store(enabled);
 std::string ImageList() {
   Images& images = TheImages();
   std::lock_guard<std::mutex> lock(images.mutex);
-  return ListLocked(images);
+  return ArchList(images.by_arch);
+}
+
+std::string ImageFolderList() {
+  std::string list;
+  for (const ImageFolder& folder : ScanImageFolders())
+    list += folder.how + "\t" + folder.path + "\t" + (folder.files.empty() ? folder.problem : ArchList(folder.files)) +
+            "\n";
+  return list;
 }
 
 Launcher::Launcher(void* ort_stream) : stream_(static_cast<CUstream>(ort_stream)) {

@@ -1,6 +1,7 @@
 // The CUDA driver API without CUDA headers or a link dependency (spec/native_library.md §6.4-§6.5):
-// opaque handle types, the images (cubins) Python hands over, and a launcher that loads them into the
-// context of ORT's stream and enqueues kernels there. libcuda.so.1 is dlopen'ed on the first launch.
+// opaque handle types, the images (cubins) Python hands over or the library finds on disk, and a launcher
+// that loads them into the context of ORT's stream and enqueues kernels there. libcuda.so.1 is dlopen'ed on
+// the first launch.
 #pragma once
 
 #include <cstddef>
@@ -30,6 +31,11 @@ void SetProgrammaticLaunch(bool enabled);
 
 // The compute capabilities that have an image, as "sm_80, sm_90" (empty when none).
 std::string ImageList();
+
+// The folders the library searches for sm<arch>.cubin when a device has no image yet ($ONNX_HYBRID_CUDA_IMAGES,
+// then onnx_hybrid_cuda/ beside the library file), one line each: how chosen, path, and "sm_80, sm_90" or why
+// none (tab-separated).
+std::string ImageFolderList();
 
 // The device behind the stream's context, as the plans need it.
 struct DeviceInfo {

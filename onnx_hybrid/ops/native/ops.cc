@@ -505,6 +505,11 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_images(char* out, size_t size) {
   return Guarded("onnx_hybrid_cuda_images", [&] { return WriteText(cuda::ImageList(), out, size); });
 }
 
+// The image folders the library searches and what each holds (cuda::ImageFolderList). Returns the length.
+ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_image_folders(char* out, size_t size) {
+  return Guarded("onnx_hybrid_cuda_image_folders", [&] { return WriteText(cuda::ImageFolderList(), out, size); });
+}
+
 // The launcher's view of a kernel parameter struct ("GdnParams", "ConvParams") as "size=N field=offset ...",
 // for the check against the ctypes mirror in cuda_ops/plan.py. Returns the text's length (-1: unknown name).
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_struct_layout(const char* name, char* out, size_t size) {
