@@ -19,13 +19,24 @@ USAGE_ERROR = 2
 
 
 def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    from .exporter.export import DTYPES, OP_DOMAINS
+    from .exporter.export import DTYPES, EXECUTION_PROVIDERS, OP_DOMAINS
+    from .ops.library import DEFAULT_CUDA_ARCHS
 
     parser.add_argument("model_dir", help="Hugging Face checkpoint folder (config.json + *.safetensors)")
     parser.add_argument("-o", "--output", required=True, help="output folder (created; see --overwrite)")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32",
-                        help="activation and weight type (recurrent state and norm statistics stay fp32); "
-                             "bf16 graphs need an execution provider with bf16 kernels, ORT's CPU EP has few")
+    parser.add_argument("-e", "--execution-provider", choices=list(EXECUTION_PROVIDERS), default="cpu",
+                        help="where onnxruntime-genai runs the export (written into genai_config.json for the "
+                             "decoder and the MTP head). cuda: fp16 unless --dtype says otherwise, the library's "
+                             "CUDA kernel images for --cuda-arch copied beside it, and ONNX Runtime's CUDA "
+                             "PagedAttention in --paged exports. Default: cpu")
+    parser.add_argument("--cuda-arch", type=int, action="append", default=None, metavar="CC", dest="cuda_archs",
+                        help="GPU architecture the CUDA export carries kernels for, as a compute capability without "
+                             "the dot (repeatable; default: " + ", ".join(map(str, DEFAULT_CUDA_ARCHS)) +
+                             ": A100 and its sm_86/87 kin, L4/L40, H100/H200)")
+    parser.add_argument("--dtype", choices=list(DTYPES), default=None,
+                        help="activation and weight type (recurrent state and norm statistics stay fp32); default "
+                             "fp32 for -e cpu, fp16 for -e cuda; bf16 graphs need an execution provider with bf16 "
+                             "kernels, ORT's CPU EP has few")
     parser.add_argument("--state-update-capacity", type=int, default=0, metavar="N",
                         help=f"compact state-update slots per request, 0..{contract.MAX_STATE_UPDATE_CAPACITY}")
     parser.add_argument("--op-domain", choices=list(OP_DOMAINS), default=contract.DOMAIN,
@@ -41,7 +52,8 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "Engine (dynamic batching) runs")
     parser.add_argument("--paged-attention", choices=list(OP_DOMAINS), default=None,
                         help="PagedAttention kernel of the paged export: onnx_hybrid (our CPU kernel, any dtype) or "
-                             "com.microsoft (ONNX Runtime's CUDA kernel, fp16/bf16 pool); default: --op-domain")
+                             "com.microsoft (ONNX Runtime's CUDA kernel, fp16/bf16 pool); default: com.microsoft with -e "
+                             "cuda, else --op-domain")
     parser.add_argument("--block-size", type=int, default=None, metavar="N",
                         help="tokens per KV block of the paged export (power of two >= 16; default 256)")
     parser.add_argument("--num-blocks", type=int, default=None, metavar="N",
@@ -73,7 +85,7 @@ def _run_export(args: argparse.Namespace) -> None:
                  op_domain=args.op_domain, overwrite=args.overwrite, all_logits=args.all_logits,
                  progress=not args.quiet, manifest_format=args.manifest_format, paged=args.paged,
                  mtp=args.mtp, max_draft_tokens=args.max_draft_tokens, logits_dtype=args.logits_dtype,
-                 **paged_options)
+                 execution_provider=args.execution_provider, cuda_archs=args.cuda_archs, **paged_options)
     print(f"exported {args.model_dir} -> {out}")
 
 

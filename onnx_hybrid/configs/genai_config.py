@@ -53,6 +53,7 @@ class DecoderExport:
     session_options: dict = field(default_factory=dict)  # extra entries, e.g. intra_op_num_threads
     paged: PagedCache | None = None
     manifest_format: str = RELEASED  # state_groups form: "released" (0.18) or "bindings" (#2454)
+    execution_provider: str = "cpu"  # "cpu" or "cuda": session_options.provider_options
 
     def decoder_states(self) -> DecoderStates:
         layer_types = tuple(LINEAR_ATTENTION if i in self.linear_layer_ids else FULL_ATTENTION
@@ -63,8 +64,19 @@ class DecoderExport:
                              names=names)
 
 
+def provider_options(execution_provider: str) -> list[dict]:
+    """``session_options.provider_options``: onnxruntime-genai appends the providers listed, in order, ahead of
+    its CPU fallback; an empty list runs the CPU provider alone."""
+    if execution_provider == "cpu":
+        return []
+    if execution_provider == "cuda":
+        return [{"cuda": {}}]
+    raise ValueError(f"execution_provider must be 'cpu' or 'cuda', got {execution_provider!r}")
+
+
 def genai_config(desc: DecoderExport) -> dict:
-    session_options = {"log_id": "onnxruntime-genai", "provider_options": [], **desc.session_options}
+    session_options = {"log_id": "onnxruntime-genai", "provider_options": provider_options(desc.execution_provider),
+                       **desc.session_options}
     if desc.custom_ops_library:
         session_options["custom_ops_library"] = desc.custom_ops_library
     decoder = {

@@ -19,6 +19,7 @@ from .engine_rules import check_engine
 from .findings import CONFIG, PARSE, SESSION, WARNING, Finding, Report
 from .graph_io import GraphIO
 from .parse import GROUPS_PATH, decoder_section, detect_form, load_config, parse_state_groups
+from .provider_rules import check_cuda_images, check_provider_options
 from .session_rules import SessionRules
 from .state_groups import BINDINGS, FORMS, RELEASED, StateManifest
 
@@ -35,6 +36,7 @@ def validate(out_dir: str | Path, *, form: str | None = None) -> Report:
         report.add(Finding("parse.json", PARSE, "$", f"cannot read {config_path}: {exc}"))
         return report
     manifest = _check_config(config, form, report)
+    check_cuda_images(config, Path(out_dir), report)
     decoder = decoder_section(config)
     filename = decoder.get("filename")
     if not isinstance(filename, str) or not filename:
@@ -64,6 +66,7 @@ def validate_config(config: dict, *, form: str | None = None, path: str = CONFIG
 def _check_config(config: dict, form: str | None, report: Report) -> StateManifest | None:
     if form is not None and form not in FORMS:
         raise ValueError(f"form must be one of {FORMS} or None, got {form!r}")
+    check_provider_options(config, report)
     decoder = decoder_section(config)
     report.form = form or detect_form(decoder)
     if report.form == BINDINGS and form is None:

@@ -30,6 +30,8 @@ log = logging.getLogger("onnx_hybrid.exporter")
 
 DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": "bfloat16"}
 OP_DOMAINS = (contract.DOMAIN, contract.MS_DOMAIN)
+# --execution-provider: where onnxruntime-genai runs the export, and the activation type it gets by default.
+EXECUTION_PROVIDERS = {"cpu": "fp32", "cuda": "fp16"}
 MODEL_FILE, DATA_FILE, GENAI_CONFIG = "model.onnx", "model.onnx.data", "genai_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
@@ -48,12 +50,19 @@ def _numpy_dtype(dtype: str) -> np.dtype:
     return np.dtype(DTYPES[dtype])
 
 
-def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: int = 0,
+def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacity: int = 0,
            op_domain: str = contract.DOMAIN, overwrite: bool = False, all_logits: bool = False,
            progress: bool = True, manifest_format: str = RELEASED, paged: bool = False,
            block_size: int = 256, num_blocks: int | None = None, paged_attention: str | None = None,
-           mtp: bool = True, logits_dtype: str | None = None, max_draft_tokens: int | None = None) -> Path:
+           mtp: bool = True, logits_dtype: str | None = None, max_draft_tokens: int | None = None,
+           execution_provider: str = "cpu", cuda_archs=None) -> Path:
     """Export ``model_dir`` to ``out_dir`` (model.onnx + external data, genai_config.json, tokenizer).
+
+    ``execution_provider`` (``cpu`` or ``cuda``) is written into the session options of the decoder and the
+    MTP head, so onnxruntime-genai runs the export there. ``dtype`` defaults to fp32 for ``cpu`` and fp16 for
+    ``cuda``. A ``cuda`` export with our ops carries the CUDA kernel images for ``cuda_archs`` (default
+    ``library.DEFAULT_CUDA_ARCHS``) in ``onnx_hybrid_cuda/`` beside its copy of the library, where the library
+    finds them by itself; its paged graph uses ONNX Runtime's CUDA PagedAttention.
 
     ``all_logits`` keeps logits for every position ([B, S, V]); by default only each row's last
     position is computed ([B, 1, V]), which is all greedy decoding and onnxruntime-genai need.
@@ -75,6 +84,14 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
     0.18's MtpGenerator on CPU, which fails on fp32 logits: speculative.md §6 bug 2).
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
+    if execution_provider not in EXECUTION_PROVIDERS:
+        raise ExportError(f"execution_provider must be one of {', '.join(EXECUTION_PROVIDERS)}, "
+                          f"got {execution_provider!r}")
+    on_cuda = execution_provider == "cuda"
+    if cuda_archs is not None and not on_cuda:
+        raise ExportError("cuda_archs (--cuda-arch) applies to CUDA exports only: add execution_provider='cuda' "
+                          "(-e cuda)")
+    dtype = dtype or EXECUTION_PROVIDERS[execution_provider]
     np_act = _numpy_dtype(dtype)
     if not 0 <= state_update_capacity <= contract.MAX_STATE_UPDATE_CAPACITY:
         raise ExportError(f"state_update_capacity must be in [0, {contract.MAX_STATE_UPDATE_CAPACITY}], "
@@ -87,7 +104,8 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
         raise ExportError(f"manifest_format must be one of {', '.join(FORMS)}, got {manifest_format!r}")
     if op_domain not in OP_DOMAINS:
         raise ExportError(f"op_domain must be one of {', '.join(OP_DOMAINS)}, got {op_domain!r}")
-    paged_attention = paged_attention or op_domain
+    # ORT has PagedAttention only on CUDA; our library's kernel is for the CPU.
+    paged_attention = paged_attention or (contract.MS_DOMAIN if on_cuda else op_domain)
     if paged_attention not in PAGED_ATTENTION_KERNELS:
         raise ExportError(f"paged_attention must be one of {', '.join(PAGED_ATTENTION_KERNELS)}, "
                           f"got {paged_attention!r}")
@@ -108,6 +126,7 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
     uses_library = op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN)
     library = _op_library() if uses_library else None  # an unbuilt library fails now, not after the weights
     library_name = library.name if library else None
+    archs = _cuda_archs(cuda_archs) if on_cuda and library else ()
 
     ctx = GraphContext(config=cfg, weights=Weights(checkpoint), act=ir.DataType.from_numpy(np_act),
                        np_act=np_act, op_domain=op_domain, capacity=state_update_capacity)
@@ -124,8 +143,12 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
             write_mtp_head(ctx, layout, stage)
         if library:
             shutil.copy2(library, stage / library.name)
+        if archs:
+            from ..ops.library import IMAGE_FOLDER, write_cuda_images
+
+            write_cuda_images(archs, stage / IMAGE_FOLDER)
         desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library_name, paged=paged),
-                                   manifest_format=manifest_format,
+                                   manifest_format=manifest_format, execution_provider=execution_provider,
                                    paged=PagedCache(block_size, num_blocks) if paged else None)
         config = genai_config(desc)
         if with_mtp:
@@ -162,6 +185,18 @@ def decoder_export(cfg: ModelConfig, capacity: int, custom_ops_library: str | No
         io=DecoderIO(inputs, outputs), linear_layer_ids=tuple(cfg.linear_layers),
         gdn_key_heads=cfg.gdn_key_heads, state_update_capacity=capacity, bos_token_id=cfg.bos_token_id,
         eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id, custom_ops_library=custom_ops_library)
+
+
+def _cuda_archs(requested) -> tuple[int, ...]:
+    """The architectures whose kernel images a CUDA export carries: compute capabilities such as 80 or 90."""
+    from ..ops.library import DEFAULT_CUDA_ARCHS
+
+    archs = tuple(sorted(set(requested))) if requested is not None else DEFAULT_CUDA_ARCHS
+    bad = [a for a in archs if not isinstance(a, int) or not 50 <= a <= 999]
+    if bad or not archs:
+        raise ExportError(f"cuda_archs must be compute capabilities without the dot (80 for A100, 89 for L4/L40, 90 "
+                          f"for H100/H200), got {list(requested)}")
+    return archs
 
 
 def _op_library() -> Path:

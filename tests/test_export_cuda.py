@@ -1,0 +1,124 @@
+"""``export-hybrid -e cuda`` on a host without a GPU: what the export says and carries for onnxruntime-genai-cuda.
+
+The provider in genai_config.json (decoder and MTP head) in the form onnxruntime-genai 0.18 parses, fp16 by
+default, the library's kernel images for the requested architectures in onnx_hybrid_cuda/ beside its copy of the
+library, ORT's CUDA PagedAttention in the paged graph, and the validator's provider rules, each checked against
+onnxruntime-genai's CPU build where it has an opinion. The GPU run itself is tests/test_genai_cuda.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from onnx_hybrid import cli
+from onnx_hybrid.configs.validator import validate
+from onnx_hybrid.exporter import ExportError, export
+from onnx_hybrid.ops import contract, library
+from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint
+
+og = pytest.importorskip("onnxruntime_genai")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("hf") / "hf", "qwen3_5_multimodal", seed=1, mtp=True)
+
+
+@pytest.fixture(autouse=True)
+def fake_images(monkeypatch):
+    """Stand-in images: compiling real ones takes about a minute per architecture (tests/test_cuda_ops_build.py
+    builds them); here only their placement matters."""
+    monkeypatch.setattr(library, "cuda_image", lambda arch: b"\x7fELF stand-in sm%d" % arch)
+
+
+def config_of(out):
+    return json.loads((out / "genai_config.json").read_text())
+
+
+def test_cuda_export_names_the_provider_and_carries_images(checkpoint, tmp_path):
+    out = export(checkpoint, tmp_path / "out", execution_provider="cuda", cuda_archs=[90, 80], progress=False)
+    config = config_of(out)
+    for section in ("decoder", "mtp"):
+        options = config["model"][section]["session_options"]
+        assert options["provider_options"] == [{"cuda": {}}]
+        assert options["custom_ops_library"] == "libonnx_hybrid_ortops.so"
+    images = sorted(p.name for p in (out / library.IMAGE_FOLDER).iterdir())
+    assert images == ["sm80.cubin", "sm90.cubin"]
+    assert (out / library.IMAGE_FOLDER / "sm90.cubin").read_bytes() == b"\x7fELF stand-in sm90"
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    assert graph.input[0].name == "input_ids"
+    logits = next(o for o in graph.output if o.name == "logits")
+    assert logits.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16  # fp16 by default on cuda
+    report = validate(out)
+    assert report.ok and not report.warnings, report.format()
+
+
+def test_default_architectures_and_cpu_stays_the_default(checkpoint, tmp_path):
+    out = export(checkpoint, tmp_path / "cuda", execution_provider="cuda", mtp=False, progress=False)
+    assert sorted(p.name for p in (out / library.IMAGE_FOLDER).iterdir()) == [
+        f"sm{a}.cubin" for a in library.DEFAULT_CUDA_ARCHS]
+    cpu = export(checkpoint, tmp_path / "cpu", mtp=False, progress=False)
+    assert config_of(cpu)["model"]["decoder"]["session_options"]["provider_options"] == []
+    assert not (cpu / library.IMAGE_FOLDER).exists()
+    graph = onnx.load(str(cpu / "model.onnx"), load_external_data=False).graph
+    assert next(o for o in graph.output if o.name == "logits").type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+def test_paged_cuda_export_uses_orts_cuda_paged_attention(checkpoint, tmp_path):
+    out = export(checkpoint, tmp_path / "out", execution_provider="cuda", cuda_archs=[90], paged=True,
+                 state_update_capacity=3, block_size=16, progress=False)
+    nodes = onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
+    paged = [n for n in nodes if n.op_type == "PagedAttention"]
+    assert paged and {n.domain for n in paged} == {contract.MS_DOMAIN}
+    assert {n.domain for n in nodes if n.op_type == contract.GATED_DELTA_NET.name} == {contract.DOMAIN}
+    assert "num_blocks" not in config_of(out)["engine"]["dynamic_batching"]  # the runtime sizes the pool on a GPU
+    report = validate(out)
+    assert report.ok, report.format()
+
+
+def test_com_microsoft_cuda_export_needs_no_library(checkpoint, tmp_path):
+    out = export(checkpoint, tmp_path / "out", execution_provider="cuda", op_domain=contract.MS_DOMAIN, mtp=False,
+                 progress=False)
+    options = config_of(out)["model"]["decoder"]["session_options"]
+    assert options["provider_options"] == [{"cuda": {}}] and "custom_ops_library" not in options
+    assert not (out / library.IMAGE_FOLDER).exists()
+
+
+def test_cli_flags(checkpoint, tmp_path, capsys):
+    assert cli.export_main([str(checkpoint), "-o", str(tmp_path / "a"), "-e", "cuda", "--cuda-arch", "89",
+                            "--dtype", "fp32", "--no-mtp", "-q"]) == 0
+    assert [p.name for p in (tmp_path / "a" / library.IMAGE_FOLDER).iterdir()] == ["sm89.cubin"]
+    assert cli.export_main([str(checkpoint), "-o", str(tmp_path / "b"), "--cuda-arch", "90", "-q"]) == cli.USAGE_ERROR
+    assert "--cuda-arch" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    with pytest.raises(SystemExit):
+        cli.export_main([str(checkpoint), "-o", str(tmp_path / "c"), "-e", "rocm"])
+    with pytest.raises(ExportError, match="compute capabilities"):
+        export(checkpoint, tmp_path / "d", execution_provider="cuda", cuda_archs=[9])
+
+
+@pytest.mark.parametrize("entry, rule, genai_error", [
+    ({"cuda": {"enable_cuda_graph": 1}}, "parse.provider_options", "Expected a string but saw a number"),
+    ({"bogus": {}}, "x.provider_name", "Unknown provider name 'bogus'"),
+], ids=["number-option", "unknown-provider"])
+def test_validator_provider_rules_agree_with_onnxruntime_genai(checkpoint, tmp_path, entry, rule, genai_error):
+    out = export(checkpoint, tmp_path / "out", mtp=False, progress=False)
+    model = og.Model(str(out))  # the unmutated export loads
+    del model
+    config = config_of(out)
+    config["model"]["decoder"]["session_options"]["provider_options"] = [entry]
+    (out / "genai_config.json").write_text(json.dumps(config))
+    report = validate(out)
+    assert [f.rule for f in report.findings if f.severity == "error"] == [rule], report.format()
+    with pytest.raises(Exception, match=genai_error):
+        og.Model(str(out))
+
+
+def test_validator_warns_when_a_cuda_export_lost_its_images(checkpoint, tmp_path):
+    out = export(checkpoint, tmp_path / "out", execution_provider="cuda", cuda_archs=[90], mtp=False, progress=False)
+    for image in (out / library.IMAGE_FOLDER).iterdir():
+        image.unlink()
+    report = validate(out)
+    assert report.ok and [f.rule for f in report.warnings] == ["x.cuda_images"], report.format()
