@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime_genai as og
 
 from ..ops import contract
+from .genai_driver import EngineRun, proposal, run_engine  # noqa: F401  (the driver lives there, og-only)
 
 
 def set_eos(package: Path, token: int) -> None:
@@ -43,60 +41,3 @@ def tamper_capsules(package: Path, directory: Path) -> Path:
     onnx.save(model, str(directory / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
     return directory
 
-
-def proposal(reference: list[int], done: int, capacity: int, round_index: int) -> list[int]:
-    """The next ``capacity`` reference tokens; on odd rounds one of them is wrong, at a position that
-    cycles through 0..capacity-1, so the accepted lengths cover every histogram bin."""
-    drafts = list(reference[done:done + capacity])
-    if round_index % 2:
-        wrong = (round_index // 2) % capacity
-        drafts[wrong] = drafts[wrong] - 1 if drafts[wrong] else 1
-    return drafts
-
-
-@dataclass
-class EngineRun:
-    tokens: list[list[int]]  # generated tokens per prompt
-    stats: dict  # Engine.get_speculative_stats()
-    draft_width: int  # Engine.max_draft_tokens_per_proposal(): the export's state_update capacity
-    seconds: float  # wall time from the first Engine step to the last
-
-
-def run_engine(model: Path | og.Model, prompts: list[list[int]], new_tokens: int,
-               drafts_from: list[list[int]] | None = None) -> EngineRun:
-    """Greedy requests for every prompt on a fresh Engine (its statistics are cumulative) over ``model``
-    (an export folder or a loaded ``og.Model``); with ``drafts_from``, each decoding request gets external
-    drafts from its reference continuation after every step while more than C + 1 of its tokens remain."""
-    engine = og.Engine(model if isinstance(model, og.Model) else og.Model(str(model)))
-    capacity = engine.max_draft_tokens_per_proposal()
-    requests = []
-    for prompt in prompts:
-        request = engine.create_request()
-        options = og.TurnOptions(request)
-        options.set_do_sample(False)
-        options.set_max_generated_tokens(new_tokens)
-        request.begin_turn(np.array(prompt, dtype=np.int32), options)
-        requests.append(request)
-    tokens: list[list[int]] = [[] for _ in requests]
-    rounds = [0] * len(requests)
-    events = engine.create_event_buffer(256)
-    start = time.perf_counter()
-    for _ in range(4 * new_tokens * len(prompts)):  # a bound, so a stuck Engine fails instead of hanging
-        if not engine.has_pending_requests():
-            break
-        engine.run(events)
-        for i in range(len(events)):
-            event = events[i]
-            if event.error_code != og.EngineErrorCode.NONE:
-                raise RuntimeError(f"Engine step failed: error {event.error_code}, finish {event.finish_reason}")
-            if event.flags & og.EngineEventFlags.TOKEN:
-                tokens[next(k for k, r in enumerate(requests) if r == event.request)].append(event.token)
-        for k, request in enumerate(requests):
-            done = len(tokens[k])
-            if drafts_from and done and new_tokens - done > capacity:
-                drafts = proposal(drafts_from[k], done, capacity, rounds[k])
-                request.set_draft_tokens(np.array(drafts, dtype=np.int32))
-                rounds[k] += 1
-    else:
-        raise RuntimeError(f"the Engine still had pending requests after {4 * new_tokens * len(prompts)} steps")
-    return EngineRun(tokens, engine.get_speculative_stats(), capacity, time.perf_counter() - start)

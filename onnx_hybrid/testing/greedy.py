@@ -94,14 +94,7 @@ class GreedyDriver:
 
 
 def genai_greedy_tokens(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """The tokens onnxruntime-genai's ``Generator`` picks greedily after ``prompt`` (``model``: an
-    ``og.Model``); fewer than ``max_new_tokens`` when it meets an EOS or pad id."""
-    import onnxruntime_genai as og
+    """The tokens onnxruntime-genai's ``Generator`` picks greedily after ``prompt`` (``model``: an ``og.Model``)."""
+    from .genai_driver import greedy_tokens
 
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=len(prompt) + max_new_tokens)
-    generator = og.Generator(model, params)
-    generator.append_tokens(prompt)
-    while not generator.is_done():
-        generator.generate_next_token()
-    return [int(t) for t in generator.get_sequence(0)[len(prompt):]]
+    return greedy_tokens(model, prompt, max_new_tokens)

@@ -1,0 +1,228 @@
+"""onnxruntime-genai on the GPU, as a user runs it: every tiny layout exported with ``-e cuda``, then generated
+by onnxruntime-genai-cuda in a fresh interpreter that never imports onnx_hybrid (the export's copy of the library
+loads itself from genai_config.json and finds its CUDA kernels in ``onnx_hybrid_cuda/`` beside it).
+
+* Non-paged exports through ``og.Generator`` and paged exports through ``og.Engine`` give transformers' greedy
+  tokens: fp32 exports token for token; fp16 exports token for token where it matters, i.e. every token they pick
+  is within ``FP16_LOGIT_TOL`` of the best fp32 logit of transformers on the same prefix.
+* Speculative decoding on the GPU is lossless: the paged export with capacity 3 in og.Engine, with (a) partly
+  wrong external drafts and (b) the exported MTP head drafting, several concurrent requests, gives the tokens of
+  plain decoding and of transformers, with partial accepts; zeroed capsules diverge.
+
+Needs onnxruntime-genai-cuda 0.18 and a GPU; skipped otherwise. ``ONNX_HYBRID_GENAI_TEST_PROVIDER=cpu`` runs the
+same checks on onnxruntime-genai's CPU build (a dry run of this module on a host without a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+og = pytest.importorskip("onnxruntime_genai")
+
+from onnx_hybrid.exporter import export  # noqa: E402
+from onnx_hybrid.ops import contract  # noqa: E402
+from onnx_hybrid.testing import genai_driver  # noqa: E402
+from onnx_hybrid.testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid.testing.engine import set_eos, tamper_capsules  # noqa: E402
+from onnx_hybrid.testing.mtp import add_mtp_head, fit_drafting_head, greedy_runs  # noqa: E402
+
+PROVIDER = os.environ.get("ONNX_HYBRID_GENAI_TEST_PROVIDER", "cuda")
+# An fp16 export may pick another token only where transformers' fp32 logits of the two are this close (absolute;
+# the tiny models' logits span about +-13 with a standard deviation near 4).
+FP16_LOGIT_TOL = 0.05
+PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150, 8], [44, 3, 150, 12], [77]]
+NEW_TOKENS = 16
+VOCAB = 160  # testing.checkpoints geometry
+BLOCK_SIZE = 16
+# (id, layout, make_tiny_checkpoint options): dense, the multimodal wrapper, MoE per-expert and fused, Qwen3-Next.
+LAYOUTS = [("dense", "qwen3_5_text", {}), ("multimodal", "qwen3_5_multimodal", {}),
+           ("moe", "qwen3_5_moe_text", {}), ("moe_fused", "qwen3_5_moe_text", {"fused_experts": True}),
+           ("next", "qwen3_next", {})]
+
+
+def _gpu_arch() -> int | None:
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    line = done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else ""
+    return int(line.replace(".", "")) if line.replace(".", "").isdigit() else None
+
+
+def _skip_reason() -> str | None:
+    if PROVIDER == "cpu":
+        return None
+    if not og.is_cuda_available():
+        return "onnxruntime-genai has no CUDA support here (install onnxruntime-genai-cuda)"
+    if _gpu_arch() is None:
+        return "no NVIDIA GPU visible (nvidia-smi)"
+    return None
+
+
+SKIP = _skip_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
+
+
+def unused_token(*sequences) -> int:
+    """A token none of the prompts and references holds: made EOS and pad, it lets every run reach its length."""
+    return max(set(range(VOCAB)) - {t for seq in sequences for t in seq})
+
+
+def export_for_test(checkpoint, out, eos: int, **options) -> Path:
+    """Export as the user would for PROVIDER, with only this GPU's kernel image (the default set takes minutes
+    to compile where no wheel ships it), then ``eos`` as the only EOS."""
+    if PROVIDER == "cuda":
+        options.update(execution_provider="cuda", cuda_archs=[_gpu_arch()])
+    elif options.get("paged"):
+        options.setdefault("num_blocks", 64)
+    path = export(checkpoint, out, progress=False, **options)
+    set_eos(path, eos)
+    return path
+
+
+def genai(model: Path, mode: str, prompts, new_tokens: int = NEW_TOKENS, drafts_from=None) -> dict:
+    """Run onnxruntime-genai on ``model`` in a fresh interpreter that imports nothing of onnx_hybrid."""
+    job = {"model": str(model), "mode": mode, "prompts": prompts, "new_tokens": new_tokens, "drafts_from": drafts_from}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ONNX_HYBRID_CUDA_IMAGES")}
+    path = os.pathsep.join(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                           if p and not (Path(p) / "onnx_hybrid").is_dir())
+    if path:  # keep carried site folders, drop the checkout: the child must not be able to import the package
+        env["PYTHONPATH"] = path
+    done = subprocess.run([sys.executable, genai_driver.__file__], input=json.dumps(job), capture_output=True,
+                          text=True, env=env, timeout=600, cwd=model)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result.pop("onnx_hybrid_imported") is False
+    return result
+
+
+def reference_tokens(hf, prompts, new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+    with torch.no_grad():
+        return [hf.generate(torch.tensor([p]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                            do_sample=False)[0, len(p):].tolist() for p in prompts]
+
+
+def assert_near_greedy(hf, prompts, got: list[list[int]], want: list[list[int]], dtype: str) -> None:
+    """fp32: the same tokens. fp16: every picked token's fp32 logit (transformers, on the picked prefix) is within
+    FP16_LOGIT_TOL of that step's best, and the tokens are transformers' up to the first such near tie."""
+    if dtype == "fp32":
+        assert got == want
+        return
+    for prompt, tokens, expected in zip(prompts, got, want):
+        assert len(tokens) == len(expected)
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1:].double().numpy()
+        best = logits.max(-1)
+        picked = logits[np.arange(len(tokens)), tokens]
+        assert (best - picked <= FP16_LOGIT_TOL).all(), (tokens, expected, (best - picked).max())
+        first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
+        if first is not None:  # a divergence must start at a near tie of the reference
+            top2 = np.sort(logits[first])[-2:]
+            assert top2[1] - top2[0] <= FP16_LOGIT_TOL, (first, tokens, expected)
+
+
+@pytest.fixture(scope="module", params=LAYOUTS, ids=[case[0] for case in LAYOUTS])
+def layout(request, tmp_path_factory):
+    """(checkpoint, transformers model, transformers' greedy tokens of PROMPTS, an EOS none of them holds)."""
+    name, kind, options = request.param
+    checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp(name) / "hf", kind, seed=7, **options)
+    hf = load_reference(checkpoint)
+    want = reference_tokens(hf, PROMPTS)
+    return checkpoint, hf, want, unused_token(*PROMPTS, *want)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_generator_gives_transformers_tokens(layout, dtype, tmp_path):
+    checkpoint, hf, want, eos = layout
+    out = export_for_test(checkpoint, tmp_path / "out", eos, dtype=dtype)
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["model"]["decoder"]["session_options"]["provider_options"] == (
+        [{"cuda": {}}] if PROVIDER == "cuda" else [])
+    assert_near_greedy(hf, PROMPTS, genai(out, "generator", PROMPTS)["tokens"], want, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_engine_gives_transformers_tokens(layout, dtype, tmp_path):
+    checkpoint, hf, want, eos = layout
+    out = export_for_test(checkpoint, tmp_path / "out", eos, dtype=dtype, paged=True, block_size=BLOCK_SIZE)
+    assert_near_greedy(hf, PROMPTS, genai(out, "engine", PROMPTS)["tokens"], want, dtype)
+
+
+# --- speculative decoding: lossless on the GPU --------------------------------------------------------------
+
+SPEC_PROMPTS = [[(7 * i + 3 * b) % 150 + 1 for i in range(n)] for b, n in enumerate((12, 4, 25, 1))]
+SPEC_TOKENS = 30
+CAPACITY = 3
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp("spec") / "hf", "qwen3_5_text", seed=5)
+    want = reference_tokens(load_reference(checkpoint), SPEC_PROMPTS, SPEC_TOKENS)
+    return checkpoint, want, unused_token(*SPEC_PROMPTS, *want)
+
+
+def assert_partial_accepts(stats: dict) -> None:
+    assert stats["partial_accept_rounds"] > 0 and stats["full_accept_rounds"] > 0, stats
+    assert stats["target_forward_passes"] < SPEC_TOKENS, stats
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_external_drafts_are_lossless(dense, dtype, tmp_path):
+    """(a) Partly wrong external drafts: the Engine commits partial accepts by replaying our capsules on the GPU
+    and keeps the tokens of plain decoding bit for bit (fp16 too), which are transformers' (fp32)."""
+    checkpoint, want, eos = dense
+    out = export_for_test(checkpoint, tmp_path / "out", eos, dtype=dtype, paged=True, block_size=BLOCK_SIZE,
+                          state_update_capacity=CAPACITY)
+    plain = genai(out, "engine", SPEC_PROMPTS, SPEC_TOKENS)
+    drafted = genai(out, "engine", SPEC_PROMPTS, SPEC_TOKENS, drafts_from=want)
+    assert drafted["draft_width"] == CAPACITY
+    assert drafted["tokens"] == plain["tokens"]
+    if dtype == "fp32":
+        assert plain["tokens"] == want
+    assert_partial_accepts(drafted["stats"])
+
+
+def test_zeroed_capsules_diverge(dense, tmp_path):
+    """Negative control: the same export with its GDN capsules zeroed loads and drafts, but every partial accept
+    rebuilds a zero recurrent state, so the tokens leave the reference."""
+    checkpoint, want, eos = dense
+    out = export_for_test(checkpoint, tmp_path / "out", eos, dtype="fp32", paged=True, block_size=BLOCK_SIZE,
+                          state_update_capacity=CAPACITY)
+    run = genai(tamper_capsules(out, tmp_path / "tampered"), "engine", SPEC_PROMPTS, SPEC_TOKENS, drafts_from=want)
+    assert run["stats"]["partial_accept_rounds"] > 0
+    assert all(got != ref for got, ref in zip(run["tokens"], want)), run["tokens"]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_mtp_head_drafts_are_lossless(dtype, tmp_path):
+    """(b) The exported MTP head drafts (a head fitted to the model, so it is often right), four requests at once:
+    the tokens equal plain decoding of the same export and, in fp32, transformers'."""
+    hf_dir = make_tiny_checkpoint(tmp_path / "hf", "qwen3_5_multimodal", tied=True, seed=3, mtp=True)
+    runs = greedy_runs(export(hf_dir, tmp_path / "fit", progress=False), SPEC_PROMPTS, SPEC_TOKENS, contract.DOMAIN)
+    fit = [(tokens[:len(p) + 16], hidden[:len(p) + 16]) for (tokens, hidden), p in zip(runs, SPEC_PROMPTS)]
+    add_mtp_head(hf_dir, fit_drafting_head(hf_dir, fit))
+    want = reference_tokens(load_reference(hf_dir), SPEC_PROMPTS, SPEC_TOKENS)
+    eos = unused_token(*SPEC_PROMPTS, *want)
+    out = export_for_test(hf_dir, tmp_path / "out", eos, dtype=dtype, paged=True, block_size=BLOCK_SIZE,
+                          state_update_capacity=CAPACITY, max_draft_tokens=CAPACITY)
+    assert (out / "mtp.onnx").is_file()
+    drafted = genai(out, "engine", SPEC_PROMPTS, SPEC_TOKENS)
+    stats = drafted["stats"]
+    assert stats["draft_forward_passes"] > 0 and stats["mtp_failures"] == 0, stats
+    assert_partial_accepts(stats)
+    no_head = export_for_test(hf_dir, tmp_path / "plain", eos, dtype=dtype, paged=True, block_size=BLOCK_SIZE,
+                              state_update_capacity=CAPACITY, mtp=False)
+    assert drafted["tokens"] == genai(no_head, "engine", SPEC_PROMPTS, SPEC_TOKENS)["tokens"]
+    if dtype == "fp32":
+        assert drafted["tokens"] == want
