@@ -83,7 +83,7 @@ def export_for_test(checkpoint, out, eos: int, **options) -> Path:
     to compile where no wheel ships it), then ``eos`` as the only EOS."""
     if PROVIDER == "cuda":
         options.update(execution_provider="cuda", cuda_archs=[_gpu_arch()])
-    elif options.get("paged"):
+    if options.get("paged"):
         options.setdefault("num_blocks", 64)
     path = export(checkpoint, out, progress=False, **options)
     set_eos(path, eos)
@@ -163,6 +163,9 @@ def test_engine_gives_transformers_tokens(layout, dtype, tmp_path):
 SPEC_PROMPTS = [[(7 * i + 3 * b) % 150 + 1 for i in range(n)] for b, n in enumerate((12, 4, 25, 1))]
 SPEC_TOKENS = 30
 CAPACITY = 3
+# The prompts tests/test_mtp_export.py fits its head on: with them its drafts end in full, partial and zero accepts.
+MTP_PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150, 8], [44, 3, 150, 12],
+               [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 150, 1], [77]]
 
 
 @pytest.fixture(scope="module")
@@ -209,20 +212,20 @@ def test_mtp_head_drafts_are_lossless(dtype, tmp_path):
     """(b) The exported MTP head drafts (a head fitted to the model, so it is often right), four requests at once:
     the tokens equal plain decoding of the same export and, in fp32, transformers'."""
     hf_dir = make_tiny_checkpoint(tmp_path / "hf", "qwen3_5_multimodal", tied=True, seed=3, mtp=True)
-    runs = greedy_runs(export(hf_dir, tmp_path / "fit", progress=False), SPEC_PROMPTS, SPEC_TOKENS, contract.DOMAIN)
-    fit = [(tokens[:len(p) + 16], hidden[:len(p) + 16]) for (tokens, hidden), p in zip(runs, SPEC_PROMPTS)]
+    runs = greedy_runs(export(hf_dir, tmp_path / "fit", progress=False), MTP_PROMPTS, SPEC_TOKENS, contract.DOMAIN)
+    fit = [(tokens[:len(p) + 16], hidden[:len(p) + 16]) for (tokens, hidden), p in zip(runs, MTP_PROMPTS)]
     add_mtp_head(hf_dir, fit_drafting_head(hf_dir, fit))
-    want = reference_tokens(load_reference(hf_dir), SPEC_PROMPTS, SPEC_TOKENS)
-    eos = unused_token(*SPEC_PROMPTS, *want)
+    want = reference_tokens(load_reference(hf_dir), MTP_PROMPTS, SPEC_TOKENS)
+    eos = unused_token(*MTP_PROMPTS, *want)
     out = export_for_test(hf_dir, tmp_path / "out", eos, dtype=dtype, paged=True, block_size=BLOCK_SIZE,
                           state_update_capacity=CAPACITY, max_draft_tokens=CAPACITY)
     assert (out / "mtp.onnx").is_file()
-    drafted = genai(out, "engine", SPEC_PROMPTS, SPEC_TOKENS)
+    drafted = genai(out, "engine", MTP_PROMPTS, SPEC_TOKENS)
     stats = drafted["stats"]
     assert stats["draft_forward_passes"] > 0 and stats["mtp_failures"] == 0, stats
     assert_partial_accepts(stats)
     no_head = export_for_test(hf_dir, tmp_path / "plain", eos, dtype=dtype, paged=True, block_size=BLOCK_SIZE,
                               state_update_capacity=CAPACITY, mtp=False)
-    assert drafted["tokens"] == genai(no_head, "engine", SPEC_PROMPTS, SPEC_TOKENS)["tokens"]
+    assert drafted["tokens"] == genai(no_head, "engine", MTP_PROMPTS, SPEC_TOKENS)["tokens"]
     if dtype == "fp32":
         assert drafted["tokens"] == want
