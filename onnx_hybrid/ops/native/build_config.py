@@ -25,6 +25,12 @@ CUDA_KERNELS = NATIVE.parent.parent / "cuda_ops" / "kernels"
 COMPILE_ARGS = ["-std=c++17", "-O2", "-g0", "-fPIC", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
                 "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 LINK_ARGS = ["-Wl,--exclude-libs,ALL", "-Wl,--as-needed", f"-Wl,--version-script={NATIVE / 'exports.map'}"]
+# The package's library needs only glibc and libgcc_s (both on every Linux host, and allowed by every manylinux
+# policy), so one wheel runs beside whatever libstdc++ the host or onnxruntime brings: libstdc++ is linked in,
+# its symbols hidden by --exclude-libs. --gc-sections drops the parts of libstdc++.a nothing calls (random.o's
+# arc4random, glibc 2.36). libgcc stays shared: the static unwinder calls _dl_find_object (glibc 2.35).
+# (scripts/asan_check.py links without these: ASan intercepts the shared libstdc++'s __cxa_throw.)
+PORTABLE_LINK_ARGS = ["-static-libstdc++", "-Wl,--gc-sections"]
 
 
 def sources() -> list[pathlib.Path]:
