@@ -1,14 +1,17 @@
 """Command-line entry points: ``export-hybrid`` and ``onnx-hybrid <subcommand>``.
 
 User errors (a bad checkpoint, an existing output folder, a bad option, a failing file system) print one
-line to stderr and exit with status 2; anything else is a bug and keeps its traceback.
+line to stderr and exit with status 2; anything else is a bug and keeps its traceback. SIGINT and SIGTERM
+unwind like an error (the export's staging folder is removed) and exit with 130 and 143.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 from typing import Callable
 
 from .configs.commands import SUBCOMMANDS as CONFIG_SUBCOMMANDS
@@ -112,8 +115,19 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return ExportError, contract.ContractError, KernelBuildError, OSError
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt (not an Exception) so that only cleanup code sees it."""
+
+
+def _terminate(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    raise Terminated
+
+
 def _run(prog: str, run: Callable, args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
+    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         status = run(args)
     except _user_errors() as error:
@@ -121,7 +135,13 @@ def _run(prog: str, run: Callable, args: argparse.Namespace) -> int:
         return USAGE_ERROR
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
+    except Terminated:
+        print(f"{prog}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return status or 0
 
 

@@ -23,7 +23,7 @@ from .graph.decoder import GraphOptions, assemble_model, build_decoder
 from .graph.paged_attention import KERNELS as PAGED_ATTENTION_KERNELS, PagedLayout
 from .model_config import ModelConfig, load_model_config
 from .mtp import check_mtp_weights, mtp_config, mtp_tensor_count, write_mtp_head
-from .output_dir import staged_output
+from .output_dir import check_target, staged_output
 from .weights import Weights, write_external_data
 
 log = logging.getLogger("onnx_hybrid.exporter")
@@ -93,6 +93,7 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
                           f"got {paged_attention!r}")
     if max_draft_tokens is not None and max_draft_tokens < 1:
         raise ExportError(f"max_draft_tokens must be positive, got {max_draft_tokens}")
+    check_target(out_dir, overwrite, protect=(model_dir,))  # before any work; staged_output checks again
     cfg = load_model_config(model_dir)
     checkpoint = Checkpoint(model_dir)
     for what, count in checkpoint.skipped.items():
@@ -116,7 +117,7 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
                            logits_dtype=logits_type)
     inputs, outputs = build_decoder(ctx, options)
 
-    with staged_output(out_dir, overwrite) as stage:
+    with staged_output(out_dir, overwrite, protect=(model_dir,)) as stage:
         with tqdm(total=len(ctx.weights.plans), unit="tensor", desc="writing weights", disable=not progress) as bar:
             write_external_data(ctx.weights, stage / DATA_FILE, lambda plan: bar.update())
         ir.save(assemble_model(ctx, inputs, outputs), stage / MODEL_FILE)
