@@ -1,4 +1,5 @@
-"""The output folder: never the checkpoint, nothing left behind by a signal or a kill, errors name the user's path."""
+"""The output folder (never the checkpoint, nothing left behind by a signal or a kill, errors name the user's
+path) and what the CLI reports about it."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import signal
 import socket
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from onnx_hybrid.cli import export_main
+from onnx_hybrid import __version__
+from onnx_hybrid.cli import export_main, main
 from onnx_hybrid.exporter import ExportError, export
 from onnx_hybrid.exporter.output_dir import MARKER, remove_leftovers
+from onnx_hybrid.exporter.summary import ExportSummary, summarize
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -129,7 +133,8 @@ def test_an_output_whose_swap_was_killed_is_restored(tmp_path, caplog):
 _SLOW_EXPORT = """
 import sys, time
 import onnx_hybrid.exporter
-from onnx_hybrid.cli import export_main
+from onnx_hybrid import __version__
+from onnx_hybrid.cli import export_main, main
 module = sys.modules["onnx_hybrid.exporter.export"]
 write = module.write_external_data
 def write_then_wait(*args, **kwargs):
@@ -187,3 +192,74 @@ def test_write_errors_name_the_output_not_the_staging_folder(tiny, tmp_path, mon
     assert f"No such file or directory: '{out / 'missing' / 'model.onnx.data'}'" in err
     assert ".partial" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_summary_reports_what_the_export_wrote(tiny, tmp_path):
+    out = export(tiny, tmp_path / "o", state_update_capacity=2, progress=False)
+    summary = summarize(tiny, out, elapsed_s=1.25)
+    assert summary.architecture == "Qwen3_5ForCausalLM"
+    assert summary.layers == {"linear attention": 3, "full attention": 1} and summary.moe_layers == 0
+    assert summary.dtype == "fp32" and summary.execution_providers == ()
+    assert summary.op_domains == {"onnx_hybrid": ("GatedDeltaNet", "VarlenCausalConvWithState")}
+    assert summary.state_groups == 2  # conv and recurrent; the KV cache is onnxruntime-genai's own
+    assert dict(summary.files) == {p.name: p.stat().st_size for p in out.iterdir()}
+    assert {"model.onnx", "model.onnx.data", "genai_config.json", "libonnx_hybrid_ortops.so"} <= dict(summary.files).keys()
+    lines = summary.lines()
+    assert lines[0] == f"exported {tiny} -> {out} in 1.25 s"
+    assert "  layers              4: 3 linear attention, 1 full attention; feed-forward dense" in lines
+
+
+def test_summary_lines_for_moe_and_named_providers(tmp_path):
+    summary = ExportSummary(
+        source=Path("hf"), output=Path("o"), architecture="Qwen3NextForCausalLM",
+        layers={"linear attention": 3, "full attention": 1}, moe_layers=3, dtype="fp16",
+        op_domains={"com.microsoft": ("GatedDeltaNet", "MoE")}, execution_providers=("cuda",), state_groups=2,
+        files=(("model.onnx", 2048), ("model.onnx.data", 3 * 1024 ** 3)), elapsed_s=61.0)
+    lines = summary.lines()
+    assert "feed-forward MoE in 3, dense in 1" in lines[2]
+    assert lines[3:6] == ["  dtype               fp16", "  custom ops          com.microsoft (GatedDeltaNet, MoE)",
+                          "  execution provider  cuda"]
+    assert lines[-3:] == ["  files               2, 3.0 GB", f"    {'model.onnx':<30} {'2.0 KB':>10}",
+                          f"    {'model.onnx.data':<30} {'3.0 GB':>10}"]
+
+
+def test_cli_prints_a_summary_unless_quiet(tiny, tmp_path, capsys, caplog):
+    assert export_main([str(tiny), "-o", str(tmp_path / "o")]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"exported {tiny} -> {tmp_path / 'o'} in ") and "model.onnx.data" in out
+    assert "writing weights" in err  # the progress bar
+    caplog.clear()
+    assert export_main([str(tiny), "-o", str(tmp_path / "q"), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "writing weights" not in err
+    assert "has no tokenizer.json or tokenizer_config.json" in caplog.text  # warnings are still logged
+
+
+def test_missing_tokenizer_files_are_warned_about(tiny, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="onnx_hybrid.exporter"):
+        export(tiny, tmp_path / "bare", progress=False)
+    assert f"{tiny} has no tokenizer.json or tokenizer_config.json: onnxruntime-genai's og.Tokenizer will fail" \
+        in caplog.text
+    src = tmp_path / "hf"
+    src.mkdir()
+    for f in tiny.iterdir():
+        (src / f.name).symlink_to(f)
+    (src / "tokenizer.json").write_text("{}")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="onnx_hybrid.exporter"):
+        export(src, tmp_path / "half", progress=False)
+    assert "has no tokenizer_config.json:" in caplog.text
+    (src / "tokenizer_config.json").write_text("{}")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="onnx_hybrid.exporter"):
+        export(src, tmp_path / "full", progress=False)
+    assert "tokenizer" not in caplog.text
+
+
+@pytest.mark.parametrize("entry, prog", [(export_main, "export-hybrid"), (main, "onnx-hybrid")])
+def test_version(entry, prog, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        entry(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"{prog} {__version__}\n"
+    assert __version__ == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]

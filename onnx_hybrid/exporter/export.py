@@ -34,6 +34,7 @@ MODEL_FILE, DATA_FILE, GENAI_CONFIG = "model.onnx", "model.onnx.data", "genai_co
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
                    "generation_config.json")
+TOKENIZER_NEEDED = ("tokenizer.json", "tokenizer_config.json")  # what og.Tokenizer reads
 # genai model.type per family. 0.18 has no qwen3_next type; the decoder I/O is that of qwen3_5_moe_text,
 # and genai feeds these types the 2-D position_ids the graph declares (tests/test_export_e2e.py).
 GENAI_MODEL_TYPES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_5_moe_text"}
@@ -98,6 +99,10 @@ def export(model_dir, out_dir, *, dtype: str = "fp32", state_update_capacity: in
     checkpoint = Checkpoint(model_dir)
     for what, count in checkpoint.skipped.items():
         log.warning("skipping %d tensor(s) of the %s (not part of the text decoder)", count, what)
+    missing = [name for name in TOKENIZER_NEEDED if not (model_dir / name).is_file()]
+    if missing:
+        log.warning("%s has no %s: onnxruntime-genai's og.Tokenizer will fail on the export; copy the "
+                    "tokenizer files of the released model into the output folder", model_dir, " or ".join(missing))
     mtp_tensors = mtp_tensor_count(checkpoint)
     with_mtp = mtp and mtp_tensors > 0
     if with_mtp:
