@@ -17,7 +17,11 @@ SETUP_STAMP := build/setup.stamp
 NATIVE_SOURCES := $(wildcard onnx_hybrid/ops/native/*) onnx_hybrid/ops/contract.py onnx_hybrid/cuda_ops/plan.py \
 	onnx_hybrid/cuda_ops/kernels/params.cuh
 
-setup: $(SETUP_STAMP)
+# The stamp only counts while this Python has the package (another virtual environment may not).
+setup:
+	@$(PYTHON) -c "import importlib.metadata as m; m.version('onnx-hybrid'); m.version('pytest')" 2>/dev/null \
+		|| rm -f $(SETUP_STAMP)
+	@$(MAKE) --no-print-directory $(SETUP_STAMP)
 
 $(SETUP_STAMP): pyproject.toml setup.py $(NATIVE_SOURCES)
 	@echo "setup: installing torch (CPU; the test oracle's) and onnx-hybrid with its test tools, building the native library"

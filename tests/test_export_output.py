@@ -160,11 +160,13 @@ def _export_and_signal(model_dir: Path, out: Path, signum: int) -> subprocess.Co
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
-def test_sigterm_removes_the_staging_folder_and_exits_143(tiny, tmp_path):
+@pytest.mark.parametrize("signum, status, message", [(signal.SIGTERM, 143, "terminated"),
+                                                     (signal.SIGINT, 130, "interrupted")])
+def test_sigterm_and_sigint_remove_the_staging_folder(tiny, tmp_path, signum, status, message):
     out = tmp_path / "exports" / "o"
-    done = _export_and_signal(tiny, out, signal.SIGTERM)
-    assert done.returncode == 143, done.stderr
-    assert "export-hybrid: terminated" in done.stderr and "Traceback" not in done.stderr
+    done = _export_and_signal(tiny, out, signum)
+    assert done.returncode == status, done.stderr
+    assert f"export-hybrid: {message}" in done.stderr and "Traceback" not in done.stderr
     assert list(out.parent.iterdir()) == []
 
 

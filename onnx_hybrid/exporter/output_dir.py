@@ -67,9 +67,9 @@ def staged_output(out_dir: Path, overwrite: bool, protect=()):
     remove_leftovers(out_dir)  # may restore the output of an interrupted swap, hence before the check
     check_target(out_dir, overwrite, protect)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=STAGING, dir=out_dir.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary folder
-    _mark(staging)
     try:
+        staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary folder
+        _mark(staging)
         try:
             yield staging
         except OSError as error:

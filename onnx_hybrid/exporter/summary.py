@@ -62,9 +62,10 @@ def summarize(model_dir, out_dir, elapsed_s: float) -> ExportSummary:
     for node in graph.node:
         if node.domain not in ("", "ai.onnx"):
             domains.setdefault(node.domain, set()).add(node.op_type)
-    first_linear = cfg.linear_layers[0]
-    conv_state = next(i for i in graph.input if i.name == io.PAST_CONV % first_linear)
-    elem = onnx.TensorProto.DataType.Name(conv_state.type.tensor_type.elem_type)
+    # A conv state is always in the activation type (the KV cache may not be: a com.microsoft paged pool).
+    conv_states = {io.PAST_CONV % layer for layer in cfg.linear_layers}
+    conv_state = next((i for i in graph.input if i.name in conv_states), None)
+    elem = onnx.TensorProto.DataType.Name(conv_state.type.tensor_type.elem_type) if conv_state else "unknown"
     providers = tuple(name for options in decoder["session_options"].get("provider_options", []) for name in options)
     return ExportSummary(
         source=model_dir, output=out_dir, architecture=cfg.architecture,
