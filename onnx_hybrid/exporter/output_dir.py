@@ -125,7 +125,7 @@ def remove_leftovers(out_dir: Path) -> None:
                             "export on this host says so; remove it if it is not needed", path)
             continue
         if _alive(owner["pid"]):
-            log.info("leaving %s: export process %d is still writing it", ", ".join(map(str, pair.values())),
+            log.warning("leaving %s: export process %d is still writing it", ", ".join(map(str, pair.values())),
                      owner["pid"])
             continue
         backup = pair.get(BACKUP)
