@@ -10,10 +10,26 @@ PIP := $(PYTHON) -m pip
 OLDEST_NVRTC := 13.0.88
 OLDEST_NVRTC_DIR := build/oldest-nvrtc
 
+# Set-up runs again only when what it installs or builds changed: the package metadata, the build script and
+# the native library's sources (contract.py and the CUDA plan generate its headers). `rm build/setup.stamp`
+# forces it.
+SETUP_STAMP := build/setup.stamp
+NATIVE_SOURCES := $(wildcard onnx_hybrid/ops/native/*) onnx_hybrid/ops/contract.py onnx_hybrid/cuda_ops/plan.py \
+	onnx_hybrid/cuda_ops/kernels/params.cuh
+
+# The stamp only counts while this Python has the package (another virtual environment may not).
 setup:
+	@$(PYTHON) -c "import importlib.metadata as m; m.version('onnx-hybrid'); m.version('pytest')" 2>/dev/null \
+		|| rm -f $(SETUP_STAMP)
+	@$(MAKE) --no-print-directory $(SETUP_STAMP)
+
+$(SETUP_STAMP): pyproject.toml setup.py $(NATIVE_SOURCES)
+	@echo "setup: installing torch (CPU; the test oracle's) and onnx-hybrid with its test tools, building the native library"
 	# torch only serves transformers as the test oracle; 2.13.0 is the CPU build on local disk.
-	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install --progress-bar on "torch==2.13.0"
+	$(PIP) install --progress-bar on -e ".[test]"
+	@mkdir -p $(@D) && touch $@
+	@echo "setup: done (runs again when pyproject.toml, setup.py or the native sources change)"
 
 $(OLDEST_NVRTC_DIR)/$(OLDEST_NVRTC).stamp:
 	rm -rf $(OLDEST_NVRTC_DIR)

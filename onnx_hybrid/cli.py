@@ -1,16 +1,21 @@
 """Command-line entry points: ``export-hybrid`` and ``onnx-hybrid <subcommand>``.
 
 User errors (a bad checkpoint, an existing output folder, a bad option, a failing file system) print one
-line to stderr and exit with status 2; anything else is a bug and keeps its traceback.
+line to stderr and exit with status 2; anything else is a bug and keeps its traceback. SIGINT and SIGTERM
+unwind like an error (the export's staging folder is removed) and exit with 130 and 143.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
+import time
 from typing import Callable
 
+from . import __version__
 from .configs.commands import SUBCOMMANDS as CONFIG_SUBCOMMANDS
 from .configs.state_groups import FORMS, RELEASED
 from .ops import contract
@@ -68,7 +73,8 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                         help="type of the main logits (default: --dtype); fp16 lets onnxruntime-genai 0.18's "
                              "MtpGenerator run on CPU, which fails on fp32 logits")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bar and no summary (warnings and errors still go to stderr)")
 
 
 PAGED_ONLY = ("paged_attention", "block_size", "num_blocks")
@@ -76,17 +82,21 @@ PAGED_ONLY = ("paged_attention", "block_size", "num_blocks")
 
 def _run_export(args: argparse.Namespace) -> None:
     from .exporter import ExportError, export
+    from .exporter.summary import summarize
 
     paged_options = {name: getattr(args, name) for name in PAGED_ONLY if getattr(args, name) is not None}
     if paged_options and not args.paged:
         given = ", ".join(f"--{name.replace('_', '-')}" for name in paged_options)
         raise ExportError(f"{given}: options of the paged export, which needs --paged")
+    start = time.perf_counter()
     out = export(args.model_dir, args.output, dtype=args.dtype, state_update_capacity=args.state_update_capacity,
                  op_domain=args.op_domain, overwrite=args.overwrite, all_logits=args.all_logits,
                  progress=not args.quiet, manifest_format=args.manifest_format, paged=args.paged,
                  mtp=args.mtp, max_draft_tokens=args.max_draft_tokens, logits_dtype=args.logits_dtype,
                  execution_provider=args.execution_provider, cuda_archs=args.cuda_archs, **paged_options)
-    print(f"exported {args.model_dir} -> {out}")
+    if not args.quiet:
+        print("
+".join(summarize(args.model_dir, out, time.perf_counter() - start).lines()))
 
 
 def _add_prepare_cuda_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,8 +134,19 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return ExportError, contract.ContractError, KernelBuildError, OSError
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt (not an Exception) so that only cleanup code sees it."""
+
+
+def _terminate(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    raise Terminated
+
+
 def _run(prog: str, run: Callable, args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
+    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         status = run(args)
     except _user_errors() as error:
@@ -133,18 +154,30 @@ def _run(prog: str, run: Callable, args: argparse.Namespace) -> int:
         return USAGE_ERROR
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
+    except Terminated:
+        print(f"{prog}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return status or 0
+
+
+def _add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
 
 def export_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="export-hybrid", description=SUBCOMMANDS["export"][0])
+    _add_version(parser)
     _add_export_arguments(parser)
     return _run(parser.prog, _run_export, parser.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="onnx-hybrid", description="onnx-hybrid tools")
+    _add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, add_arguments, run) in SUBCOMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)

@@ -174,3 +174,77 @@ def test_ir_node_builder():
     assert node.op_type == "VarlenCausalConvWithState" and node.domain == C.DOMAIN
     assert [v.name if v is not None else None for v in node.inputs] == ["x", "w", "cu", None, "s"]
     assert list(node.outputs) == [y, s2] and node.attributes["activation"].value == "silu"
+
+
+GDN_INPUTS = {"query": "q", "key": "k", "value": "v", "decay": "d", "beta": "b", "initial_state": "s"}
+GDN_TYPES = {"query": "float16", "key": "float16", "value": "float16", "decay": "float", "beta": "float",
+             "initial_state": "float"}
+
+
+@pytest.mark.parametrize(
+    "op, inputs, types, pattern",
+    [
+        ("GatedDeltaNet", GDN_INPUTS, {**GDN_TYPES, "key": "float"},
+         "GatedDeltaNet: key must have the activation type T of query: expected float16, got float"),
+        ("GatedDeltaNet", GDN_INPUTS, {**GDN_TYPES, "decay": "float16"}, "GatedDeltaNet: decay must be float, got float16"),
+        ("GatedDeltaNet", GDN_INPUTS, {**GDN_TYPES, "query": "double", "key": "double", "value": "double"},
+         "GatedDeltaNet: query must be one of float, float16, bfloat16 (the activation type T), got double"),
+        ("VarlenCausalConvWithState", {"input": "x", "weight": "w", "cumulative_sequence_length": "cu", "initial_state": "s"},
+         {"input": "bfloat16", "weight": "bfloat16", "cumulative_sequence_length": "int64", "initial_state": "bfloat16"},
+         "VarlenCausalConvWithState: cumulative_sequence_length must be int32, got int64"),
+        ("VarlenCausalConvWithState", {"input": "x", "weight": "w", "cumulative_sequence_length": "cu", "initial_state": "s"},
+         {"input": "float16", "weight": "float16", "initial_state": "float"},
+         "VarlenCausalConvWithState: initial_state must have the activation type T of input: expected float16, got float"),
+        ("PagedAttention", {p.name: p.name for p in C.PAGED_ATTENTION.inputs},
+         {"query": "float", "key": "float", "value": "float", "key_cache": "float16"},
+         "PagedAttention: key_cache must have the activation type T of query: expected float, got float16"),
+    ],
+)
+def test_node_builders_name_the_input_of_the_wrong_type(op, inputs, types, pattern):
+    attrs = {"num_heads": 2, "kv_num_heads": 1} if op == "PagedAttention" else {}
+    with pytest.raises(C.ContractError, match=re.escape(pattern)):
+        C.make_onnx_node(op, inputs, ["o", "s2", "s3"], attrs, types=types)
+
+
+def test_node_builders_accept_agreeing_and_unknown_types():
+    C.make_onnx_node("GatedDeltaNet", GDN_INPUTS, ["o"], types=GDN_TYPES)
+    C.make_onnx_node("GatedDeltaNet", GDN_INPUTS, ["o"], types={"query": "bfloat16", "key": None, "decay": "float"})
+    # A type given for an omitted input is not the node's business.
+    C.make_onnx_node("GatedDeltaNet", GDN_INPUTS, ["o"], types={**GDN_TYPES, "cu_seqlens": "int64"})
+
+
+def test_ir_node_builder_checks_the_types_its_values_carry():
+    import onnx_ir as ir
+
+    def value(name, dtype=None):
+        return ir.Value(name=name, type=ir.TensorType(dtype) if dtype else None)
+
+    inputs = {"input": value("x", ir.DataType.FLOAT16), "weight": value("w", ir.DataType.FLOAT16),
+              "cumulative_sequence_length": value("cu", ir.DataType.INT32), "initial_state": value("s")}
+    C.make_ir_node("VarlenCausalConvWithState", inputs, [value("y"), value("s2")])  # untyped state: unchecked
+    inputs["initial_state"] = value("s", ir.DataType.FLOAT)
+    with pytest.raises(C.ContractError, match=re.escape(
+            "initial_state must have the activation type T of input: expected float16, got float")):
+        C.make_ir_node("VarlenCausalConvWithState", inputs, [value("y"), value("s2")])
+    # Untyped values are followed back through their producers: here a Reshape of a Cast to fp32.
+    tape = ir.tape.Tape()
+    shape = ir.Value(name="shape", type=ir.TensorType(ir.DataType.INT64))
+    inputs.update(input=tape.op("Reshape", [tape.op("Cast", [value("raw")], {"to": ir.DataType.FLOAT}), shape]),
+                  initial_state=value("s", ir.DataType.FLOAT16))
+    with pytest.raises(C.ContractError, match=re.escape(
+            "weight must have the activation type T of input: expected float, got float16")):
+        C.make_ir_node("VarlenCausalConvWithState", inputs, [value("y"), value("s2")])
+
+
+def test_single_op_model_rejects_mixed_types_before_onnx_runtime():
+    """ORT's own answer to fp16 query with fp32 key is `no kernel def matches node`, naming no tensor."""
+    from onnx_hybrid.ops.single_op import single_op_model
+
+    f16, f32 = np.float16, np.float32
+    feeds = {"query": np.zeros((1, 2, 2, 4), f16), "key": np.zeros((1, 2, 2, 4), f32),
+             "value": np.zeros((1, 2, 2, 4), f16), "decay": np.zeros((1, 2, 2), f32), "beta": np.zeros((1, 2, 2), f32),
+             "initial_state": np.zeros((1, 2, 4, 4), f32)}
+    with pytest.raises(C.ContractError, match=re.escape(
+            "GatedDeltaNet: key must have the activation type T of query: expected float16, got float")):
+        single_op_model("GatedDeltaNet", feeds)
+    single_op_model("GatedDeltaNet", {**feeds, "key": feeds["key"].astype(f16)})

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 import pytest
 from safetensors.numpy import load_file, save_file
 
@@ -70,6 +71,18 @@ def test_missing_tensor_is_named(tiny, tmp_path):
     bad = _copy_with(tiny, tmp_path / "bad", lambda c, t: (c, {k: v for k, v in t.items() if k != name}))
     with pytest.raises(ExportError, match=name):
         export(bad, tmp_path / "out", progress=False)
+
+
+def test_a_graph_with_mixed_types_is_refused_while_it_is_built(tiny, tmp_path, monkeypatch):
+    from onnx_hybrid.exporter.graph import gated_deltanet
+    from onnx_hybrid.ops.contract import ContractError
+
+    # A builder bug: the gates cast to the activation type instead of fp32. ORT would only say `no kernel def
+    # matches node`; the node builder names the input.
+    monkeypatch.setattr(gated_deltanet, "FLOAT", ir.DataType.FLOAT16)
+    with pytest.raises(ContractError, match="GatedDeltaNet: decay must be float, got float16"):
+        export(tiny, tmp_path / "out", progress=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_truncated_weights_or_bad_json_are_export_errors(tiny, tmp_path):

@@ -23,7 +23,7 @@ from .graph.decoder import GraphOptions, assemble_model, build_decoder
 from .graph.paged_attention import KERNELS as PAGED_ATTENTION_KERNELS, PagedLayout
 from .model_config import ModelConfig, load_model_config
 from .mtp import check_mtp_weights, mtp_config, mtp_tensor_count, write_mtp_head
-from .output_dir import staged_output
+from .output_dir import check_target, staged_output
 from .weights import Weights, write_external_data
 
 log = logging.getLogger("onnx_hybrid.exporter")
@@ -36,6 +36,7 @@ MODEL_FILE, DATA_FILE, GENAI_CONFIG = "model.onnx", "model.onnx.data", "genai_co
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
                    "generation_config.json")
+TOKENIZER_NEEDED = ("tokenizer.json", "tokenizer_config.json")  # what og.Tokenizer reads
 # genai model.type per family. 0.18 has no qwen3_next type; the decoder I/O is that of qwen3_5_moe_text,
 # and genai feeds these types the 2-D position_ids the graph declares (tests/test_export_e2e.py).
 GENAI_MODEL_TYPES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_5_moe_text"}
@@ -111,10 +112,15 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
                           f"got {paged_attention!r}")
     if max_draft_tokens is not None and max_draft_tokens < 1:
         raise ExportError(f"max_draft_tokens must be positive, got {max_draft_tokens}")
+    check_target(out_dir, overwrite, protect=(model_dir,))  # before any work; staged_output checks again
     cfg = load_model_config(model_dir)
     checkpoint = Checkpoint(model_dir)
     for what, count in checkpoint.skipped.items():
         log.warning("skipping %d tensor(s) of the %s (not part of the text decoder)", count, what)
+    missing = [name for name in TOKENIZER_NEEDED if not (model_dir / name).is_file()]
+    if missing:
+        log.warning("%s has no %s: onnxruntime-genai's og.Tokenizer will fail on the export; copy the "
+                    "tokenizer files of the released model into the output folder", model_dir, " or ".join(missing))
     mtp_tensors = mtp_tensor_count(checkpoint)
     with_mtp = mtp and mtp_tensors > 0
     if with_mtp:
@@ -135,7 +141,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
                            logits_dtype=logits_type)
     inputs, outputs = build_decoder(ctx, options)
 
-    with staged_output(out_dir, overwrite) as stage:
+    with staged_output(out_dir, overwrite, protect=(model_dir,)) as stage:
         with tqdm(total=len(ctx.weights.plans), unit="tensor", desc="writing weights", disable=not progress) as bar:
             write_external_data(ctx.weights, stage / DATA_FILE, lambda plan: bar.update())
         ir.save(assemble_model(ctx, inputs, outputs), stage / MODEL_FILE)

@@ -189,6 +189,10 @@ OPS: dict[str, OpSpec] = {op.name: op for op in (GATED_DELTA_NET, VARLEN_CAUSAL_
 # --------------------------------------------------------------------------------------------------
 
 MESSAGES: dict[str, str] = {
+    # Element types, checked where a node is built (graph builders), before a runtime sees the node
+    "input_type": "{0} must be {1}, got {2}",
+    "input_type_activation": "{0} must be one of float, float16, bfloat16 (the activation type T), got {1}",
+    "input_type_shared": "{0} must have the activation type T of {1}: expected {2}, got {3}",
     # GatedDeltaNet, kernel creation
     "gdn_update_rule": "update_rule must be one of: linear, gated, delta, gated_delta; got '{0}'",
     "gdn_gate_activation": "gate_activation must be one of: none, qwen; got '{0}'",
@@ -793,18 +797,21 @@ class NodeLayout(Generic[V]):
 
 
 def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mapping[str, V | None] | Sequence,
-                attributes: Mapping[str, Any] | None = None) -> NodeLayout:
+                attributes: Mapping[str, Any] | None = None, types: Mapping[str, str | None] | None = None
+                ) -> NodeLayout:
     """Order inputs/outputs by position and keep non-default attributes.
 
     Presence rules that do not depend on shapes (decay iff the rule decays, beta iff it retrieves,
     a_log/dt_bias iff qwen, capture_count iff capacity > 0, key and value together, PagedAttention's head
     ratio) are checked here, so the exporter cannot emit a node the kernels would reject for them.
+    ``types`` (input name -> ONNX element type name, None where unknown) are checked by :func:`check_types`.
     """
     op = OPS[op] if isinstance(op, str) else op
     attrs = resolve_attributes(op, attributes)
     unknown = set(inputs) - {p.name for p in op.inputs}
     if unknown:
         raise KeyError(f"{op.name}: unknown input(s) {sorted(unknown)}")
+    check_types(op, {name: t for name, t in (types or {}).items() if inputs.get(name) is not None})
     present = {name for name, value in inputs.items() if value is not None}
     for port in op.inputs:
         if not port.optional and port.name not in present:
@@ -853,6 +860,28 @@ def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mappi
     return NodeLayout(op=op, inputs=ordered_in, outputs=ordered_out, attributes=non_default)
 
 
+def check_types(op: OpSpec, types: Mapping[str, str | None]) -> None:
+    """Element types of a node's inputs (ONNX names: float, float16, bfloat16, int32, ...; None = unknown).
+
+    Fixed-type ports must have their type; the "T" ports must all have one activation type. Without this
+    a mismatch reaches ONNX Runtime, whose kernel lookup fails with a message that names no tensor.
+    """
+    first_t = None
+    for port in op.inputs:
+        actual = types.get(port.name)
+        if actual is None:
+            continue
+        if port.type != "T":
+            if actual != port.type:
+                raise ContractError(op.name, "input_type", port.name, port.type, actual)
+        elif actual not in ACTIVATION_TYPES:
+            raise ContractError(op.name, "input_type_activation", port.name, actual)
+        elif first_t is None:
+            first_t = port.name, actual
+        elif actual != first_t[1]:
+            raise ContractError(op.name, "input_type_shared", port.name, first_t[0], first_t[1], actual)
+
+
 def _trim(values: list) -> list:
     while values and values[-1] is None:
         values.pop()
@@ -860,11 +889,11 @@ def _trim(values: list) -> list:
 
 
 def make_onnx_node(op: OpSpec | str, inputs: Mapping[str, str | None], outputs, attributes=None, *,
-                   domain: str = DOMAIN, name: str | None = None):
-    """An ``onnx.NodeProto`` (omitted inputs/outputs as empty names)."""
+                   domain: str = DOMAIN, name: str | None = None, types: Mapping[str, str | None] | None = None):
+    """An ``onnx.NodeProto`` (omitted inputs/outputs as empty names); ``types`` as in :func:`layout_node`."""
     import onnx.helper
 
-    lay = layout_node(op, inputs, outputs, attributes)
+    lay = layout_node(op, inputs, outputs, attributes, types)
     return onnx.helper.make_node(
         lay.op.name, [x or "" for x in lay.inputs], [y or "" for y in lay.outputs], name=name,
         domain=domain, **lay.attributes,
@@ -873,12 +902,52 @@ def make_onnx_node(op: OpSpec | str, inputs: Mapping[str, str | None], outputs, 
 
 def make_ir_node(op: OpSpec | str, inputs: Mapping[str, Any], outputs, attributes=None, *,
                  domain: str = DOMAIN, name: str | None = None):
-    """An ``onnx_ir.Node``. ``outputs`` is a mapping or sequence of ``ir.Value`` (None = omitted)."""
+    """An ``onnx_ir.Node``. ``outputs`` is a mapping or sequence of ``ir.Value`` (None = omitted).
+
+    Inputs are type-checked where their element type is known (:func:`ir_element_type`).
+    """
     import onnx_ir as ir
 
-    lay = layout_node(op, inputs, outputs, attributes)
+    types = {name: ir_element_type(value) for name, value in inputs.items() if value is not None}
+    lay = layout_node(op, inputs, outputs, attributes, types)
     # onnx-ir needs a Value object for every output position; omitted middle outputs get an
     # unnamed value, which serialises as an empty name.
     outs = [y if y is not None else ir.Value(name="") for y in lay.outputs]
     return ir.node(lay.op.name, lay.inputs, lay.attributes, domain=domain, outputs=outs, name=name,
                    version=OPSET_VERSION if domain == DOMAIN else None)
+
+
+# Standard ONNX ops whose first output has the element type of their first input: enough to follow an
+# activation from the exporter's typed graph inputs and initializers, through Cast and the contract ops, to
+# the next contract op, without writing types into the graph.
+SAME_TYPE_AS_FIRST_INPUT = frozenset({
+    "Add", "Concat", "Cos", "Div", "Exp", "Expand", "Gather", "Gemm", "Identity", "MatMul", "Mul", "Neg", "Pow",
+    "Relu", "Reshape", "RMSNormalization", "Sigmoid", "Sin", "Slice", "Softmax", "Softplus", "Split", "Sqrt",
+    "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze",
+})
+
+
+def ir_element_type(value) -> str | None:
+    """ONNX name of an ``onnx_ir.Value``'s element type: declared, or derived from its producers; None if unknown."""
+    import onnx_ir as ir
+
+    while value is not None:
+        if value.dtype is not None:
+            return value.dtype.name.lower()
+        node = value.producer()
+        if node is None:
+            return None
+        if node.domain in ("", "ai.onnx") and node.op_type == "Cast":
+            return ir.DataType(node.attributes["to"].value).name.lower()
+        if node.domain in ("", "ai.onnx") and node.op_type in SAME_TYPE_AS_FIRST_INPUT:
+            value = node.inputs[0]
+        elif node.op_type in OPS and (node.domain == DOMAIN or (node.domain == MS_DOMAIN
+                                                                and node.op_type != PAGED_ATTENTION.name)):
+            op = OPS[node.op_type]
+            port = op.outputs[value.index()]
+            if port.type != "T":
+                return port.type
+            value = next((v for p, v in zip(op.inputs, node.inputs) if p.type == "T" and v is not None), None)
+        else:
+            return None
+    return None

@@ -36,8 +36,8 @@ def single_op_model(op_name: str, feeds: Mapping[str, np.ndarray | None], attrib
     """A model with one ``op_name`` node whose graph inputs are the present feeds (None = omitted).
 
     ``outputs``: the op outputs to request by name (default: all); the others are omitted.
-    ``validate=False`` skips the contract's node checks (attribute values, input presence rules), to
-    build the invalid nodes that error tests feed to the kernels.
+    ``validate=False`` skips the contract's node checks (attribute values, input presence rules, input
+    element types), to build the invalid nodes that error tests feed to the kernels.
     """
     op = OPS[op_name]
     present = {name: np.asarray(value) for name, value in feeds.items() if value is not None}
@@ -57,8 +57,10 @@ def _node(op_name, present, wanted, attributes, domain):
     from .contract import make_onnx_node
 
     op = OPS[op_name]
+    types = {name: TensorProto.DataType.Name(helper.np_dtype_to_tensor_dtype(value.dtype)).lower()
+             for name, value in present.items()}
     return make_onnx_node(op, {name: name for name in present}, {p.name: p.name for p in op.outputs if p.name in wanted},
-                          attributes, domain=domain)
+                          attributes, domain=domain, types=types)
 
 
 def _unchecked_node(op_name, present, wanted, attributes, domain):
