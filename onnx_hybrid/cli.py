@@ -95,8 +95,7 @@ def _run_export(args: argparse.Namespace) -> None:
                  mtp=args.mtp, max_draft_tokens=args.max_draft_tokens, logits_dtype=args.logits_dtype,
                  execution_provider=args.execution_provider, cuda_archs=args.cuda_archs, **paged_options)
     if not args.quiet:
-        print("
-".join(summarize(args.model_dir, out, time.perf_counter() - start).lines()))
+        print("\n".join(summarize(args.model_dir, out, time.perf_counter() - start).lines()))
 
 
 def _add_prepare_cuda_arguments(parser: argparse.ArgumentParser) -> None:
