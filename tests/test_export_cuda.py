@@ -16,6 +16,7 @@ import pytest
 from onnx_hybrid import cli
 from onnx_hybrid.configs.validator import validate
 from onnx_hybrid.exporter import ExportError, export
+from onnx_hybrid.exporter.export import GPU_KV_CACHE_FRACTION
 from onnx_hybrid.ops import contract, library
 from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint
 
@@ -74,7 +75,8 @@ def test_paged_cuda_export_uses_orts_cuda_paged_attention(checkpoint, tmp_path):
     paged = [n for n in nodes if n.op_type == "PagedAttention"]
     assert paged and {n.domain for n in paged} == {contract.MS_DOMAIN}
     assert {n.domain for n in nodes if n.op_type == contract.GATED_DELTA_NET.name} == {contract.DOMAIN}
-    assert "num_blocks" not in config_of(out)["engine"]["dynamic_batching"]  # the runtime sizes the pool on a GPU
+    pool = config_of(out)["engine"]["dynamic_batching"]  # the runtime sizes the pool on a GPU
+    assert "num_blocks" not in pool and pool["gpu_utilization_factor"] == GPU_KV_CACHE_FRACTION
     report = validate(out)
     assert report.ok, report.format()
 

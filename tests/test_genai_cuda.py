@@ -81,9 +81,9 @@ def unused_token(*sequences) -> int:
 def export_for_test(checkpoint, out, eos: int, **options) -> Path:
     """Export as the user would for PROVIDER, with only this GPU's kernel image (the default set takes minutes
     to compile where no wheel ships it), then ``eos`` as the only EOS."""
-    if PROVIDER == "cuda":
+    if PROVIDER == "cuda":  # the paged pool is sized by the runtime (gpu_utilization_factor)
         options.update(execution_provider="cuda", cuda_archs=[_gpu_arch()])
-    if options.get("paged"):
+    elif options.get("paged"):
         options.setdefault("num_blocks", 64)
     path = export(checkpoint, out, progress=False, **options)
     set_eos(path, eos)

@@ -28,7 +28,10 @@ class PagedCache:
     """The paged KV pool of a paged export: ``engine.dynamic_batching`` (genai_config.md §7.4)."""
 
     block_size: int
-    num_blocks: int | None = None  # None: the runtime sizes the pool (GPU); required on CPU
+    num_blocks: int | None = None  # None: the runtime sizes the pool from gpu_utilization_factor
+    # The share of the device memory free after loading that the runtime's pool may take, when num_blocks is
+    # unset. onnxruntime-genai 0.18 has no usable default: without either key og.Engine refuses the model.
+    gpu_utilization_factor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,5 +118,7 @@ def genai_config(desc: DecoderExport) -> dict:
         pool = {"block_size": desc.paged.block_size}
         if desc.paged.num_blocks is not None:
             pool["num_blocks"] = desc.paged.num_blocks
+        if desc.paged.gpu_utilization_factor is not None:
+            pool["gpu_utilization_factor"] = desc.paged.gpu_utilization_factor
         config["engine"] = {"dynamic_batching": pool}
     return config

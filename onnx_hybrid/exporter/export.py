@@ -32,6 +32,9 @@ DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": "bfloat16"}
 OP_DOMAINS = (contract.DOMAIN, contract.MS_DOMAIN)
 # --execution-provider: where onnxruntime-genai runs the export, and the activation type it gets by default.
 EXECUTION_PROVIDERS = {"cpu": "fp32", "cuda": "fp16"}
+# A CUDA paged export without --num-blocks lets onnxruntime-genai size the block pool: this share of the GPU
+# memory free once the model is loaded (after its own 0.9 fragmentation allowance), the rest left to activations.
+GPU_KV_CACHE_FRACTION = 0.5
 MODEL_FILE, DATA_FILE, GENAI_CONFIG = "model.onnx", "model.onnx.data", "genai_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
@@ -155,7 +158,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
             write_cuda_images(archs, stage / IMAGE_FOLDER)
         desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library_name, paged=paged),
                                    manifest_format=manifest_format, execution_provider=execution_provider,
-                                   paged=PagedCache(block_size, num_blocks) if paged else None)
+                                   paged=_paged_cache(block_size, num_blocks, on_cuda) if paged else None)
         config = genai_config(desc)
         if with_mtp:
             draft_default = state_update_capacity if paged and state_update_capacity else 1
@@ -191,6 +194,13 @@ def decoder_export(cfg: ModelConfig, capacity: int, custom_ops_library: str | No
         io=DecoderIO(inputs, outputs), linear_layer_ids=tuple(cfg.linear_layers),
         gdn_key_heads=cfg.gdn_key_heads, state_update_capacity=capacity, bos_token_id=cfg.bos_token_id,
         eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id, custom_ops_library=custom_ops_library)
+
+
+def _paged_cache(block_size: int, num_blocks: int | None, on_cuda: bool) -> PagedCache:
+    """The pool of a paged export: ``num_blocks`` when given, else sized by the runtime on a GPU."""
+    if num_blocks is None and on_cuda:
+        return PagedCache(block_size, gpu_utilization_factor=GPU_KV_CACHE_FRACTION)
+    return PagedCache(block_size, num_blocks)
 
 
 def _cuda_archs(requested) -> tuple[int, ...]:
