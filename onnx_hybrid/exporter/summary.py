@@ -73,7 +73,8 @@ def summarize(model_dir, out_dir, elapsed_s: float) -> ExportSummary:
         moe_layers=sum(cfg.moe_layers), dtype=DTYPE_NAMES.get(elem, elem.lower()),
         op_domains={domain: tuple(sorted(ops)) for domain, ops in sorted(domains.items())},
         execution_providers=providers, state_groups=len(decoder.get("state_groups", [])),
-        files=tuple((p.name, p.stat().st_size) for p in sorted(out_dir.iterdir()) if p.is_file()),
+        files=tuple((p.relative_to(out_dir).as_posix(), p.stat().st_size) for p in sorted(out_dir.rglob("*"))
+                    if p.is_file()),  # the CUDA kernel images in their folder too
         elapsed_s=elapsed_s)
 
 
