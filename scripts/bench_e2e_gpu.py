@@ -57,6 +57,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+# This script, its workers and the export processes all use the package of the repository it is in.
+sys.path.insert(0, str(REPO))
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
 SIZES = {"0.8B": "0.8b", "9B": "9b", "tiny": "tiny"}  # --sizes name: onnx_hybrid.testing.synthetic geometry
 GOALS = {"builder-fp16": 2.0, "builder-fp32": 2.0, "builder-int4": 2.0, "ours-ms": 1.5}  # prefill speed-up of ours wanted over each
 # Defaults per device: the GPU run is the benchmark, the CPU run a smoke test of the whole pipeline.
@@ -209,7 +212,7 @@ def ensure_export(e: Export, size: str, args) -> Path:
     t0 = time.perf_counter()
     try:
         run = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             timeout=args.export_timeout, cwd=REPO)
+                             timeout=args.export_timeout, cwd=REPO, env=ENV)
     except subprocess.TimeoutExpired:
         shutil.rmtree(partial, ignore_errors=True)
         raise RuntimeError(f"export timed out after {args.export_timeout} s") from None
@@ -268,7 +271,8 @@ def measure(model, row: dict, spec: dict) -> dict:
 
 
 def copy_rate(device: str) -> dict:
-    """Read + write bytes per second of a 1 GiB device-to-device copy (best of 20), and the device's name."""
+    """Read + write bytes per second of a large copy in device memory, and the device's name (CUDA: a 1 GiB
+    device-to-device copy, median of 10, as bench_gpu.py measures it; CPU: 256 MiB, best of 5)."""
     if device == "cpu":
         a = np.ones(1 << 28, np.uint8)
         b = np.empty_like(a)
@@ -279,18 +283,9 @@ def copy_rate(device: str) -> dict:
             times.append(time.perf_counter() - t0)
         return {"bytes_per_s": 2 * a.nbytes / min(times[1:]), "device_name": _cpu_name()}
     import torch
+    from bench_gpu import copy_rate as device_copy_rate  # scripts/ is this process's first import path
 
-    a = torch.ones(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    times = []
-    for _ in range(21):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        b.copy_(a)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-    return {"bytes_per_s": 2 * a.numel() / min(times[1:]), "device_name": torch.cuda.get_device_name()}
+    return {"bytes_per_s": device_copy_rate(), "device_name": torch.cuda.get_device_name()}
 
 
 def _cpu_name() -> str:
@@ -351,7 +346,7 @@ def run_worker(spec: dict, rows: list[str], args, env: dict[str, str] | None = N
         log = Path(tmp) / "log"
         with log.open("w") as log_file:
             process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)],
-                                       stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **env})
+                                       stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, env={**ENV, **env})
             try:
                 status = process.wait(timeout=args.timeout)
                 reason = None if status == 0 else f"worker exited with status {status}"
