@@ -84,8 +84,9 @@ def without_mtp(package: Path, target: Path) -> Path:
 
 def load_model(package: Path, device: str = "cpu", *, graph: bool = False, threads: int | None = None,
                spinning: bool = True):
-    """og.Model of ``package`` on ``device`` ("cpu" or "cuda"). ``graph``: enable_cuda_graph, which og 0.18
-    reads as a CUDA provider option of the decoder session. ``threads``: intra-op threads of the decoder and
+    """og.Model of ``package``, whose genai_config.json names the execution provider; ``device="cuda"`` also
+    hands our CUDA kernels to the export's op library. ``graph``: enable_cuda_graph, which og 0.18 reads as
+    a CUDA provider option of the decoder session. ``threads``: intra-op threads of the decoder and
     the MTP head. ``spinning=False`` turns the thread pools' spinning off: where a decoder and a head share
     the cores, one's spinning pool steals the other's time."""
     import onnxruntime_genai as og
@@ -94,11 +95,6 @@ def load_model(package: Path, device: str = "cpu", *, graph: bool = False, threa
     genai = json.loads((package / "genai_config.json").read_text())
     session = genai["model"]["decoder"]["session_options"]
     config = og.Config(str(package))
-    # TRANSITION: until export-hybrid writes the CUDA provider itself (-e cuda), our exports name none (CPU):
-    # add it here. For exports that name it this does nothing.
-    if device == "cuda" and "cuda" not in [name for entry in session.get("provider_options", []) for name in entry]:
-        config.clear_providers()
-        config.append_provider("cuda")
     if device == "cuda" and session.get("custom_ops_library"):
         _prepare_cuda_kernels(package / session["custom_ops_library"])
     if graph:
@@ -106,7 +102,8 @@ def load_model(package: Path, device: str = "cpu", *, graph: bool = False, threa
     if threads or not spinning:
         option = {"session_options": {**({"intra_op_num_threads": threads} if threads else {}),
                                       **({} if spinning else {"allow_spinning": "0"})}}
-        config.overlay(json.dumps({"model": {"decoder": option, **({"mtp": option} if "mtp" in genai["model"] else {})}}))
+        head = {"mtp": option} if "mtp" in genai["model"] else {}
+        config.overlay(json.dumps({"model": {"decoder": option, **head}}))
     return og.Model(config)
 
 
