@@ -596,7 +596,8 @@ def main(argv: list[str] | None = None) -> int:
                             "rows": [r.id for r in rows]})
 
     def record(new: dict[str, dict]) -> None:
-        results["rows"].update(new)
+        # "run" indexes results["runs"]: the date, commit and command line a row was measured with
+        results["rows"].update({row_id: {**entry, "run": len(results["runs"]) - 1} for row_id, entry in new.items()})
         save_results(args.json, results)
         for row_id, entry in new.items():
             print(f"{row_id}: {json.dumps(entry)}", flush=True)

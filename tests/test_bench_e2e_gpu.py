@@ -166,6 +166,8 @@ def test_cpu_pipeline_for_our_export_reuses_the_export_and_merges_results(tmp_pa
     assert set(rows) == {"copy-rate", "tiny/ours/weights", "tiny/ours/eager/prefill-8", "tiny/ours/eager/prefill-24",
                          "tiny/ours/eager/decode-b1", "tiny/ours/eager/decode-b2"}
     assert not [k for k, v in rows.items() if "error" in v], rows
+    assert (rows["tiny/ours/eager/prefill-8"]["run"], rows["tiny/ours/eager/decode-b2"]["run"]) == (0, 1)
+    assert results["runs"][1]["rows"] == ["tiny/ours/eager/decode-b2"]
     assert rows["tiny/ours/eager/prefill-24"]["prefill_ms"] > 0
     assert rows["tiny/ours/eager/decode-b2"]["decode_tok_s"] > 0
     assert 0 < rows["tiny/ours/weights"]["per_token"] <= rows["tiny/ours/weights"]["total"]
