@@ -31,11 +31,9 @@ everything in it is printed at the end and written next to it (.md): run in piec
 and exports stay in --work and are reused. A failing row (graph capture unsupported, an export the builder
 refuses, a timeout) shows the first line of its error instead of a number, and the run goes on.
 
-CUDA notes. Our exports are written with --dtype fp16, plus -e cuda once export-hybrid has it; until then
-add_cuda_provider writes the CUDA provider into their genai_config.json (the one place that does, marked
-TRANSITION). Our CUDA kernels are handed to the export's own copy of the op library: each worker
-starts with $ONNX_HYBRID_LIBRARY naming it and calls prepare_cuda (CuPy + NVRTC, or
-$ONNX_HYBRID_CUDA_IMAGES). enable_cuda_graph is the decoder's CUDA provider option (og.Config
+CUDA notes. Our exports are written with -e cuda (fp16, the CUDA provider for the decoder and the MTP head,
+our kernel images for --cuda-arch beside the library, ORT's CUDA PagedAttention when paged), the builder's
+with -e cuda. enable_cuda_graph is the decoder's CUDA provider option (og.Config
 set_provider_option); og 0.18 refuses graph capture where search.past_present_share_buffer is false. Disk:
 the 9B checkpoint is 18 GB and each fp16 export about as much, so a 64 GB disk holds the checkpoint and two
 exports: measure 9B one export at a time with --drop-exports. A quick GPU smoke run: --sizes tiny.
@@ -103,9 +101,7 @@ class Row:
 def exports(args) -> list[Export]:
     cuda = args.device == "cuda"
     float_type = "fp16" if cuda else "fp32"
-    paged = ["--paged", "--state-update-capacity", str(args.capacity)]
-    if cuda:
-        paged += ["--paged-attention", "com.microsoft"]  # ORT's CUDA kernel (fp16 pool)
+    paged = ["--paged", "--state-update-capacity", str(args.capacity)]  # -e cuda: ORT's CUDA PagedAttention
     if args.num_blocks:
         paged += ["--num-blocks", str(args.num_blocks)]
     if args.block_size:
@@ -163,29 +159,6 @@ def select(rows: list[Row], only: list[str], skip: list[str]) -> list[Row]:
 
 # ---------------------------------------------------------------------------------------------------- exports
 
-def ours_has_execution_provider() -> bool:
-    """Whether export-hybrid has -e/--execution-provider (writes the provider into genai_config.json)."""
-    from onnx_hybrid.cli import _add_export_arguments
-
-    parser = argparse.ArgumentParser()
-    _add_export_arguments(parser)
-    return "--execution-provider" in parser._option_string_actions
-
-
-def add_cuda_provider(package: Path) -> None:
-    """TRANSITION, until export-hybrid -e cuda is on main: name the CUDA provider in every session of our
-    export's genai_config.json (decoder and MTP head), as -e cuda will. In the file, because onnxruntime-genai
-    0.18 does not apply an overlay of provider_options, and og.Config.append_provider names the decoder's."""
-    path = package / "genai_config.json"
-    config = json.loads(path.read_text())
-    for name in ("decoder", "mtp"):
-        if name in config["model"]:
-            options = config["model"][name].setdefault("session_options", {}).setdefault("provider_options", [])
-            if not any("cuda" in entry for entry in options):
-                options.append({"cuda": {}})
-    path.write_text(json.dumps(config, indent=4))
-
-
 def export_command(e: Export, checkpoint: Path, out: Path, args) -> list[str]:
     from onnx_hybrid.testing.e2e import builder_command
 
@@ -193,9 +166,10 @@ def export_command(e: Export, checkpoint: Path, out: Path, args) -> list[str]:
         provider = "cuda" if args.device == "cuda" else "cpu"
         options = dict(kv.split("=", 1) for kv in e.options)
         return builder_command(checkpoint, out, e.precision, provider, args.work / "cache", options)
-    command = [sys.executable, "-m", "onnx_hybrid.cli", "export", str(checkpoint), "-o", str(out), "-q", *e.options]
-    if ours_has_execution_provider():
-        command += ["-e", args.device]
+    command = [sys.executable, "-m", "onnx_hybrid.cli", "export", str(checkpoint), "-o", str(out), "-q",
+               "-e", args.device, *e.options]
+    for arch in args.cuda_arch:
+        command += ["--cuda-arch", str(arch)]
     return command
 
 
@@ -244,8 +218,6 @@ def ensure_export(e: Export, size: str, args) -> Path:
     if run.returncode:
         shutil.rmtree(partial, ignore_errors=True)
         raise RuntimeError(f"export failed (status {run.returncode}): {_last_error(run.stdout)}")
-    if args.device == "cuda" and not e.builder and not ours_has_execution_provider():
-        add_cuda_provider(partial)
     partial.rename(out)
     stamp.write_text(json.dumps({"command": command, "seconds": time.perf_counter() - t0}, indent=1))
     return out
@@ -264,7 +236,7 @@ def _last_error(text: str) -> str:
 
 def measure(model, row: dict, spec: dict) -> dict:
     from onnx_hybrid.testing.e2e import generator_run
-    from onnx_hybrid.testing.engine import run_engine
+    from onnx_hybrid.testing.genai_driver import run_engine
 
     rng = np.random.default_rng(0)
     vocab = spec["vocab"]
@@ -341,15 +313,15 @@ def worker(spec_path: Path) -> None:
 
     threads = spec["threads"] if spec["device"] == "cpu" else None
     # spinning off: the Engine rows run a decoder and an MTP head on the same cores
-    model = load_model(Path(spec["package"]), spec["device"], graph=spec["graph"], threads=threads, spinning=False)
+    model = load_model(Path(spec["package"]), graph=spec["graph"], threads=threads, spinning=False)
     plain = None
     for row in spec["rows"]:
         try:
             target = model
             if row["measure"].startswith("engine-") and not row["params"]["mtp"]:
                 if plain is None:
-                    plain = load_model(Path(spec["plain_package"]), spec["device"], graph=spec["graph"],
-                                       threads=threads, spinning=False)
+                    plain = load_model(Path(spec["plain_package"]), graph=spec["graph"], threads=threads,
+                                       spinning=False)
                 target = plain
             result = measure(target, row, spec)
         except Exception as error:  # the row shows the error, the next row still runs
@@ -362,17 +334,15 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
-def run_worker(spec: dict, rows: list[str], args, env: dict[str, str] | None = None) -> dict[str, dict]:
-    """Run a worker process on ``spec`` (with ``env`` added to the environment); rows it did not report get
-    the reason (status, timeout)."""
-    env = env or {}
+def run_worker(spec: dict, rows: list[str], args) -> dict[str, dict]:
+    """Run a worker process on ``spec``; rows it did not report get the reason (status, timeout)."""
     with tempfile.TemporaryDirectory(prefix="bench_e2e_") as tmp:
         spec_path, out = Path(tmp) / "spec.json", Path(tmp) / "results.jsonl"
         spec_path.write_text(json.dumps({**spec, "out": str(out)}))
         log = Path(tmp) / "log"
         with log.open("w") as log_file:
             process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)],
-                                       stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, env={**ENV, **env})
+                                       stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, env=ENV)
             try:
                 status = process.wait(timeout=args.timeout)
                 reason = None if status == 0 else f"worker exited with status {status}"
@@ -536,6 +506,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--builder-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra option for every builder export (repeatable), e.g. prune_lm_head=true; "
                              "changes re-export those folders")
+    parser.add_argument("--cuda-arch", type=int, action="append", default=[], metavar="CC",
+                        help="--cuda-arch of our CUDA exports (repeatable; default: export-hybrid's, which "
+                             "includes 90 for H100/H200)")
     parser.add_argument("--no-builder-mtp", action="store_true",
                         help="builder-paged without its MTP head (exclude_mtp=true), if the builder refuses it")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads on --device cpu (default 2)")
@@ -579,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(Path(argv[1]))
         return 0
     args = parse_args(argv)
-    from onnx_hybrid.testing.e2e import library_env, weight_bytes, without_mtp
+    from onnx_hybrid.testing.e2e import weight_bytes, without_mtp
     from onnx_hybrid.testing.synthetic import GEOMETRIES
 
     rows = select(all_rows(args), args.only, args.skip)
@@ -632,8 +605,7 @@ def main(argv: list[str] | None = None) -> int:
                     "decode_prompt": args.decode_prompt, "new_tokens": args.new_tokens,
                     "engine_requests": args.engine_requests, "engine_prompt": args.engine_prompt,
                     "rows": [{"id": r.id, "measure": r.measure, "params": r.params} for r in measured]}
-            env = library_env(package) if args.device == "cuda" else {}
-            record(run_worker(spec, [r.id for r in measured], args, env))
+            record(run_worker(spec, [r.id for r in measured], args))
         if args.drop_exports:
             shutil.rmtree(package, ignore_errors=True)
             if plain:

@@ -128,14 +128,15 @@ def test_weight_bytes_skip_tables_read_by_row(tmp_path):
 
 
 def test_cuda_exports_of_ours_name_the_cuda_provider_in_the_decoder_and_the_head(tmp_path):
-    args = bench.parse_args(["--work", str(tmp_path), "--sizes", "tiny"])
+    args = bench.parse_args(["--work", str(tmp_path), "--sizes", "tiny", "--cuda-arch", "90"])
     paged = next(e for e in bench.exports(args) if e.name == "ours-paged")
     package = bench.ensure_export(paged, "tiny", args)
     model = json.loads((package / "genai_config.json").read_text())["model"]
     for session in ("decoder", "mtp"):
         assert [entry for entry in model[session]["session_options"]["provider_options"] if "cuda" in entry], session
     command = json.loads((package / "bench_export.json").read_text())["command"]
-    assert "--paged-attention com.microsoft" in " ".join(command)
+    assert "-e cuda" in " ".join(command) and "--cuda-arch 90" in " ".join(command)
+    assert sorted(p.name for p in (package / "onnx_hybrid_cuda").iterdir()) == ["sm90.cubin"]
     assert not (package.parent / (package.name + ".partial")).exists()
 
 

@@ -82,21 +82,16 @@ def without_mtp(package: Path, target: Path) -> Path:
     return target
 
 
-def load_model(package: Path, device: str = "cpu", *, graph: bool = False, threads: int | None = None,
-               spinning: bool = True):
-    """og.Model of ``package``, whose genai_config.json names the execution provider; ``device="cuda"`` also
-    hands our CUDA kernels to the export's op library. ``graph``: enable_cuda_graph, which og 0.18 reads as
-    a CUDA provider option of the decoder session. ``threads``: intra-op threads of the decoder and
-    the MTP head. ``spinning=False`` turns the thread pools' spinning off: where a decoder and a head share
-    the cores, one's spinning pool steals the other's time."""
+def load_model(package: Path, *, graph: bool = False, threads: int | None = None, spinning: bool = True):
+    """og.Model of ``package`` (on the execution provider its genai_config.json names). ``graph``:
+    enable_cuda_graph, which onnxruntime-genai 0.18 reads as a CUDA provider option of the decoder session.
+    ``threads``: intra-op threads of the decoder and the MTP head. ``spinning=False`` turns the thread pools'
+    spinning off: where a decoder and a head share the cores, one's spinning pool steals the other's time."""
     import onnxruntime_genai as og
 
     package = Path(package)
     genai = json.loads((package / "genai_config.json").read_text())
-    session = genai["model"]["decoder"]["session_options"]
     config = og.Config(str(package))
-    if device == "cuda" and session.get("custom_ops_library"):
-        _prepare_cuda_kernels(package / session["custom_ops_library"])
     if graph:
         config.set_provider_option("cuda", "enable_cuda_graph", "1")
     if threads or not spinning:
@@ -105,29 +100,6 @@ def load_model(package: Path, device: str = "cpu", *, graph: bool = False, threa
         head = {"mtp": option} if "mtp" in genai["model"] else {}
         config.overlay(json.dumps({"model": {"decoder": option, **head}}))
     return og.Model(config)
-
-
-LIBRARY_ENV = "ONNX_HYBRID_LIBRARY"
-
-
-def _prepare_cuda_kernels(copy: Path) -> None:
-    """Hand our CUDA kernels to the copy of the op library that onnxruntime-genai loads from the export: the
-    process must have started with $ONNX_HYBRID_LIBRARY naming that copy (see ``library_env``), as a copy
-    is a library instance of its own."""
-    from ..ops import library
-
-    if not os.path.samefile(library.library_path(), copy):
-        raise RuntimeError(f"CUDA kernels go to the library {library.library_path()}, but the export loads {copy}: "
-                           f"start the process with {LIBRARY_ENV}={copy}")
-    library.prepare_cuda()
-
-
-def library_env(package: Path) -> dict[str, str]:
-    """Environment for a process that runs ``package`` on CUDA: $ONNX_HYBRID_LIBRARY naming the export's copy
-    of the op library, if it has one."""
-    genai = json.loads((Path(package) / "genai_config.json").read_text())
-    name = genai["model"]["decoder"]["session_options"].get("custom_ops_library")
-    return {LIBRARY_ENV: str((Path(package) / name).resolve())} if name else {}
 
 
 def generator_run(model, prompts: np.ndarray, new_tokens: int, repeats: int) -> dict:
