@@ -12,10 +12,6 @@ which includes the first logits) and greedy decode of N tokens, best of R runs a
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,17 +21,12 @@ from onnx_hybrid.ops import contract
 
 def ensure_exports(work: Path, our_domains: list[str]) -> dict[str, Path]:
     from onnx_hybrid.exporter import export
-    from onnx_hybrid.testing.synthetic import QWEN3_5_0_8B, write_checkpoint
+    from onnx_hybrid.testing.e2e import builder_export, synthetic_checkpoint
+    from onnx_hybrid.testing.synthetic import QWEN3_5_0_8B
 
-    checkpoint = work / "checkpoint_0.8b"
-    if not (checkpoint / "config.json").is_file():
-        write_checkpoint(checkpoint, QWEN3_5_0_8B)
-    models = {}
-    builder = work / "builder_0.8b_fp32"
-    if not (builder / "genai_config.json").is_file():
-        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o",
-                        str(builder), "-p", "fp32", "-e", "cpu", "-c", str(work / "cache")], check=True)
-    models["builder fp32 (LinearAttention, all logits)"] = builder
+    checkpoint = synthetic_checkpoint(work / "checkpoint_0.8b", QWEN3_5_0_8B)
+    models = {"builder fp32 (LinearAttention, all logits)":
+              builder_export(checkpoint, work / "builder_0.8b_fp32", "fp32", "cpu", work / "cache")}
     for domain in our_domains:  # re-exported every run (seconds): picks up the current kernel library
         out = work / f"ours_0.8b_fp32_{domain}"
         export(checkpoint, out, op_domain=domain, overwrite=True, progress=False)
@@ -44,29 +35,10 @@ def ensure_exports(work: Path, our_domains: list[str]) -> dict[str, Path]:
 
 
 def run_model(path: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
-    import onnxruntime_genai as og
+    from onnx_hybrid.testing.e2e import generator_run, load_model
 
-    config = og.Config(str(path))
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
-    model = og.Model(config)
-    prompt = np.random.default_rng(0).integers(1000, 200000, prompt_len).tolist()
-    prefill, decode, tokens = [], [], None
-    for _ in range(repeats + 1):  # the first run warms up (prepacking, allocations)
-        params = og.GeneratorParams(model)
-        params.set_search_options(do_sample=False, max_length=prompt_len + new_tokens)
-        gen = og.Generator(model, params)
-        t0 = time.perf_counter()
-        gen.append_tokens(prompt)
-        t1 = time.perf_counter()
-        while not gen.is_done():
-            gen.generate_next_token()
-        t2 = time.perf_counter()
-        produced = len(gen.get_sequence(0)) - prompt_len
-        prefill.append(t1 - t0)
-        decode.append(produced / (t2 - t1))
-        tokens = [int(t) for t in gen.get_sequence(0)][prompt_len:]
-    # Best of the timed runs: the box is shared, and interference only ever adds time.
-    return {"prefill_ms": 1e3 * min(prefill[1:]), "decode_tok_s": max(decode[1:]), "tokens": tokens}
+    prompt = np.random.default_rng(0).integers(1000, 200000, (1, prompt_len), dtype=np.int32)
+    return generator_run(load_model(path, threads=threads), prompt, new_tokens, repeats)
 
 
 def main() -> None:

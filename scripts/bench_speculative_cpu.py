@@ -20,8 +20,6 @@ state per GDN layer per drafted token).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -32,23 +30,10 @@ import numpy as np
 def mtp_checkpoint(work: Path) -> Path:
     """The synthetic 0.8B checkpoint (shared with bench_e2e_cpu.py, left untouched) plus a random MTP head in
     a folder of its own whose shards are links."""
-    from onnx_hybrid.testing.mtp import add_mtp_head, random_mtp_tensors
-    from onnx_hybrid.testing.synthetic import QWEN3_5_0_8B, write_checkpoint
+    from onnx_hybrid.testing.e2e import synthetic_checkpoint, with_mtp_head
+    from onnx_hybrid.testing.synthetic import QWEN3_5_0_8B
 
-    base = work / "checkpoint_0.8b"
-    if not (base / "config.json").is_file():
-        write_checkpoint(base, QWEN3_5_0_8B)
-    target = work / "checkpoint_0.8b_mtp"
-    if not (target / "model-mtp.safetensors").is_file():
-        target.mkdir(parents=True, exist_ok=True)
-        for source in base.iterdir():
-            link = target / source.name
-            if source.suffix == ".json":
-                shutil.copy2(source, link)
-            elif not link.exists():
-                link.symlink_to(source.resolve())
-        add_mtp_head(target, random_mtp_tensors(target))
-    return target
+    return with_mtp_head(synthetic_checkpoint(work / "checkpoint_0.8b", QWEN3_5_0_8B), work / "checkpoint_0.8b_mtp")
 
 
 def fit_head(checkpoint: Path, work: Path, prompts: list[list[int]], fit_tokens: int, threads: int) -> None:
@@ -68,36 +53,13 @@ def fit_head(checkpoint: Path, work: Path, prompts: list[list[int]], fit_tokens:
 def packages(checkpoint: Path, work: Path, capacity: int, max_draft: int, num_blocks: int, block_size: int
              ) -> dict[str, Path]:
     from onnx_hybrid.exporter import export
-    from onnx_hybrid.exporter.export import DATA_FILE
+    from onnx_hybrid.testing.e2e import without_mtp
 
     spec = export(checkpoint, work / "paged_0.8b_mtp", paged=True, state_update_capacity=capacity,
                   block_size=block_size, num_blocks=num_blocks, max_draft_tokens=max_draft, overwrite=True,
                   progress=False)
-    plain = work / "paged_0.8b_plain"
-    shutil.rmtree(plain, ignore_errors=True)
-    plain.mkdir()
-    # ORT and og resolve links and refuse files outside the folder: hard-link the weights, copy the rest.
-    for source in spec.iterdir():
-        if source.name == DATA_FILE:
-            os.link(source, plain / source.name)
-        elif source.name != "genai_config.json" and not source.name.startswith("mtp."):
-            shutil.copy2(source, plain / source.name)
-    config = json.loads((spec / "genai_config.json").read_text())
-    del config["model"]["mtp"], config["speculative"]
-    (plain / "genai_config.json").write_text(json.dumps(config, indent=4))
+    plain = without_mtp(spec, work / "paged_0.8b_plain")
     return {"without speculation": plain, "MTP head drafting": spec}
-
-
-def load_model(package: Path, threads: int):
-    """The package with ``threads`` intra-op threads per session and spinning off: the decoder and the head
-    are two sessions on the same cores, and one's spinning pool would steal the other's time."""
-    import onnxruntime_genai as og
-
-    config = og.Config(str(package))
-    threads_option = {"session_options": {"intra_op_num_threads": threads, "allow_spinning": "0"}}
-    has_head = "mtp" in json.loads((package / "genai_config.json").read_text())["model"]
-    config.overlay(json.dumps({"model": {"decoder": threads_option, **({"mtp": threads_option} if has_head else {})}}))
-    return og.Model(config)
 
 
 def best_runs(models: dict, prompts: list[list[int]], new_tokens: int, repeats: int) -> dict:
@@ -153,7 +115,9 @@ def main() -> None:
         fit_head(checkpoint, args.work, prompts + others, args.fit_tokens, args.threads)
     runs = packages(checkpoint, args.work, args.capacity, args.max_draft_tokens, num_blocks=256, block_size=16)
 
-    models = {label: load_model(package, args.threads) for label, package in runs.items()}
+    from onnx_hybrid.testing.e2e import load_model
+
+    models = {label: load_model(package, threads=args.threads, spinning=False) for label, package in runs.items()}
     for batch in (prompts[:1], prompts):
         results = best_runs(models, batch, args.new_tokens, args.repeats)
         for label, r in results.items():

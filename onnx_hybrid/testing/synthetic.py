@@ -33,13 +33,17 @@ class Geometry:
     head_dim: int = 256
     gdn_head_dim: int = 128
     conv_kernel: int = 4
+    mrope_section: tuple[int, int, int] = (11, 11, 10)  # sums to head_dim * partial_rotary_factor / 2
 
 
 QWEN3_5_0_8B = Geometry(hidden=1024, layers=24, heads=8, kv_heads=2, gdn_key_heads=16, gdn_value_heads=16,
                         intermediate=3584, tied=True)
 QWEN3_5_9B = Geometry(hidden=4096, layers=32, heads=16, kv_heads=4, gdn_key_heads=16, gdn_value_heads=32,
                       intermediate=12288, tied=False)
-GEOMETRIES = {"0.8b": QWEN3_5_0_8B, "9b": QWEN3_5_9B}
+# Small enough for CPU tests and smoke runs of the benchmarks, with the same layout and ratios of head counts.
+TINY = Geometry(hidden=128, layers=4, heads=2, kv_heads=1, gdn_key_heads=2, gdn_value_heads=4, intermediate=256,
+                tied=True, vocab=4096, head_dim=64, gdn_head_dim=32, mrope_section=(3, 3, 2))
+GEOMETRIES = {"0.8b": QWEN3_5_0_8B, "9b": QWEN3_5_9B, "tiny": TINY}
 
 
 def _layer_types(g: Geometry) -> list[str]:
@@ -53,11 +57,11 @@ def config(g: Geometry) -> dict:
         "num_key_value_heads": g.kv_heads, "head_dim": g.head_dim, "hidden_act": "silu",
         "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "tie_word_embeddings": g.tied,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
-                            "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+                            "mrope_section": list(g.mrope_section), "mrope_interleaved": True},
         "linear_conv_kernel_dim": g.conv_kernel, "linear_key_head_dim": g.gdn_head_dim,
         "linear_value_head_dim": g.gdn_head_dim, "linear_num_key_heads": g.gdn_key_heads,
         "linear_num_value_heads": g.gdn_value_heads, "layer_types": _layer_types(g),
-        "bos_token_id": 248044, "eos_token_id": 248044, "dtype": "bfloat16",
+        "bos_token_id": min(248044, g.vocab - 1), "eos_token_id": min(248044, g.vocab - 1), "dtype": "bfloat16",
     }
     vision = {"model_type": "qwen3_5_vision", "depth": 1, "hidden_size": 64, "intermediate_size": 128,
               "num_heads": 2, "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2,
