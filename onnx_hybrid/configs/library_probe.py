@@ -1,32 +1,21 @@
-"""Run as a script (``python library_probe.py LIBRARY GRAPH...``, in a child process of the validator): register
-a custom op library with ONNX Runtime as og.Model does, then load each graph's structure with it.
+"""Run as a script (``python library_probe.py LIBRARY MODEL...``, in a child process of the validator): register
+a custom op library with ONNX Runtime as og.Model does, then load each serialized model with it.
 
 Loading resolves every node against the registered schemas (an unregistered domain or op fails there) but
-creates no kernels, so the graphs need no weights (their initializers become inputs) and no execution
-provider. The script imports nothing of onnx_hybrid, so a library that crashes or hangs takes down only
-this process. It prints one JSON object: {"library": error or null, "graphs": {graph: error or null}}.
+creates no kernels, so the models need no weights (the validator passes them with their initializers turned
+into inputs) and no execution provider. The script imports only onnxruntime, so a library that crashes or
+hangs takes down only this process. It prints one JSON object: {"library": error or null, "models": [error or
+null for each MODEL]}.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 
-def weightless(path: str) -> bytes:
-    """The graph at ``path`` with its initializers declared as graph inputs instead (no data read)."""
-    import onnx
-
-    model = onnx.load(path, load_external_data=False)
-    graph = model.graph
-    declared = {value.name for value in graph.input}
-    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                       for t in graph.initializer if t.name not in declared)
-    del graph.initializer[:]
-    return model.SerializeToString()
-
-
-def probe(library: str, graphs: list[str]) -> dict:
+def probe(library: str, models: list[str]) -> dict:
     import onnxruntime as ort
     from onnxruntime.capi import _pybind_state as C  # its InferenceSession loads without initializing
 
@@ -34,15 +23,15 @@ def probe(library: str, graphs: list[str]) -> dict:
     try:
         options.register_custom_ops_library(library)
     except Exception as error:  # ORT raises its own exception types
-        return {"library": str(error), "graphs": {}}
-    results = {}
-    for graph in graphs:
+        return {"library": str(error), "models": []}
+    results = []
+    for model in models:
         try:
-            C.InferenceSession(options, weightless(graph), False, False)
-            results[graph] = None
+            C.InferenceSession(options, Path(model).read_bytes(), False, False)
+            results.append(None)
         except Exception as error:
-            results[graph] = str(error)
-    return {"library": None, "graphs": results}
+            results.append(str(error))
+    return {"library": None, "models": results}
 
 
 if __name__ == "__main__":

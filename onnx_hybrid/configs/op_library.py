@@ -1,8 +1,9 @@
 """Load rule: the custom op library that ``session_options.custom_ops_library`` names exists in the export
 folder, loads, and registers every custom domain and op the graph uses.
 
-og.Model resolves a relative name against the export folder, refuses a file outside it (``custom_ops_library
-path is not within an allowed directory``), fails on a file it cannot load (``Failed to load library``) and on a
+og.Model resolves a relative name against the export folder, refuses ``..`` in it, refuses a file (after
+following links) outside that folder and its working directory (``custom_ops_library path is not within an
+allowed directory``), fails on a file it cannot load (``Failed to load library``) and on a
 node no registered library provides (``<domain>:<op>(-1) is not a registered function/op``). Registering and
 loading run in a child process (``library_probe.py``) with a timeout, so that a broken library is reported,
 never fatal to the validator.
@@ -10,15 +11,17 @@ never fatal to the validator.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
-from .findings import LOAD, Finding, Report
+from .findings import LOAD, WARNING, Finding, Report
 
 # Domains whose ops ONNX Runtime itself defines; any other domain must come from the custom op library.
 ORT_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.training", "com.microsoft",
@@ -42,6 +45,19 @@ def custom_ops(model: onnx.ModelProto) -> list[str]:
     return list(dict.fromkeys(f"{n.domain}:{n.op_type}" for n in model.graph.node if n.domain not in ORT_DOMAINS))
 
 
+def weightless(model: onnx.ModelProto) -> bytes:
+    """``model`` serialized with its initializers declared as graph inputs instead: ONNX Runtime loads its
+    structure without any weights."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    declared = {value.name for value in graph.input}
+    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                       for t in graph.initializer if t.name not in declared)
+    del graph.initializer[:]
+    return copy.SerializeToString()
+
+
 def check_op_libraries(out_dir: Path, graphs: list[SessionGraph], report: Report) -> None:
     """Resolve each graph's library as og.Model does, then probe each library once with every graph naming it."""
     probes: dict[Path, list[SessionGraph]] = {}
@@ -49,6 +65,10 @@ def check_op_libraries(out_dir: Path, graphs: list[SessionGraph], report: Report
         library = _library(out_dir, graph, report)
         if library is not None:
             probes.setdefault(library, []).append(graph)
+    if probes and importlib.util.find_spec("onnxruntime") is None:
+        report.add(Finding("load.op_library", LOAD, f"{graphs[0].section}.session_options.custom_ops_library",
+                           "not checked: the onnxruntime package is not installed", severity=WARNING))
+        return
     for library, users in probes.items():
         _probe(library, users, report)
 
@@ -64,15 +84,22 @@ def _library(out_dir: Path, graph: SessionGraph, report: Report) -> Path | None:
                                f"({', '.join(ops)}) but {path} is unset", expected="the op library's file name",
                                actual=None))
         return None
+    if ".." in Path(name).parts:
+        report.add(Finding("load.op_library", LOAD, path,
+                           f"custom_ops_library must not contain path traversal (..): {name}",
+                           expected="a file name in the export folder", actual=name))
+        return None
     library = out_dir / name  # an absolute name stays absolute
     if not library.is_file():
         report.add(Finding("load.op_library", LOAD, path, f"Failed to load library {name}: {library} does not exist",
                            expected="a file in the export folder", actual="absent"))
         return None
-    if not library.resolve().is_relative_to(out_dir.resolve()):
+    real = library.resolve()  # og.Model follows symbolic links before it checks the folder
+    if not real.is_relative_to(out_dir.resolve()):
         report.add(Finding("load.op_library", LOAD, path,
-                           f"custom_ops_library path is not within an allowed directory: {library.resolve()}",
-                           expected=f"a file in {out_dir.resolve()}", actual=str(library.resolve())))
+                           f"custom_ops_library path is not within an allowed directory: {real} (og.Model loads a "
+                           "library only from the export folder, or from the working directory it runs in)",
+                           expected=f"a file in {out_dir.resolve()}", actual=str(real)))
         return None
     return library
 
@@ -83,12 +110,18 @@ def _probe(library: Path, graphs: list[SessionGraph], report: Report) -> None:
     def fail(message: str, path: str = first, **kw) -> None:
         report.add(Finding("load.op_library", LOAD, path, message, **kw))
 
-    command = [sys.executable, str(_PROBE), str(library), *(str(g.path) for g in graphs)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        fail(f"Failed to load library {library}: registering it and loading the graphs took over {PROBE_TIMEOUT_S} s")
-        return
+    with tempfile.TemporaryDirectory(prefix="onnx-hybrid-probe-") as scratch:
+        models = []
+        for index, graph in enumerate(graphs):
+            models.append(Path(scratch) / f"{index}.onnx")
+            models[-1].write_bytes(weightless(graph.model))
+        command = [sys.executable, str(_PROBE), str(library), *map(str, models)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            fail(f"Failed to load library {library}: registering it and loading the graphs took over "
+                 f"{PROBE_TIMEOUT_S} s")
+            return
     try:
         result = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
     except (ValueError, IndexError):
@@ -102,8 +135,7 @@ def _probe(library: Path, graphs: list[SessionGraph], report: Report) -> None:
         fail(f"Failed to load library {library}: {result['library']}", expected="an ONNX Runtime custom op library",
              actual=library.name)
         return
-    for graph in graphs:
-        error = result["graphs"].get(str(graph.path))
+    for graph, error in zip(graphs, result["models"]):
         if error:
             fail(f"{graph.path.name} does not load with {library.name}: {error}",
                  path=f"{graph.section}.session_options.custom_ops_library",
