@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -170,6 +173,20 @@ def test_load_mutations_fail_in_og_and_in_the_validator(mutation, package, tmp_p
     assert error is not None and mutation.theirs in error, error
 
 
+def test_a_crashing_library_is_a_finding_not_a_crash(package, tmp_path):
+    """A library whose RegisterCustomOps aborts kills og.Model's process; the validator reports it."""
+    directory = shutil.copytree(package, tmp_path / "package")
+    source = tmp_path / "abort.c"
+    source.write_text("#include <stdlib.h>\nvoid *RegisterCustomOps(void *options, const void *api) { abort(); }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(directory / LIBRARY), str(source)], check=True)
+
+    [finding] = [f for f in validate(directory).errors if f.rule == "load.op_library"]  # one probe for both graphs
+    assert f"exited with signal {int(signal.SIGABRT)}" in finding.message and LIBRARY in finding.message, finding.format()
+    og_run = subprocess.run([sys.executable, "-c", "import sys, onnxruntime_genai as og; og.Model(sys.argv[1])",
+                             str(directory)], capture_output=True)
+    assert og_run.returncode == -signal.SIGABRT
+
+
 # --- which runtime runs a non-paged export ------------------------------------------------------------------
 
 
@@ -190,7 +207,8 @@ def test_non_paged_compact_updates_are_noted_for_plain_ort_as_og_generator_fails
     assert report.ok and not report.warnings, report.format()
     [note] = report.notes
     assert note.rule == "runtime.plain_ort" and "plain ONNX Runtime runs it" in note.message
-    assert "og.Generator does not feed the capture inputs" in note.message and "og.Engine needs a --paged" in note.message
+    assert "og.Generator does not feed the capture inputs" in note.message
+    assert "og.Engine needs a --paged" in note.message
     model = og.Model(str(compact))
     generator = og.Generator(model, og.GeneratorParams(model))
     with pytest.raises(Exception, match="must contain a constructed tensor"):

@@ -71,7 +71,8 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 
 
 # Element types stored two to a byte.
-_PACKED = {getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1") if hasattr(onnx.TensorProto, name)}
+_PACKED = {getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1")
+           if hasattr(onnx.TensorProto, name)}
 
 
 def _nbytes(tensor: onnx.TensorProto) -> int:

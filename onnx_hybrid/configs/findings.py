@@ -30,7 +30,8 @@ FORM_TEXT = {
 class Finding:
     """One broken (or doubtful) rule.
 
-    ``rule`` is the spec's rule id (C1..C17, S1..S9) or ours (``parse.*``, ``engine.*``, ``export.*``);
+    ``rule`` is the spec's rule id (C1..C17, S1..S9) or ours (``parse.*``, ``engine.*``, ``load.*``, ``runtime.*``
+    notes, ``x.*``);
     ``message`` is onnxruntime-genai's message where it has one, so the two can be compared verbatim.
     """
 
@@ -94,6 +95,7 @@ class Report:
             "ok": self.ok,
             "errors": len(self.errors),
             "warnings": len(self.warnings),
+            "notes": len(self.notes),
             "findings": [asdict(f) for f in self.findings],
         }
 

@@ -25,7 +25,8 @@ from .findings import LOAD, WARNING, Finding, Report
 
 # Domains whose ops ONNX Runtime itself defines; any other domain must come from the custom op library.
 ORT_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.training", "com.microsoft",
-                         "com.microsoft.nchwc", "com.microsoft.experimental", "com.ms.internal.nhwc", "org.pytorch.aten"})
+                         "com.microsoft.nchwc", "com.microsoft.experimental", "com.ms.internal.nhwc",
+                         "org.pytorch.aten"})
 PROBE_TIMEOUT_S = 120  # registering a library and loading a graph's structure take seconds even for large models
 _PROBE = Path(__file__).with_name("library_probe.py")
 
