@@ -74,7 +74,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     ``paged`` exports what onnxruntime-genai's Engine (dynamic batching) runs: requests packed on one
     token axis, full attention as PagedAttention over a pool of ``block_size``-token blocks, logits for
     every token, and ``engine.dynamic_batching`` in genai_config.json (``num_blocks`` pins the pool size;
-    by default ``kv_pool.pool_num_blocks`` sizes it for our kernel, the runtime for ORT's). ``paged_attention`` picks the attention kernel's domain: ``onnx_hybrid`` (our
+    default: kv_pool.py). ``paged_attention`` picks the attention kernel's domain: ``onnx_hybrid`` (our
     CPU kernel, any dtype; the default with ``op_domain`` onnx_hybrid) or ``com.microsoft`` (ORT's CUDA
     kernel, fp16/bf16 pool; the default with ``op_domain`` com.microsoft).
 
