@@ -28,7 +28,7 @@ ort = pytest.importorskip("onnxruntime")
 import onnx  # noqa: E402
 
 from onnx_hybrid.cli import export_main  # noqa: E402
-from onnx_hybrid.configs import validate  # noqa: E402
+from onnx_hybrid.configs import op_library, validate  # noqa: E402
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
 from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
@@ -173,18 +173,36 @@ def test_load_mutations_fail_in_og_and_in_the_validator(mutation, package, tmp_p
     assert error is not None and mutation.theirs in error, error
 
 
+def broken_library(directory: Path, body: str) -> Path:
+    """``directory``'s copy of the library replaced by one whose RegisterCustomOps runs ``body`` (C)."""
+    source = directory.parent / "broken.c"
+    source.write_text(f"#include <stdlib.h>\n#include <unistd.h>\n"
+                      f"void *RegisterCustomOps(void *options, const void *api) {{ {body} return 0; }}\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(directory / LIBRARY), str(source)], check=True)
+    return directory
+
+
 def test_a_crashing_library_is_a_finding_not_a_crash(package, tmp_path):
     """A library whose RegisterCustomOps aborts kills og.Model's process; the validator reports it."""
-    directory = shutil.copytree(package, tmp_path / "package")
-    source = tmp_path / "abort.c"
-    source.write_text("#include <stdlib.h>\nvoid *RegisterCustomOps(void *options, const void *api) { abort(); }\n")
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(directory / LIBRARY), str(source)], check=True)
+    directory = broken_library(shutil.copytree(package, tmp_path / "package"), "abort();")
 
     [finding] = [f for f in validate(directory).errors if f.rule == "load.op_library"]  # one probe for both graphs
     assert f"exited with signal {int(signal.SIGABRT)}" in finding.message and LIBRARY in finding.message, finding.format()
     og_run = subprocess.run([sys.executable, "-c", "import sys, onnxruntime_genai as og; og.Model(sys.argv[1])",
                              str(directory)], capture_output=True)
     assert og_run.returncode == -signal.SIGABRT
+
+
+def test_a_hanging_library_is_a_finding_after_the_timeout(package, tmp_path, monkeypatch):
+    """A library whose RegisterCustomOps never returns hangs og.Model; the validator gives up on it."""
+    directory = broken_library(shutil.copytree(package, tmp_path / "package"), "for (;;) pause();")
+    monkeypatch.setattr(op_library, "PROBE_TIMEOUT_S", 2)
+
+    [finding] = [f for f in validate(directory).errors if f.rule == "load.op_library"]
+    assert "took over 2 s" in finding.message and LIBRARY in finding.message, finding.format()
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-c", "import sys, onnxruntime_genai as og; og.Model(sys.argv[1])",
+                        str(directory)], capture_output=True, timeout=4)  # it never ends
 
 
 # --- which runtime runs a non-paged export ------------------------------------------------------------------
