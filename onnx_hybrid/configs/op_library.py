@@ -77,6 +77,10 @@ def check_op_libraries(out_dir: Path, graphs: list[SessionGraph], report: Report
 def _library(out_dir: Path, graph: SessionGraph, report: Report) -> Path | None:
     path = f"{graph.section}.session_options.custom_ops_library"
     name = graph.session_options.get("custom_ops_library")
+    if name is not None and not isinstance(name, str):
+        report.add(Finding("load.op_library", LOAD, path, f"{path} must be a string", expected="a file name",
+                           actual=name))
+        return None
     if not name:
         ops = custom_ops(graph.model)
         if ops:
