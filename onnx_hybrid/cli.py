@@ -24,6 +24,7 @@ USAGE_ERROR = 2
 
 
 def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    from .exporter import kv_pool
     from .exporter.export import DTYPES, EXECUTION_PROVIDERS, OP_DOMAINS
     from .ops.library import DEFAULT_CUDA_ARCHS
 
@@ -62,7 +63,10 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=None, metavar="N",
                         help="tokens per KV block of the paged export (power of two >= 16; default 256)")
     parser.add_argument("--num-blocks", type=int, default=None, metavar="N",
-                        help="KV blocks in the paged pool, written to engine.dynamic_batching (needed on CPU)")
+                        help="KV blocks in the paged pool, written to engine.dynamic_batching; default with our "
+                             f"PagedAttention: room for {kv_pool.DEFAULT_POOL_REQUESTS} full-context requests, at most "
+                             f"{kv_pool.DEFAULT_POOL_BYTES >> 30} GiB of keys and values; with com.microsoft's: unset "
+                             "(onnxruntime-genai sizes it from the GPU's memory)")
     parser.add_argument("--no-mtp", dest="mtp", action="store_false",
                         help="skip the MTP drafter (mtp.onnx, hidden_states output, model.mtp) even if the checkpoint "
                              "has mtp.* weights")

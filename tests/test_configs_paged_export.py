@@ -15,6 +15,7 @@ onnxruntime-genai's Engine over the export is tested in test_engine_speculative_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -32,6 +33,8 @@ from onnx.reference.op_run import OpRun  # noqa: E402
 from onnx_hybrid.cli import export_main  # noqa: E402
 from onnx_hybrid.configs import validate  # noqa: E402
 from onnx_hybrid.exporter import ExportError, export  # noqa: E402
+from onnx_hybrid.exporter.kv_pool import DEFAULT_POOL_BYTES, DEFAULT_POOL_REQUESTS, pool_num_blocks  # noqa: E402
+from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
 from onnx_hybrid.ops import contract, reference  # noqa: E402
 from onnx_hybrid.testing import packed as testing_packed  # noqa: E402
 from onnx_hybrid.testing.checkpoints import GDN_HEADS, LAYOUTS, TEXT, load_reference, make_tiny_checkpoint  # noqa: E402
@@ -267,3 +270,29 @@ def test_com_microsoft_paged_attention_has_no_cpu_kernel(paged_exports):
     with pytest.raises(Exception, match=r"Could not find an implementation for PagedAttention\(1\) node with name "
                                         r"'/model/layers.2/attn/PagedAttention'"):
         make_session(paged_exports[contract.MS_DOMAIN], contract.DOMAIN)  # our library registered, as a run would
+
+
+def test_default_pool_holds_full_context_requests_within_the_budget(checkpoints):
+    """Our kernel's default pool: DEFAULT_POOL_REQUESTS full-context requests, plus an MTP head's proportional
+    share (og.Engine splits the blocks by KV bytes), at most DEFAULT_POOL_BYTES; --num-blocks overrides it."""
+    cfg = load_model_config(checkpoints["qwen3_5_text"])  # one full-attention layer, context 512
+
+    def blocks(config=cfg, **kw):
+        return pool_num_blocks(None, config, block_size=16, kernel=contract.DOMAIN, itemsize=4, **kw)
+
+    assert blocks() == DEFAULT_POOL_REQUESTS * 512 // 16
+    assert blocks(head_layers=1) == 2 * blocks()
+    assert pool_num_blocks(7, cfg, block_size=16, kernel=contract.DOMAIN, itemsize=4) == 7
+    long = dataclasses.replace(cfg, max_position_embeddings=262144, num_kv_heads=4, head_dim=256)
+    block_bytes = 2 * 16 * 4 * 256 * 4  # keys and values of the one full-attention layer
+    assert blocks(long) == DEFAULT_POOL_BYTES // block_bytes < DEFAULT_POOL_REQUESTS * 262144 // 16
+
+
+def test_cuda_paged_attention_leaves_the_pool_to_the_runtime(checkpoints, tmp_path):
+    """com.microsoft::PagedAttention runs on CUDA only, where og.Engine sizes the pool from the GPU's memory:
+    no num_blocks is written, and the validator does not warn about it."""
+    out = export(checkpoints["qwen3_5_text"], tmp_path / "out", paged=True, block_size=BLOCK_SIZE,
+                 op_domain=contract.MS_DOMAIN, progress=False)
+    assert read_config(out)["engine"] == {"dynamic_batching": {"block_size": BLOCK_SIZE}}
+    report = validate(out)
+    assert report.ok and not report.warnings, report.format()

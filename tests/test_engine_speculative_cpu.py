@@ -7,13 +7,17 @@ plain (draft-free) decoding; a model whose capsules are zeroed (negative control
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime_genai")
 
+from onnx_hybrid.cli import export_main  # noqa: E402
 from onnx_hybrid.exporter import export  # noqa: E402
+from onnx_hybrid.exporter.kv_pool import DEFAULT_POOL_REQUESTS  # noqa: E402
 from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
 from onnx_hybrid.testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
 from onnx_hybrid.testing.engine import run_engine, set_eos, tamper_capsules  # noqa: E402
@@ -83,3 +87,16 @@ def test_zeroed_capsules_diverge(packages, reference_tokens, tmp_path):
     assert run.stats["partial_accept_rounds"] > 0
     diverged = [got != want for got, want in zip(run.tokens, reference_tokens)]
     assert all(diverged), diverged  # measured: first at generated tokens 8, 8, 6 and 8
+
+
+def test_default_flags_size_the_pool_for_the_cpu_engine(checkpoint, reference_tokens, tmp_path):
+    """`export-hybrid --paged --state-update-capacity 3` without --num-blocks: the export sizes the pool for
+    DEFAULT_POOL_REQUESTS full-context requests (without num_blocks og.Engine on CPU fails: 'The key-value cache
+    budget is too small to hold the reserved decoder state.'), and the Engine generates the reference tokens."""
+    out = tmp_path / "default"
+    assert export_main([str(checkpoint), "-o", str(out), "--paged", "--state-update-capacity", "3", "-q"]) == 0
+    config = json.loads((out / "genai_config.json").read_text())
+    context, pool = config["model"]["context_length"], config["engine"]["dynamic_batching"]
+    assert pool["num_blocks"] == DEFAULT_POOL_REQUESTS * -(-context // pool["block_size"])
+    set_eos(out, max(set(range(config["model"]["vocab_size"])) - {t for s in PROMPTS + reference_tokens for t in s}))
+    assert run_engine(out, PROMPTS, NEW_TOKENS).tokens == reference_tokens

@@ -94,7 +94,8 @@ def _graph_if_any(out_dir: Path, config: dict) -> GraphIO | None:
 
 
 SUBCOMMANDS = {
-    "validate": ("check genai_config.json state_groups against onnxruntime-genai's rules and the graph",
+    "validate": ("check genai_config.json state_groups against onnxruntime-genai's rules and the graph, and what "
+                 "og.Model needs to load it (external data files, the custom op library)",
                  _add_validate_arguments, _run_validate),
     "convert-config": ("convert state_groups between the released and the bindings (#2454) form",
                        _add_convert_arguments, _run_convert),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..ops.contract import MS_DOMAIN, PAGED_ATTENTION
 from .findings import ENGINE, ERROR, WARNING, Finding, Report
 from .graph_io import GraphIO
 from .locations import FIXED_KINDS, binding_path
@@ -15,22 +16,17 @@ def check_engine(config: dict, manifest: StateManifest | None, graph: GraphIO, r
     decoder = decoder_section(config)
     groups = manifest.groups if manifest else ()
     paged = [(i, g) for i, g in enumerate(groups) if g.kind == PAGED_KV]
-    fixed = [g for g in groups if g.kind in FIXED_KINDS]
 
     def finding(rule: str, path: str, message: str, severity: str = ERROR, **kw) -> None:
         report.add(Finding(rule, ENGINE, path, message, severity=severity, **kw))
 
-    if not isinstance(engine, dict):
-        if fixed:
-            finding("engine.dynamic_batching", "engine.dynamic_batching",
-                    "Fixed decoder state groups require engine.dynamic_batching (og.Engine refuses this model; "
-                    "og.Model and og.Generator run it)", severity=WARNING)
+    if not isinstance(engine, dict):  # not for og.Engine: runtimes.py notes what runs it
         if len(paged) > 1:
             finding("engine.paged_groups", GROUPS_PATH,
                     "Dynamic batching requires exactly one paged_kv decoder state group", severity=WARNING,
                     expected=1, actual=len(paged))
         return
-    if "num_blocks" not in engine:
+    if "num_blocks" not in engine and not _cuda_only_pool(paged, graph):
         finding("engine.num_blocks", "engine.dynamic_batching.num_blocks",
                 "engine.dynamic_batching.num_blocks is unset: the pool is then sized by gpu_utilization_factor, "
                 "which only GPUs have; on CPU og.Engine fails with 'The key-value cache budget is too small to "
@@ -63,6 +59,18 @@ def check_engine(config: dict, manifest: StateManifest | None, graph: GraphIO, r
                 "Packed hybrid execution requires position_ids with dynamic int64 [num_tokens] or [3, num_tokens] "
                 "geometry", tensor=position.name, expected="int64 [num_tokens] or [3, num_tokens]",
                 actual=position.describe())
+
+
+def _cuda_only_pool(paged: list[tuple[int, StateGroup]], graph: GraphIO) -> bool:
+    """Whether com.microsoft::PagedAttention (CUDA only) writes the pool: the runtime then sizes it from the
+    GPU's memory, and an unset num_blocks is right."""
+    for _, group in paged:
+        binding = group.bindings.get("key")
+        for layer in group.layer_ids if binding else ():
+            producer = graph.producers.get(expand(binding.output, layer))
+            if producer and producer[:2] == (PAGED_ATTENTION.name, MS_DOMAIN):
+                return True
+    return False
 
 
 # Per pool axis: its name, the runtime's message tail, and the config field it is compared with.

@@ -8,19 +8,30 @@ from typing import Any
 
 ERROR = "error"
 WARNING = "warning"
+NOTE = "note"  # no fault: what the user should know, e.g. which runtime runs the export
 
 # Stages, in the order the runtime meets them (spec/genai_config.md §4).
 PARSE = "parse"  # 4.1: JSON reading (og.Config raises while parsing)
 CONFIG = "config"  # 4.2: ModelStateManifest::ValidateConfig (og.Config)
 SESSION = "session"  # 4.3: ModelStateManifest::ValidateSession (og.Model)
 ENGINE = "engine"  # 4.4: dynamic batching (og.Engine)
+LOAD = "load"  # og.Model creating its ONNX Runtime sessions: external data files, the custom op library
+RUNTIME = "runtime"  # which runtime runs the export (notes)
+
+# How the report's head names each state_groups form (None: the export writes no state_groups).
+FORM_TEXT = {
+    None: "not written (onnxruntime-genai 0.18 binds the states by the decoder's input and output names)",
+    "released": "released form (what onnxruntime-genai 0.18 parses)",
+    "bindings": "bindings form (PR #2454; onnxruntime-genai 0.18 does not parse it)",
+}
 
 
 @dataclass(frozen=True)
 class Finding:
     """One broken (or doubtful) rule.
 
-    ``rule`` is the spec's rule id (C1..C17, S1..S9) or ours (``parse.*``, ``engine.*``, ``export.*``);
+    ``rule`` is the spec's rule id (C1..C17, S1..S9) or ours (``parse.*``, ``engine.*``, ``load.*``, ``runtime.*``
+    notes, ``x.*``);
     ``message`` is onnxruntime-genai's message where it has one, so the two can be compared verbatim.
     """
 
@@ -66,6 +77,10 @@ class Report:
         return [f for f in self.findings if f.severity == WARNING]
 
     @property
+    def notes(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == NOTE]
+
+    @property
     def ok(self) -> bool:
         return not self.errors
 
@@ -80,6 +95,7 @@ class Report:
             "ok": self.ok,
             "errors": len(self.errors),
             "warnings": len(self.warnings),
+            "notes": len(self.notes),
             "findings": [asdict(f) for f in self.findings],
         }
 
@@ -87,7 +103,7 @@ class Report:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
     def format(self) -> str:
-        head = f"{self.config_path}: form {self.form or 'none (legacy contract)'}"
+        head = f"{self.config_path}: state_groups {FORM_TEXT.get(self.form, self.form)}"
         if self.graph_path:
             head += f", graph {self.graph_path}"
         lines = [head] + [f.format() for f in self.findings]

@@ -7,19 +7,28 @@ whose id starts with ``x.`` are ours: things 0.18.0 accepts that would still bre
 capacity that differs from the groups', an update operator built for another capacity, a state input of a
 layer that no group binds).
 
-The graph is read without its weights, so validating a large export is fast.
+Load rules (``load.*``) check what og.Model needs to create its sessions, for the decoder and the MTP
+head: the external data files and the custom op library. Notes (``runtime.*``) say which runtime runs the
+export.
+
+The graphs are read without their weights, so validating a large export is fast.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import onnx
+
 from .config_rules import ConfigRules
 from .engine_rules import check_engine
+from .external_data import check_external_data
 from .findings import CONFIG, PARSE, SESSION, WARNING, Finding, Report
 from .graph_io import GraphIO
+from .op_library import SessionGraph, check_op_libraries
 from .parse import GROUPS_PATH, decoder_section, detect_form, load_config, parse_state_groups
 from .provider_rules import check_cuda_images, check_provider_options
+from .runtimes import note_runtimes
 from .session_rules import SessionRules
 from .state_groups import BINDINGS, FORMS, RELEASED, StateManifest
 
@@ -44,16 +53,41 @@ def validate(out_dir: str | Path, *, form: str | None = None) -> Report:
         return report
     graph_path = Path(out_dir) / filename
     report.graph_path = str(graph_path)
-    try:
-        graph = GraphIO.load(graph_path)
-    except Exception as exc:  # a missing, truncated or foreign file: report it, don't crash the CLI
-        report.add(Finding("x.graph", SESSION, "model.decoder.filename",
-                           f"cannot read the decoder graph {graph_path}: {exc}"))
+    decoder_graph = _read_graph(graph_path, "model.decoder", decoder, report)
+    if decoder_graph is None:
         return report
+    graph = GraphIO.from_model(decoder_graph.model)
     if manifest is not None:
         SessionRules(report, manifest, report.form, graph).run()
     check_engine(config, manifest, graph, report)
+    _check_load(Path(out_dir), config, decoder_graph, report)
+    note_runtimes(config, manifest, report)
     return report
+
+
+def _read_graph(path: Path, section: str, session: dict, report: Report) -> SessionGraph | None:
+    """The graph's structure, or None with a finding when the file is missing, truncated or foreign."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # report it, don't crash the CLI
+        report.add(Finding("x.graph", SESSION, f"{section}.filename", f"cannot read the {section} graph {path}: {exc}"))
+        return None
+    options = session.get("session_options")
+    return SessionGraph(section, path, model, options if isinstance(options, dict) else {})
+
+
+def _check_load(out_dir: Path, config: dict, decoder: SessionGraph, report: Report) -> None:
+    """What og.Model needs to create the sessions of the decoder and, when the config has one, the MTP head
+    (which takes the decoder's session options unless it has its own)."""
+    graphs = [decoder]
+    mtp = config.get("model", {}).get("mtp")
+    if isinstance(mtp, dict) and isinstance(mtp.get("filename"), str) and mtp["filename"]:
+        session = mtp if isinstance(mtp.get("session_options"), dict) else {"session_options": decoder.session_options}
+        head = _read_graph(out_dir / mtp["filename"], "model.mtp", session, report)
+        graphs += [head] if head else []
+    for graph in graphs:
+        check_external_data(graph.path, graph.model, f"{graph.section}.filename", report)
+    check_op_libraries(out_dir, graphs, report)
 
 
 def validate_config(config: dict, *, form: str | None = None, path: str = CONFIG_FILE) -> Report:

@@ -21,6 +21,7 @@ from .errors import ExportError
 from .graph.context import GraphContext
 from .graph.decoder import GraphOptions, assemble_model, build_decoder
 from .graph.paged_attention import KERNELS as PAGED_ATTENTION_KERNELS, PagedLayout
+from .kv_pool import pool_num_blocks
 from .model_config import ModelConfig, load_model_config
 from .mtp import check_mtp_weights, mtp_config, mtp_tensor_count, write_mtp_head
 from .output_dir import check_target, staged_output
@@ -76,7 +77,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     ``paged`` exports what onnxruntime-genai's Engine (dynamic batching) runs: requests packed on one
     token axis, full attention as PagedAttention over a pool of ``block_size``-token blocks, logits for
     every token, and ``engine.dynamic_batching`` in genai_config.json (``num_blocks`` pins the pool size;
-    the CPU Engine needs it). ``paged_attention`` picks the attention kernel's domain: ``onnx_hybrid`` (our
+    default: kv_pool.py). ``paged_attention`` picks the attention kernel's domain: ``onnx_hybrid`` (our
     CPU kernel, any dtype; the default with ``op_domain`` onnx_hybrid) or ``com.microsoft`` (ORT's CUDA
     kernel, fp16/bf16 pool; the default with ``op_domain`` com.microsoft).
 
@@ -140,6 +141,8 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     ctx = GraphContext(config=cfg, weights=Weights(checkpoint), act=ir.DataType.from_numpy(np_act),
                        np_act=np_act, op_domain=op_domain, capacity=state_update_capacity)
     layout = PagedLayout(block_size, paged_attention) if paged else None
+    num_blocks = pool_num_blocks(num_blocks, cfg, block_size=block_size, kernel=paged_attention,
+                                 itemsize=np_act.itemsize, head_layers=int(with_mtp)) if paged else num_blocks
     options = GraphOptions(last_token_logits=not (all_logits or with_mtp), paged=layout, hidden_states=with_mtp,
                            logits_dtype=logits_type)
     inputs, outputs = build_decoder(ctx, options)
