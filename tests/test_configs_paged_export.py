@@ -33,6 +33,7 @@ from onnx.reference.op_run import OpRun  # noqa: E402
 from onnx_hybrid.cli import export_main  # noqa: E402
 from onnx_hybrid.configs import validate  # noqa: E402
 from onnx_hybrid.exporter import ExportError, export  # noqa: E402
+from onnx_hybrid.exporter.export import GPU_KV_CACHE_FRACTION  # noqa: E402
 from onnx_hybrid.exporter.kv_pool import DEFAULT_POOL_BYTES, DEFAULT_POOL_REQUESTS, pool_num_blocks  # noqa: E402
 from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
 from onnx_hybrid.ops import contract, reference  # noqa: E402
@@ -289,10 +290,12 @@ def test_default_pool_holds_full_context_requests_within_the_budget(checkpoints)
 
 
 def test_cuda_paged_attention_leaves_the_pool_to_the_runtime(checkpoints, tmp_path):
-    """com.microsoft::PagedAttention runs on CUDA only, where og.Engine sizes the pool from the GPU's memory:
-    no num_blocks is written, and the validator does not warn about it."""
+    """com.microsoft::PagedAttention runs on CUDA only, where og.Engine sizes the pool from the GPU's memory: no
+    num_blocks is written, but the share of free memory it may take (0.18 has no default), and the validator does
+    not warn about it."""
     out = export(checkpoints["qwen3_5_text"], tmp_path / "out", paged=True, block_size=BLOCK_SIZE,
                  op_domain=contract.MS_DOMAIN, progress=False)
-    assert read_config(out)["engine"] == {"dynamic_batching": {"block_size": BLOCK_SIZE}}
+    assert read_config(out)["engine"] == {"dynamic_batching": {"block_size": BLOCK_SIZE,
+                                                               "gpu_utilization_factor": GPU_KV_CACHE_FRACTION}}
     report = validate(out)
     assert report.ok and not report.warnings, report.format()

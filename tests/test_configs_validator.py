@@ -114,9 +114,17 @@ def test_engine_packed_position_ids(tmp_path):
     assert report.ok
 
 
-def test_engine_without_num_blocks_warns(tmp_path):
-    report = builder(tmp_path, lambda c: c["engine"]["dynamic_batching"].pop("num_blocks"))
-    assert report.ok and [f.rule for f in report.warnings] == ["engine.num_blocks"]
+def test_engine_pool_needs_num_blocks_or_a_utilization_factor(tmp_path):
+    """The builder's paged export writes with ORT's CUDA PagedAttention: without num_blocks the runtime may size the
+    pool, but only from gpu_utilization_factor (og.Engine 0.18 fails without either: test_export_cuda.py)."""
+    report = builder(tmp_path / "a", lambda c: c["engine"]["dynamic_batching"].pop("num_blocks"))
+    assert rules(report) == ["engine.num_blocks"]
+    report = builder(tmp_path / "b", lambda c: c["engine"]["dynamic_batching"].update(
+        num_blocks=None, gpu_utilization_factor=0.5) or c["engine"]["dynamic_batching"].pop("num_blocks"))
+    assert report.ok and not report.warnings, report.format()
+    report = builder(tmp_path / "c", lambda c: c["engine"]["dynamic_batching"].update(
+        num_blocks=None, gpu_utilization_factor=1.5) or c["engine"]["dynamic_batching"].pop("num_blocks"))
+    assert rules(report) == ["engine.gpu_utilization_factor"]
 
 
 def test_fixed_groups_without_engine_section_are_noted_for_plain_ort(tmp_path):

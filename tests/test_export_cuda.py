@@ -124,3 +124,17 @@ def test_validator_warns_when_a_cuda_export_lost_its_images(checkpoint, tmp_path
         image.unlink()
     report = validate(out)
     assert report.ok and [f.rule for f in report.warnings] == ["x.cuda_images"], report.format()
+
+
+def test_a_pool_og_cannot_size_is_refused_by_the_validator_and_og(checkpoint, tmp_path):
+    """og.Engine 0.18 sizes an unset pool only from gpu_utilization_factor; without it the budget is zero, on CPU
+    and on a GPU alike (the -e cuda export writes the factor for that reason)."""
+    out = export(checkpoint, tmp_path / "out", paged=True, state_update_capacity=3, block_size=16, mtp=False,
+                 progress=False)
+    og.Engine(og.Model(str(out)))  # the default pool (num_blocks) loads
+    config = config_of(out)
+    del config["engine"]["dynamic_batching"]["num_blocks"]
+    (out / "genai_config.json").write_text(json.dumps(config))
+    assert [f.rule for f in validate(out).errors] == ["engine.num_blocks"]
+    with pytest.raises(Exception, match="key-value cache budget is too small"):
+        og.Engine(og.Model(str(out)))

@@ -7,6 +7,7 @@ from .findings import ENGINE, ERROR, WARNING, Finding, Report
 from .graph_io import GraphIO
 from .locations import FIXED_KINDS, binding_path
 from .parse import GROUPS_PATH, decoder_section
+from .provider_rules import CUDA_NAMES, providers
 from .state_groups import PAGED_KV, StateGroup, StateManifest, expand
 
 
@@ -26,11 +27,10 @@ def check_engine(config: dict, manifest: StateManifest | None, graph: GraphIO, r
                     "Dynamic batching requires exactly one paged_kv decoder state group", severity=WARNING,
                     expected=1, actual=len(paged))
         return
-    if "num_blocks" not in engine and not _cuda_only_pool(paged, graph):
-        finding("engine.num_blocks", "engine.dynamic_batching.num_blocks",
-                "engine.dynamic_batching.num_blocks is unset: the pool is then sized by gpu_utilization_factor, "
-                "which only GPUs have; on CPU og.Engine fails with 'The key-value cache budget is too small to "
-                "hold the reserved decoder state.'", severity=WARNING)
+    if "num_blocks" not in engine:
+        on_gpu = _cuda_only_pool(paged, graph) or bool(
+            CUDA_NAMES & set(providers(decoder.get("session_options") or {})))
+        _check_runtime_sized_pool(engine, on_gpu, finding)
     for key in ("num_hidden_layers", "num_key_value_heads", "head_size"):
         value = decoder.get(key, 0)
         if not isinstance(value, int) or value <= 0:
@@ -61,9 +61,28 @@ def check_engine(config: dict, manifest: StateManifest | None, graph: GraphIO, r
                 actual=position.describe())
 
 
+def _check_runtime_sized_pool(engine: dict, on_gpu: bool, finding) -> None:
+    """Without num_blocks, og.Engine 0.18 sizes the pool as gpu_utilization_factor x 0.9 x the device memory
+    it reports free. The factor has no usable default (measured on CPU and on an H100: without it the budget is
+    zero), and on CPU the memory it reports is no real bound (a factor of 1e-3 already fails to allocate)."""
+    factor = engine.get("gpu_utilization_factor")
+    if factor is None:
+        finding("engine.num_blocks", "engine.dynamic_batching",
+                "engine.dynamic_batching sets neither num_blocks nor gpu_utilization_factor: og.Engine fails with "
+                "'The key-value cache budget is too small to hold the reserved decoder state.'",
+                expected="num_blocks, or gpu_utilization_factor on a GPU")
+    elif not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+        finding("engine.gpu_utilization_factor", "engine.dynamic_batching.gpu_utilization_factor",
+                "gpu_utilization_factor must be > 0 and <= 1", actual=factor)
+    elif not on_gpu:
+        finding("engine.num_blocks", "engine.dynamic_batching.num_blocks",
+                "the pool is sized by gpu_utilization_factor, but the export runs on the CPU: there "
+                "og.Engine sizes it from memory it cannot hold (std::bad_alloc); set num_blocks", severity=WARNING)
+
+
 def _cuda_only_pool(paged: list[tuple[int, StateGroup]], graph: GraphIO) -> bool:
-    """Whether com.microsoft::PagedAttention (CUDA only) writes the pool: the runtime then sizes it from the
-    GPU's memory, and an unset num_blocks is right."""
+    """Whether com.microsoft::PagedAttention (CUDA only) writes the pool: the runtime can then size it from the
+    GPU's memory (with gpu_utilization_factor)."""
     for _, group in paged:
         binding = group.bindings.get("key")
         for layer in group.layer_ids if binding else ():

@@ -161,7 +161,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
             write_cuda_images(archs, stage / IMAGE_FOLDER)
         desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library_name, paged=paged),
                                    manifest_format=manifest_format, execution_provider=execution_provider,
-                                   paged=_paged_cache(block_size, num_blocks, on_cuda) if paged else None)
+                                   paged=_paged_cache(block_size, num_blocks) if paged else None)
         config = genai_config(desc)
         if with_mtp:
             draft_default = state_update_capacity if paged and state_update_capacity else 1
@@ -199,9 +199,10 @@ def decoder_export(cfg: ModelConfig, capacity: int, custom_ops_library: str | No
         eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id, custom_ops_library=custom_ops_library)
 
 
-def _paged_cache(block_size: int, num_blocks: int | None, on_cuda: bool) -> PagedCache:
-    """The pool of a paged export: ``num_blocks`` when given, else sized by the runtime on a GPU."""
-    if num_blocks is None and on_cuda:
+def _paged_cache(block_size: int, num_blocks: int | None) -> PagedCache:
+    """The pool of a paged export: ``num_blocks`` (given, or kv_pool's default for our CPU kernel), else sized by
+    the runtime from the GPU's free memory (ORT's PagedAttention runs on CUDA only)."""
+    if num_blocks is None:
         return PagedCache(block_size, gpu_utilization_factor=GPU_KV_CACHE_FRACTION)
     return PagedCache(block_size, num_blocks)
 
