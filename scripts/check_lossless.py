@@ -9,8 +9,10 @@ a long prefill row, the capsule's contents against one-token steps'). See onnx_h
     PYTHONPATH=$PWD python scripts/check_lossless.py --provider cpu --json /tmp/lossless_cpu.json
     PYTHONPATH=$PWD python scripts/check_lossless.py --provider cuda --dtypes fp32,fp16,bf16 --json lossless_cuda.json
 
-Prints one line per (op, implementation, dtype, check): bitwise-equal items / items, the largest absolute and ulp
-difference, the largest fraction of an item's elements whose bits differ, and the worst item. ``--all`` prints every item. Exit status 0 whatever the findings (it is a probe).
+Prints one line per (op, implementation, dtype, check): bitwise-equal items / items, the largest absolute
+difference, that relative to the tensor's largest magnitude, the largest ulp distance, the largest fraction of an
+item's elements whose bits differ, and the worst item. ``--all`` prints every item. Exit status 0 whatever the
+findings (it is a probe).
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ def main(argv=None) -> int:
                       file=sys.stderr)
 
     summary = lossless.summarize(checks)
-    header = f"{'op':<8} {'impl':<5} {'dtype':<8} {'check':<58} {'equal':>9} {'max_abs':>10} {'max_ulp':>8} {'differ':>7}  worst"
+    header = (f"{'op':<8} {'impl':<5} {'dtype':<8} {'check':<58} {'equal':>9} {'max_abs':>10} {'max_rel':>9} "
+              f"{'max_ulp':>8} {'differ':>7}  worst")
     print(header)
     print("-" * len(header))
     rows = [c.as_dict() for c in checks] if args.all else summary
@@ -119,7 +122,7 @@ def main(argv=None) -> int:
         equal = ("yes" if r["equal"] else "NO") if args.all else f"{r['equal']}/{r['items']}"
         detail = r["item"] if args.all else r["worst"]
         print(f"{r['op'][:8]:<8} {r['impl']:<5} {r['dtype']:<8} {r['check']:<58} {equal:>9} {r['max_abs']:>10.3g} "
-              f"{r['max_ulp']:>8} {r['differing']:>7.2%}  {detail}")
+              f"{r['max_rel']:>9.2g} {r['max_ulp']:>8} {r['differing']:>7.2%}  {detail}")
     if args.json:
         args.json.write_text(json.dumps(dict(environment=env, arguments=vars(args) | {"json": str(args.json)},
                                              summary=summary, failures=failures,

@@ -55,11 +55,13 @@ class Check:
     item: str
     equal: bool
     max_abs: float
-    max_ulp: int
+    max_rel: float  # max |got - want| / max |want|: the difference against the tensor's scale
+    max_ulp: int  # in the element type; large where a value near zero absorbed a rounding of bigger terms
     differing: float  # fraction of elements whose bits differ
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """JSON-ready: NaN (a probe that failed to run) becomes None."""
+        return {k: (None if isinstance(v, float) and v != v else v) for k, v in asdict(self).items()}
 
 
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -76,16 +78,18 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(ordered(a) - ordered(b))
 
 
-def compare(a: np.ndarray, b: np.ndarray) -> tuple[bool, float, int, float]:
-    """(bitwise equal, max |a - b|, max ulp distance, fraction of differing elements)."""
+def compare(a: np.ndarray, b: np.ndarray) -> tuple[bool, float, float, int, float]:
+    """(bitwise equal, max |a - b|, that over max |b|, max ulp distance, fraction of differing elements)."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         raise ValueError(f"compare: shapes differ ({list(a.shape)} and {list(b.shape)})")
     if a.size == 0:
-        return True, 0.0, 0, 0.0
+        return True, 0.0, 0.0, 0, 0.0
     ulps = ulp_distance(a, b)
-    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    return bool(not ulps.any()), float(diff.max()), int(ulps.max()), float(np.count_nonzero(ulps) / ulps.size)
+    diff = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
+    scale = float(np.abs(b.astype(np.float64)).max())
+    return (bool(not ulps.any()), diff, diff / scale if scale else diff, int(ulps.max()),
+            float(np.count_nonzero(ulps) / ulps.size))
 
 
 def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -260,79 +264,107 @@ def run_experiments(op: str, run: Callable[[str, dict, dict], dict], dtype: str,
             got = replay.replay_conv(s0.copy(), verify["state_update"], k)
             record("replay vs plain state", f"k={k}", got, states[k - 1])
 
-    # The token count per row: the first n tokens of each request in one call.
-    for n in range(1, N):
-        r = call(token_rows(n), s0, [min(n, C)] * B, 1)
-        for t in range(n):
-            record(f"{n}-token call output row vs plain step", f"t={t}", rows_of(r["output"], n, t), outs[t])
-        record(f"{n}-token call final_state vs plain state", f"S{n}", r["final_state"], states[n - 1])
+    def repeat():
+        """The same calls again: a kernel that is not run-to-run deterministic cannot be lossless."""
+        again = call(token_rows(N), s0, [C] * B, 1)
+        for port in ("output", "final_state", "state_update"):
+            record("verify repeated: same bits", port, again[port], verify[port])
+        r = call(step_rows(0), s0, [0] * B, 0)
+        record("plain step repeated: same bits", "output", r["output"], outs[0])
+        record("plain step repeated: same bits", "final_state", r["final_state"], states[0])
 
-    # The Engine's verify: ragged rows (request b drafts k_b = n_b - 1 tokens and captures them), so the call
-    # mixes one-token rows with longer ones.
-    lengths = [N - (b % N) for b in range(B)]
-    r = call([np.arange(s, s + n) for s, n in zip(start, lengths)], s0, [n - 1 for n in lengths], 1)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    for b, n in enumerate(lengths):
-        for t in range(n):
-            record("ragged verify output row vs plain step", f"b={b} n={n} t={t}", r["output"][offsets[b] + t],
-                   outs[t][b])
-        record("ragged verify final_state vs plain state", f"b={b} S{n}", r["final_state"][b], states[n - 1][b])
+    def token_counts():
+        """The first n tokens of each request in one call."""
+        for n in range(1, N):
+            r = call(token_rows(n), s0, [min(n, C)] * B, 1)
+            for t in range(n):
+                record(f"{n}-token call output row vs plain step", f"t={t}", rows_of(r["output"], n, t), outs[t])
+            record(f"{n}-token call final_state vs plain state", f"S{n}", r["final_state"], states[n - 1])
 
-    # Capture on or off in the verify call, and in the plain steps (which then capture their one token).
-    r = call(token_rows(N), s0, [0] * B, 0)
-    record("verify without capture: output vs with capture", "all rows", r["output"], verify["output"])
-    record("verify without capture: final_state vs with capture", f"S{N}", r["final_state"], verify["final_state"])
+    def ragged_verify():
+        """The Engine's verify: request b drafts k_b = n_b - 1 tokens and captures them, so one-token rows share
+        the call with longer ones."""
+        lengths = [N - (b % N) for b in range(B)]
+        r = call([np.arange(s, s + n) for s, n in zip(start, lengths)], s0, [n - 1 for n in lengths], 1)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        for b, n in enumerate(lengths):
+            for t in range(n):
+                record("ragged verify output row vs plain step", f"b={b} n={n} t={t}", r["output"][offsets[b] + t],
+                       outs[t][b])
+            record("ragged verify final_state vs plain state", f"b={b} S{n}", r["final_state"][b], states[n - 1][b])
+
     step_capsules = []
-    for t in range(N):
-        prev = s0 if t == 0 else states[t - 1]
-        r = call(step_rows(t), prev, [1] * B, 1)
-        record("plain step with capture: output vs without", f"t={t}", r["output"], outs[t])
-        record("plain step with capture: final_state vs without", f"S{t + 1}", r["final_state"], states[t])
-        step_capsules.append(r["state_update"])
 
-    # The capsule against what the one-token steps capture: slot t of the verify call vs slot 0 of step t.
-    for t in range(N):
-        if op == GDN:
-            layout = replay.gdn_capsule_layout(s0, verify["state_update"], C)
+    def capture_switch():
+        """Capture on or off in the verify call, and in the plain steps (which then capture their one token)."""
+        r = call(token_rows(N), s0, [0] * B, 0)
+        record("verify without capture: output vs with capture", "all rows", r["output"], verify["output"])
+        record("verify without capture: final_state vs with capture", f"S{N}", r["final_state"],
+               verify["final_state"])
+        for t in range(N):
+            r = call(step_rows(t), s0 if t == 0 else states[t - 1], [1] * B, 1)
+            record("plain step with capture: output vs without", f"t={t}", r["output"], outs[t])
+            record("plain step with capture: final_state vs without", f"S{t + 1}", r["final_state"], states[t])
+            step_capsules.append(r["state_update"])
+
+    def capsule_contents():
+        """Slot t of the verify call's capsule against slot 0 of plain step t's."""
+        if len(step_capsules) != N:
+            raise RuntimeError("the plain steps with capture did not run")
+        for t in range(N):
+            if op == GDN:
+                layout = replay.gdn_capsule_layout(s0, verify["state_update"], C)
+                for b in range(B):
+                    got = layout.split(verify["state_update"][b])
+                    want = layout.split(step_capsules[t][b])
+                    for name, g, w in zip(("decay", "key", "delta"), got, want):
+                        record(f"capsule {name} slot vs one-token step's", f"t={t} b={b}", g[t], w[0])
+            else:
+                record("capsule slot vs one-token step's", f"t={t}", verify["state_update"][:, t],
+                       step_capsules[t][:, 0])
+                record("capsule slot vs the token's input row", f"t={t}", verify["state_update"][:, t],
+                       base["input"][start + t])
+
+    def request_alone():
+        """Each request alone in its own call, step by step."""
+        for t in range(N):
             for b in range(B):
-                got = layout.split(verify["state_update"][b])
-                want = layout.split(step_capsules[t][b])
-                for name, g, w in zip(("decay", "key", "delta"), got, want):
-                    record(f"capsule {name} slot vs one-token step's", f"t={t} b={b}", g[t], w[0])
-        else:
-            record("capsule slot vs one-token step's", f"t={t}", verify["state_update"][:, t], step_capsules[t][:, 0])
-            record("capsule slot vs the token's input row", f"t={t}", verify["state_update"][:, t],
-                   base["input"][start + t])
+                prev = s0[b:b + 1] if t == 0 else states[t - 1][b:b + 1]
+                r = run(op, _call_feeds(spec, base, [np.array([start[b] + t])], prev, [0], 0), attrs)
+                record("request alone vs in the batch: output", f"t={t} b={b}", r["output"], outs[t][b:b + 1])
+                record("request alone vs in the batch: final_state", f"S{t + 1} b={b}", r["final_state"],
+                       states[t][b:b + 1])
 
-    # Batch composition: each request alone in its own call, step by step.
-    for t in range(N):
-        for b in range(B):
-            prev = s0[b:b + 1] if t == 0 else states[t - 1][b:b + 1]
-            r = run(op, _call_feeds(spec, base, [np.array([start[b] + t])], prev, [0], 0), attrs)
-            record("request alone vs in the batch: output", f"t={t} b={b}", r["output"], outs[t][b:b + 1])
-            record("request alone vs in the batch: final_state", f"S{t + 1} b={b}", r["final_state"],
-                   states[t][b:b + 1])
-
-    # Batch composition: a long prefill row (no capture) in the same call as the decode rows, and as the verify rows.
-    if prefill_tokens:
+    def prefill_neighbour():
+        """A long prefill row (no capture) in the same call as the decode rows, and as the verify rows."""
         prompt = _case(op, rng, [prefill_tokens], dtype, geometry, C).feeds
         prompt["capture_count"] = np.zeros(1, np.int32)
         for label, n, capture, active, want_out, want_state in (
                 ("decode rows + a prefill row", 1, 0, 0, outs[0], states[0]),
                 ("verify rows + a prefill row", N, C, 1, verify["output"], verify["final_state"])):
-            feeds = _call_feeds(spec, base, token_rows(n), s0, [capture] * B, active)
-            feeds = _join(op, feeds, prompt)
+            feeds = _join(op, _call_feeds(spec, base, token_rows(n), s0, [capture] * B, active), prompt)
             r = run(op, feeds, attrs)
             record(f"{label}: output", f"prefill {prefill_tokens} tokens", r["output"][:B * n], want_out)
             record(f"{label}: final_state", f"prefill {prefill_tokens} tokens", r["final_state"][:B], want_state)
 
-    # The chunk_size attribute (a tuning hint): the verify call under other values.
-    if op == GDN:
+    def chunk_size_hint():
+        """The chunk_size attribute (a tuning hint): the verify call under other values."""
         for size in chunk_sizes:
             r = call(token_rows(N), s0, [C] * B, 1, dict(attrs, chunk_size=size))
             record("verify with chunk_size: output vs default", f"chunk_size={size}", r["output"], verify["output"])
             record("verify with chunk_size: final_state vs default", f"chunk_size={size}", r["final_state"],
                    verify["final_state"])
+
+    probes = [repeat, token_counts, ragged_verify, capture_switch, capsule_contents, request_alone]
+    probes += [prefill_neighbour] if prefill_tokens else []
+    probes += [chunk_size_hint] if op == GDN else []
+    for probe in probes:
+        try:
+            probe()
+        except Exception as error:  # one probe the implementation refuses must not hide the others' findings
+            message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            checks.append(Check(op, impl, dtype, f"probe {probe.__name__}", f"ERROR {type(error).__name__}: "
+                                f"{message[:200]}", False, float("nan"), float("nan"), -1, float("nan")))
     return checks
 
 
@@ -343,9 +375,10 @@ def summarize(checks: Sequence[Check]) -> list[dict]:
         groups.setdefault((c.op, c.impl, c.dtype, c.check), []).append(c)
     rows = []
     for (op, impl, dtype, check), items in groups.items():
-        worst = max(items, key=lambda c: (c.max_ulp, c.max_abs))
+        worst = max(items, key=lambda c: (c.max_rel, c.max_abs))
         rows.append(dict(op=op, impl=impl, dtype=dtype, check=check, equal=sum(c.equal for c in items),
                          items=len(items), max_abs=max(c.max_abs for c in items),
+                         max_rel=max(c.max_rel for c in items),
                          max_ulp=max(c.max_ulp for c in items), differing=max(c.differing for c in items),
                          worst=worst.item if not worst.equal else ""))
     return rows
