@@ -67,8 +67,9 @@ def main(argv=None) -> int:
     parser.add_argument("--geometry", choices=sorted(lossless.GEOMETRIES), default="0.8b")
     parser.add_argument("--requests", type=int, default=4, help="concurrent requests (default 4)")
     parser.add_argument("--tokens", type=int, default=4, help="C + 1 tokens per request in the verify call (default 4)")
-    parser.add_argument("--prefill-tokens", type=int, default=lossless.PREFILL_TOKENS,
-                        help="length of the prefill row that shares a call with the decode/verify rows (0: skip)")
+    parser.add_argument("--prefill-tokens", default=",".join(map(str, lossless.PREFILL_TOKENS)),
+                        help="comma-separated lengths of the prefill row that shares a call with the decode/verify "
+                             "rows (default %(default)s; empty: skip)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ort-gdn-plan", choices=("chunked", "chunked_split", "recurrent"),
                         help="set ORT_GDN_PLAN (ORT CUDA's engine override) for this process")
@@ -91,6 +92,12 @@ def main(argv=None) -> int:
 
     if args.ort_gdn_plan:
         os.environ["ORT_GDN_PLAN"] = args.ort_gdn_plan
+    try:
+        prefill = [int(n) for n in args.prefill_tokens.split(",") if n.strip()]
+    except ValueError:
+        parser.error(f"--prefill-tokens: comma-separated token counts expected, got {args.prefill_tokens!r}")
+    if any(n < 1 for n in prefill):
+        parser.error(f"--prefill-tokens: lengths must be positive, got {prefill}")
     env = environment(args.provider) | {"ORT_GDN_PLAN": os.environ.get("ORT_GDN_PLAN", "")}
     print(" ".join(f"{k}={v}" for k, v in env.items()))
     checks, failures = [], []
@@ -103,7 +110,7 @@ def main(argv=None) -> int:
                     found = lossless.run_experiments(
                         op, run, lossless.DTYPE_NAMES[dtype], geometry=lossless.GEOMETRIES[args.geometry],
                         requests=args.requests, tokens=args.tokens, seed=args.seed,
-                        prefill_tokens=args.prefill_tokens)
+                        prefill_tokens=prefill)
                 except Exception as error:  # an implementation without this op/dtype: report it, go on
                     failures.append(dict(op=op, impl=impl, dtype=dtype, error=f"{type(error).__name__}: {error}"))
                     print(f"{op} {impl} {dtype}: FAILED {type(error).__name__}: {str(error).splitlines()[0]}")

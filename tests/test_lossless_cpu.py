@@ -25,7 +25,7 @@ CASES = [(op, dtype) for op in (lossless.GDN, lossless.CONV) for dtype in ("floa
 
 def probe(op, impl, dtype):
     return lossless.run_experiments(op, lossless.Runner(impl), dtype, geometry=lossless.GEOMETRIES["small"],
-                                    requests=3, tokens=4, seed=5, prefill_tokens=40, chunk_sizes=(1,))
+                                    requests=3, tokens=4, seed=5, prefill_tokens=(40,), chunk_sizes=(1,))
 
 
 @pytest.mark.parametrize("op,dtype", CASES, ids=[f"{op}-{dtype}" for op, dtype in CASES])

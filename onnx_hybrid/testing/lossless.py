@@ -39,7 +39,10 @@ GEOMETRIES = {
                  kernel_size=4),
     "small": dict(gdn=dict(num_heads_q=2, num_heads_v=4, head_size_k=32, head_size_v=16), channels=96, kernel_size=4),
 }
-PREFILL_TOKENS = 200  # a prompt row long enough that its call crosses ORT CUDA's chunked threshold (T >= 32 B)
+# Prompt rows that share a call with the decode rows. On CUDA a call takes the chunked engine when T >= 32 B (ORT's
+# rule, and ours): with 4 one-token rows, a 40-token prompt is chunked alone but not in the mixed call, a 200-token
+# prompt is chunked in both.
+PREFILL_TOKENS = (40, 200)
 _TOKEN_MAJOR = {"query", "key", "value", "decay", "beta", "input"}
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -207,8 +210,17 @@ def _join(op: str, a: dict, b: dict) -> dict:
     return out
 
 
+def _last_row(spec: _Spec, feeds: dict, row: int) -> dict:
+    """The feeds of request ``row`` (the last one) of a call, alone in its own call."""
+    first = int(feeds[spec.offsets][row])
+    out = {k: (v[first:] if k in _TOKEN_MAJOR else v[row:] if k in ("initial_state", "capture_count") else v)
+           for k, v in feeds.items()}
+    out[spec.offsets] = np.array([0, int(feeds[spec.offsets][-1]) - first], np.int32)
+    return out
+
+
 def run_experiments(op: str, run: Callable[[str, dict, dict], dict], dtype: str, *, geometry: dict,
-                    requests: int = 4, tokens: int = 4, seed: int = 0, prefill_tokens: int = PREFILL_TOKENS,
+                    requests: int = 4, tokens: int = 4, seed: int = 0, prefill_tokens: Sequence[int] = PREFILL_TOKENS,
                     chunk_sizes: Sequence[int] = (1, 2)) -> list[Check]:
     """Every check for ``op`` run by ``run`` (a :class:`Runner`) in ``dtype`` (float, float16, bfloat16).
 
@@ -336,16 +348,24 @@ def run_experiments(op: str, run: Callable[[str, dict, dict], dict], dtype: str,
                        states[t][b:b + 1])
 
     def prefill_neighbour():
-        """A long prefill row (no capture) in the same call as the decode rows, and as the verify rows."""
-        prompt = _case(op, rng, [prefill_tokens], dtype, geometry, C).feeds
-        prompt["capture_count"] = np.zeros(1, np.int32)
-        for label, n, capture, active, want_out, want_state in (
-                ("decode rows + a prefill row", 1, 0, 0, outs[0], states[0]),
-                ("verify rows + a prefill row", N, C, 1, verify["output"], verify["final_state"])):
-            feeds = _join(op, _call_feeds(spec, base, token_rows(n), s0, [capture] * B, active), prompt)
-            r = run(op, feeds, attrs)
-            record(f"{label}: output", f"prefill {prefill_tokens} tokens", r["output"][:B * n], want_out)
-            record(f"{label}: final_state", f"prefill {prefill_tokens} tokens", r["final_state"][:B], want_state)
+        """A prefill row (no capture) in the same call as the decode rows, and as the verify rows; and that prefill
+        row alone against it next to the decode rows (the same weights and gates: a row of the mixed call)."""
+        for length in prefill_tokens:
+            prompt = _case(op, rng, [length], dtype, geometry, C).feeds
+            prompt["capture_count"] = np.zeros(1, np.int32)
+            for label, n, capture, active, want_out, want_state in (
+                    ("decode rows + a prefill row", 1, 0, 0, outs[0], states[0]),
+                    ("verify rows + a prefill row", N, C, 1, verify["output"], verify["final_state"])):
+                feeds = _join(op, _call_feeds(spec, base, token_rows(n), s0, [capture] * B, active), prompt)
+                r = run(op, feeds, attrs)
+                record(f"{label}: output", f"prefill {length} tokens", r["output"][:B * n], want_out)
+                record(f"{label}: final_state", f"prefill {length} tokens", r["final_state"][:B], want_state)
+                if n == 1:
+                    alone = run(op, _last_row(spec, feeds, B), attrs)
+                    record("prefill row next to decode rows vs alone: output", f"prefill {length} tokens",
+                           r["output"][B * n:], alone["output"])
+                    record("prefill row next to decode rows vs alone: final_state", f"prefill {length} tokens",
+                           r["final_state"][B:], alone["final_state"])
 
     def chunk_size_hint():
         """The chunk_size attribute (a tuning hint): the verify call under other values."""
