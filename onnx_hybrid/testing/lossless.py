@@ -14,7 +14,7 @@ ours under ``onnx_hybrid``, or ORT's own ``com.microsoft`` kernels), one dtype, 
 difference: the token count per row, the ``chunk_size`` attribute, capture on or off, a long prefill row in the
 same call, and the capsule's contents against what one-token steps capture.
 
-The GatedDeltaNet replay is evaluated with both roundings of the state update that exist (spec: ops §2.10):
+The GatedDeltaNet replay is evaluated with both roundings of the state update that exist:
 ``onnx_hybrid.ops.replay`` (unfused multiply and add: our CPU kernels, ORT's CPU kernel, onnxruntime-genai's
 host replay) and :func:`replay_gdn_fused` (the product-and-add as one fused multiply-add, the CUDA rule).
 """
@@ -166,14 +166,13 @@ class Runner:
 
 @dataclass
 class _Spec:
-    """Where an op keeps its offsets and states, and what its capsule holds."""
+    """An op's offsets input, and whether it has ``state_update_active``."""
 
-    op: str
     offsets: str
     has_active: bool
 
 
-_SPECS = {GDN: _Spec(GDN, "cu_seqlens", True), CONV: _Spec(CONV, "cumulative_sequence_length", False)}
+_SPECS = {GDN: _Spec("cu_seqlens", True), CONV: _Spec("cumulative_sequence_length", False)}
 
 
 def _call_feeds(spec: _Spec, base: dict, rows: Sequence[np.ndarray], state: np.ndarray, capture: Sequence[int],
