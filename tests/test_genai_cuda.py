@@ -83,8 +83,9 @@ def export_for_test(checkpoint, out, eos: int, **options) -> Path:
     to compile where no wheel ships it), then ``eos`` as the only EOS."""
     if PROVIDER == "cuda":  # the paged pool is sized by the runtime (gpu_utilization_factor)
         options.update(execution_provider="cuda", cuda_archs=[_gpu_arch()])
-    elif options.get("paged"):
+    elif options.get("paged"):  # the CPU dry run: our PagedAttention (ORT has its own on CUDA only)
         options.setdefault("num_blocks", 64)
+        options.setdefault("paged_attention", contract.DOMAIN)
     path = export(checkpoint, out, progress=False, **options)
     set_eos(path, eos)
     return path
@@ -181,15 +182,23 @@ def assert_partial_accepts(stats: dict) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_external_drafts_are_lossless(dense, dtype, tmp_path):
+@pytest.mark.parametrize("op_domain", [contract.DOMAIN, contract.MS_DOMAIN], ids=["ours", "ort-own"])
+def test_external_drafts_are_lossless(dense, dtype, op_domain, tmp_path):
     """(a) Partly wrong external drafts: the Engine commits partial accepts by replaying our capsules on the GPU
-    and keeps the tokens of plain decoding bit for bit (fp16 too), which are transformers' (fp32)."""
+    and keeps the tokens of plain decoding bit for bit (fp16 too), which are transformers' (fp32). The same export
+    on ORT's own GatedDeltaNet / conv kernels (--op-domain com.microsoft) is recorded, not required: its drafted
+    tokens have left plain decoding (docs/lossless-speculative.md)."""
     checkpoint, want, eos = dense
     out = export_for_test(checkpoint, tmp_path / "out", eos, dtype=dtype, paged=True, block_size=BLOCK_SIZE,
-                          state_update_capacity=CAPACITY)
+                          state_update_capacity=CAPACITY, op_domain=op_domain)
     plain = genai(out, "engine", SPEC_PROMPTS, SPEC_TOKENS)
     drafted = genai(out, "engine", SPEC_PROMPTS, SPEC_TOKENS, drafts_from=want)
     assert drafted["draft_width"] == CAPACITY
+    if op_domain == contract.MS_DOMAIN and drafted["tokens"] != plain["tokens"]:
+        first = [next((i for i, (a, b) in enumerate(zip(d, p)) if a != b), None)
+                 for d, p in zip(drafted["tokens"], plain["tokens"])]
+        pytest.xfail(f"ORT's own kernels: drafted tokens leave plain decoding at generated token {first} per request "
+                     f"(plain equals transformers: {plain['tokens'] == want}; stats {drafted['stats']})")
     assert drafted["tokens"] == plain["tokens"]
     if dtype == "fp32":
         assert plain["tokens"] == want
