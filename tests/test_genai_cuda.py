@@ -113,10 +113,16 @@ def reference_tokens(hf, prompts, new_tokens: int = NEW_TOKENS) -> list[list[int
                             do_sample=False)[0, len(p):].tolist() for p in prompts]
 
 
-def assert_near_greedy(hf, prompts, got: list[list[int]], want: list[list[int]], dtype: str) -> None:
-    """fp32: the same tokens. fp16: every picked token's fp32 logit (transformers, on the picked prefix) is within
+def exact(dtype: str, paged: bool) -> bool:
+    """Whether tokens must equal transformers' one for one: fp32 exports, except paged ones on CUDA, whose pool is
+    fp16 (ORT's CUDA PagedAttention has no fp32 kernel)."""
+    return dtype == "fp32" and not (paged and PROVIDER == "cuda")
+
+
+def assert_near_greedy(hf, prompts, got: list[list[int]], want: list[list[int]], exactly: bool) -> None:
+    """Exactly: the same tokens. Else every picked token's fp32 logit (transformers, on the picked prefix) is within
     FP16_LOGIT_TOL of that step's best, and the tokens are transformers' up to the first such near tie."""
-    if dtype == "fp32":
+    if exactly:
         assert got == want
         return
     for prompt, tokens, expected in zip(prompts, got, want):
@@ -149,14 +155,14 @@ def test_generator_gives_transformers_tokens(layout, dtype, tmp_path):
     config = json.loads((out / "genai_config.json").read_text())
     assert config["model"]["decoder"]["session_options"]["provider_options"] == (
         [{"cuda": {}}] if PROVIDER == "cuda" else [])
-    assert_near_greedy(hf, PROMPTS, genai(out, "generator", PROMPTS)["tokens"], want, dtype)
+    assert_near_greedy(hf, PROMPTS, genai(out, "generator", PROMPTS)["tokens"], want, exact(dtype, paged=False))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_engine_gives_transformers_tokens(layout, dtype, tmp_path):
     checkpoint, hf, want, eos = layout
     out = export_for_test(checkpoint, tmp_path / "out", eos, dtype=dtype, paged=True, block_size=BLOCK_SIZE)
-    assert_near_greedy(hf, PROMPTS, genai(out, "engine", PROMPTS)["tokens"], want, dtype)
+    assert_near_greedy(hf, PROMPTS, genai(out, "engine", PROMPTS)["tokens"], want, exact(dtype, paged=True))
 
 
 # --- speculative decoding: lossless on the GPU --------------------------------------------------------------
@@ -200,7 +206,7 @@ def test_external_drafts_are_lossless(dense, dtype, op_domain, tmp_path):
         pytest.xfail(f"ORT's own kernels: drafted tokens leave plain decoding at generated token {first} per request "
                      f"(plain equals transformers: {plain['tokens'] == want}; stats {drafted['stats']})")
     assert drafted["tokens"] == plain["tokens"]
-    if dtype == "fp32":
+    if exact(dtype, paged=True):
         assert plain["tokens"] == want
     assert_partial_accepts(drafted["stats"])
 
@@ -219,7 +225,8 @@ def test_zeroed_capsules_diverge(dense, tmp_path):
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_mtp_head_drafts_are_lossless(dtype, tmp_path):
     """(b) The exported MTP head drafts (a head fitted to the model, so it is often right), four requests at once:
-    the tokens equal plain decoding of the same export and, in fp32, transformers'."""
+    the tokens equal plain decoding of the same export (no head) bit for bit, and transformers' (exact() says how
+    closely)."""
     hf_dir = make_tiny_checkpoint(tmp_path / "hf", "qwen3_5_multimodal", tied=True, seed=3, mtp=True)
     runs = greedy_runs(export(hf_dir, tmp_path / "fit", progress=False), MTP_PROMPTS, SPEC_TOKENS, contract.DOMAIN)
     fit = [(tokens[:len(p) + 16], hidden[:len(p) + 16]) for (tokens, hidden), p in zip(runs, MTP_PROMPTS)]
@@ -236,5 +243,4 @@ def test_mtp_head_drafts_are_lossless(dtype, tmp_path):
     no_head = export_for_test(hf_dir, tmp_path / "plain", eos, dtype=dtype, paged=True, block_size=BLOCK_SIZE,
                               state_update_capacity=CAPACITY, mtp=False)
     assert drafted["tokens"] == genai(no_head, "engine", MTP_PROMPTS, SPEC_TOKENS)["tokens"]
-    if dtype == "fp32":
-        assert drafted["tokens"] == want
+    assert_near_greedy(load_reference(hf_dir), MTP_PROMPTS, drafted["tokens"], want, exact(dtype, paged=True))

@@ -70,7 +70,9 @@ def without_mtp(package: Path, target: Path) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     for source in package.iterdir():
-        if source.suffix in (".data", ".so"):
+        if source.is_dir():  # the CUDA kernel images beside the library
+            shutil.copytree(source, target / source.name, copy_function=os.link)
+        elif source.suffix in (".data", ".so"):
             if not source.name.startswith("mtp."):
                 os.link(source, target / source.name)
         elif source.name != "genai_config.json" and not source.name.startswith("mtp."):

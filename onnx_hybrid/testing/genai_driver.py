@@ -80,7 +80,12 @@ def run_engine(model, prompts: list[list[int]], new_tokens: int,
             done = len(tokens[k])
             if drafts_from and done and new_tokens - done > capacity:
                 drafts = proposal(drafts_from[k], done, capacity, rounds[k])
-                request.set_draft_tokens(np.array(drafts, dtype=np.int32))
+                try:
+                    request.set_draft_tokens(np.array(drafts, dtype=np.int32))
+                except RuntimeError as error:  # the request is between steps (its tokens not yet committed)
+                    if "ready to decode" not in str(error):
+                        raise
+                    continue
                 rounds[k] += 1
     else:
         raise RuntimeError(f"the Engine still had pending requests after {4 * new_tokens * len(prompts)} steps")
