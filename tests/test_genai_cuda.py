@@ -36,9 +36,15 @@ from onnx_hybrid.testing.engine import set_eos, tamper_capsules  # noqa: E402
 from onnx_hybrid.testing.mtp import add_mtp_head, fit_drafting_head, greedy_runs  # noqa: E402
 
 PROVIDER = os.environ.get("ONNX_HYBRID_GENAI_TEST_PROVIDER", "cuda")
-# An fp16 export may pick another token only where transformers' fp32 logits of the two are this close (absolute;
-# the tiny models' logits span about +-13 with a standard deviation near 4).
-FP16_LOGIT_TOL = 0.05
+# fp16 exports are held to logits, not tokens: the tiny random checkpoints have steps where fp16 rounding alone moves
+# a logit by 3-5 (transformers' own fp16 run too: 4.8 at one step of the multimodal one; an MoE routing near-tie
+# flips an expert), so a greedy token can leave the fp32 reference. Over every step of every prompt, teacher-forced
+# on transformers' tokens, the RMS error of our fp16 logits must stay below this fraction of the logits' spread
+# (measured: 0.01-0.06; a wrong kernel gives about 1).
+FP16_REL_RMS_TOL = 0.1
+# Two fp16 runs of the same model on one GPU (og.Engine over the paged graph, og.Generator over the plain one) differ
+# by fp16 rounding only: where their greedy tokens part, the Engine's token is within this of the Generator's best.
+FP16_TIE_TOL = 0.25
 PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150, 8], [44, 3, 150, 12], [77]]
 NEW_TOKENS = 16
 VOCAB = 160  # testing.checkpoints geometry
@@ -91,9 +97,10 @@ def export_for_test(checkpoint, out, eos: int, **options) -> Path:
     return path
 
 
-def genai(model: Path, mode: str, prompts, new_tokens: int = NEW_TOKENS, drafts_from=None) -> dict:
+def genai(model: Path, mode: str, prompts, new_tokens: int = NEW_TOKENS, drafts_from=None, forced=None) -> dict:
     """Run onnxruntime-genai on ``model`` in a fresh interpreter that imports nothing of onnx_hybrid."""
-    job = {"model": str(model), "mode": mode, "prompts": prompts, "new_tokens": new_tokens, "drafts_from": drafts_from}
+    job = {"model": str(model), "mode": mode, "prompts": prompts, "new_tokens": new_tokens, "drafts_from": drafts_from,
+           "forced": forced}
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ONNX_HYBRID_CUDA_IMAGES")}
     path = os.pathsep.join(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                            if p and not (Path(p) / "onnx_hybrid").is_dir())
@@ -119,23 +126,31 @@ def exact(dtype: str, paged: bool) -> bool:
     return dtype == "fp32" and not (paged and PROVIDER == "cuda")
 
 
-def assert_near_greedy(hf, prompts, got: list[list[int]], want: list[list[int]], exactly: bool) -> None:
-    """Exactly: the same tokens. Else every picked token's fp32 logit (transformers, on the picked prefix) is within
-    FP16_LOGIT_TOL of that step's best, and the tokens are transformers' up to the first such near tie."""
-    if exactly:
-        assert got == want
-        return
-    for prompt, tokens, expected in zip(prompts, got, want):
-        assert len(tokens) == len(expected)
-        with torch.no_grad():
-            logits = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1:].double().numpy()
-        best = logits.max(-1)
-        picked = logits[np.arange(len(tokens)), tokens]
-        assert (best - picked <= FP16_LOGIT_TOL).all(), (tokens, expected, (best - picked).max())
-        first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
-        if first is not None:  # a divergence must start at a near tie of the reference
-            top2 = np.sort(logits[first])[-2:]
-            assert top2[1] - top2[0] <= FP16_LOGIT_TOL, (first, tokens, expected)
+def transformers_logits(hf, prompts, continuations) -> list[np.ndarray]:
+    """fp32 logits before each token of each continuation (teacher-forced), [steps, vocab] per prompt."""
+    with torch.no_grad():
+        return [hf(torch.tensor([p + c[:-1]])).logits[0, len(p) - 1:].double().numpy()
+                for p, c in zip(prompts, continuations)]
+
+
+def assert_fp16_logits_close(hf, out: Path, want: list[list[int]]) -> None:
+    """The fp16 export's logits, through og.Generator teacher-forced on transformers' greedy tokens, against
+    transformers' fp32 logits: relative RMS over all steps of each prompt below FP16_REL_RMS_TOL."""
+    got = genai(out, "forced", PROMPTS, forced=want)["logits"]
+    for prompt, ours, ref in zip(PROMPTS, got, transformers_logits(hf, PROMPTS, want)):
+        rel = np.sqrt(np.mean((np.asarray(ours) - ref) ** 2)) / ref.std()
+        print(f"fp16 relative RMS {out.name} prompt of {len(prompt)}: {rel:.4f}")  # shown with -s / -rP
+        assert rel <= FP16_REL_RMS_TOL, (prompt, rel)
+
+
+def assert_same_up_to_fp16_ties(engine_tokens, generator_out: Path) -> None:
+    """The Engine's fp16 tokens against og.Generator over the plain fp16 export: where they part, the Engine's token
+    is within FP16_TIE_TOL of the best logit the Generator computes on the Engine's own prefix."""
+    logits = genai(generator_out, "forced", PROMPTS, forced=engine_tokens)["logits"]
+    for prompt, tokens, rows in zip(PROMPTS, engine_tokens, logits):
+        rows = np.asarray(rows, np.float64)
+        gap = rows.max(-1) - rows[np.arange(len(tokens)), tokens]
+        assert (gap <= FP16_TIE_TOL).all(), (prompt, tokens, gap.max())
 
 
 @pytest.fixture(scope="module", params=LAYOUTS, ids=[case[0] for case in LAYOUTS])
@@ -155,19 +170,37 @@ def test_generator_gives_transformers_tokens(layout, dtype, tmp_path):
     config = json.loads((out / "genai_config.json").read_text())
     assert config["model"]["decoder"]["session_options"]["provider_options"] == (
         [{"cuda": {}}] if PROVIDER == "cuda" else [])
-    assert_near_greedy(hf, PROMPTS, genai(out, "generator", PROMPTS)["tokens"], want, exact(dtype, paged=False))
+    if dtype == "fp32":
+        assert genai(out, "generator", PROMPTS)["tokens"] == want
+    else:
+        assert_fp16_logits_close(hf, out, want)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_engine_gives_transformers_tokens(layout, dtype, tmp_path):
+    """The paged export in og.Engine, three requests at once: fp32 on the CPU gives transformers' tokens one for one;
+    otherwise (an fp16 pool) the Engine's tokens are those of og.Generator over the plain export of the same
+    precision up to fp16 ties, and that export's logits are transformers' within FP16_REL_RMS_TOL."""
     checkpoint, hf, want, eos = layout
     out = export_for_test(checkpoint, tmp_path / "out", eos, dtype=dtype, paged=True, block_size=BLOCK_SIZE)
-    assert_near_greedy(hf, PROMPTS, genai(out, "engine", PROMPTS)["tokens"], want, exact(dtype, paged=True))
+    tokens = genai(out, "engine", PROMPTS)["tokens"]
+    assert [len(t) for t in tokens] == [NEW_TOKENS] * len(PROMPTS)
+    if exact(dtype, paged=True):
+        assert tokens == want
+        return
+    plain = export_for_test(checkpoint, tmp_path / "plain", eos, dtype="fp16")
+    assert_same_up_to_fp16_ties(tokens, plain)
+    assert_fp16_logits_close(hf, plain, want)
 
 
 # --- speculative decoding: lossless on the GPU --------------------------------------------------------------
 
-SPEC_PROMPTS = [[(7 * i + 3 * b) % 150 + 1 for i in range(n)] for b, n in enumerate((12, 4, 25, 1))]
+def spec_prompts(*lengths):
+    return [[(7 * i + 3 * b) % 150 + 1 for i in range(n)] for b, n in enumerate(lengths)]
+
+
+# Short prompts, and prompts long enough (>= 32 tokens a request) for the chunked GatedDeltaNet prefill on the GPU.
+SPEC_PROMPTS = {"short": spec_prompts(12, 4, 25, 1), "long": spec_prompts(40, 7, 70, 1)}
 SPEC_TOKENS = 30
 CAPACITY = 3
 # The prompts tests/test_mtp_export.py fits its head on: with them its drafts end in full, partial and zero accepts.
@@ -177,9 +210,12 @@ MTP_PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150, 8], [44, 3, 150, 12],
 
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory):
+    """(checkpoint, {prompt set: transformers' tokens}, an EOS none of them holds)."""
     checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp("spec") / "hf", "qwen3_5_text", seed=5)
-    want = reference_tokens(load_reference(checkpoint), SPEC_PROMPTS, SPEC_TOKENS)
-    return checkpoint, want, unused_token(*SPEC_PROMPTS, *want)
+    hf = load_reference(checkpoint)
+    want = {name: reference_tokens(hf, prompts, SPEC_TOKENS) for name, prompts in SPEC_PROMPTS.items()}
+    every = [seq for name, prompts in SPEC_PROMPTS.items() for seq in prompts + want[name]]
+    return checkpoint, want, unused_token(*every)
 
 
 def assert_partial_accepts(stats: dict) -> None:
@@ -187,18 +223,20 @@ def assert_partial_accepts(stats: dict) -> None:
     assert stats["target_forward_passes"] < SPEC_TOKENS, stats
 
 
+@pytest.mark.parametrize("prompt_set", list(SPEC_PROMPTS))
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("op_domain", [contract.DOMAIN, contract.MS_DOMAIN], ids=["ours", "ort-own"])
-def test_external_drafts_are_lossless(dense, dtype, op_domain, tmp_path):
+def test_external_drafts_are_lossless(dense, dtype, op_domain, prompt_set, tmp_path):
     """(a) Partly wrong external drafts: the Engine commits partial accepts by replaying our capsules on the GPU
     and keeps the tokens of plain decoding bit for bit (fp16 too), which are transformers' (fp32). The same export
     on ORT's own GatedDeltaNet / conv kernels (--op-domain com.microsoft) is recorded, not required: its drafted
     tokens have left plain decoding (docs/lossless-speculative.md)."""
-    checkpoint, want, eos = dense
+    checkpoint, wants, eos = dense
+    prompts, want = SPEC_PROMPTS[prompt_set], wants[prompt_set]
     out = export_for_test(checkpoint, tmp_path / "out", eos, dtype=dtype, paged=True, block_size=BLOCK_SIZE,
                           state_update_capacity=CAPACITY, op_domain=op_domain)
-    plain = genai(out, "engine", SPEC_PROMPTS, SPEC_TOKENS)
-    drafted = genai(out, "engine", SPEC_PROMPTS, SPEC_TOKENS, drafts_from=want)
+    plain = genai(out, "engine", prompts, SPEC_TOKENS)
+    drafted = genai(out, "engine", prompts, SPEC_TOKENS, drafts_from=want)
     assert drafted["draft_width"] == CAPACITY
     if op_domain == contract.MS_DOMAIN and drafted["tokens"] != plain["tokens"]:
         first = [next((i for i, (a, b) in enumerate(zip(d, p)) if a != b), None)
@@ -214,10 +252,12 @@ def test_external_drafts_are_lossless(dense, dtype, op_domain, tmp_path):
 def test_zeroed_capsules_diverge(dense, tmp_path):
     """Negative control: the same export with its GDN capsules zeroed loads and drafts, but every partial accept
     rebuilds a zero recurrent state, so the tokens leave the reference."""
-    checkpoint, want, eos = dense
+    checkpoint, wants, eos = dense
+    want = wants["short"]
     out = export_for_test(checkpoint, tmp_path / "out", eos, dtype="fp32", paged=True, block_size=BLOCK_SIZE,
                           state_update_capacity=CAPACITY)
-    run = genai(tamper_capsules(out, tmp_path / "tampered"), "engine", SPEC_PROMPTS, SPEC_TOKENS, drafts_from=want)
+    run = genai(tamper_capsules(out, tmp_path / "tampered"), "engine", SPEC_PROMPTS["short"], SPEC_TOKENS,
+                drafts_from=want)
     assert run["stats"]["partial_accept_rounds"] > 0
     assert all(got != ref for got, ref in zip(run["tokens"], want)), run["tokens"]
 
@@ -243,4 +283,5 @@ def test_mtp_head_drafts_are_lossless(dtype, tmp_path):
     no_head = export_for_test(hf_dir, tmp_path / "plain", eos, dtype=dtype, paged=True, block_size=BLOCK_SIZE,
                               state_update_capacity=CAPACITY, mtp=False)
     assert drafted["tokens"] == genai(no_head, "engine", MTP_PROMPTS, SPEC_TOKENS)["tokens"]
-    assert_near_greedy(load_reference(hf_dir), MTP_PROMPTS, drafted["tokens"], want, exact(dtype, paged=True))
+    if exact(dtype, paged=True):
+        assert drafted["tokens"] == want

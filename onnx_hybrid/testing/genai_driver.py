@@ -29,6 +29,21 @@ def greedy_tokens(model: og.Model, prompt: list[int], max_new_tokens: int) -> li
     return [int(t) for t in generator.get_sequence(0)[len(prompt):]]
 
 
+def forced_logits(model: og.Model, prompt: list[int], tokens: list[int]) -> list[list[float]]:
+    """The logits ``og.Generator`` computes before each of ``tokens`` when they are fed one by one after ``prompt``
+    (teacher forcing through its decode path): one row per token, float32 values."""
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(prompt) + len(tokens) + 1)
+    generator = og.Generator(model, params)
+    generator.append_tokens(prompt)
+    rows = []
+    for token in tokens:
+        logits = np.asarray(generator.get_output("logits"), dtype=np.float32)
+        rows.append(logits.reshape(-1, logits.shape[-1])[-1].tolist())
+        generator.append_tokens([token])
+    return rows
+
+
 def proposal(reference: list[int], done: int, capacity: int, round_index: int) -> list[int]:
     """The next ``capacity`` reference tokens; on odd rounds one of them is wrong, at a position that
     cycles through 0..capacity-1, so the accepted lengths cover every histogram bin."""
@@ -93,11 +108,14 @@ def run_engine(model, prompts: list[list[int]], new_tokens: int,
 
 
 def run_job(job: dict) -> dict:
-    """``{"model": folder, "mode": "generator" | "engine", "prompts": [[...]], "new_tokens": n,
-    "drafts_from": [[...]] (engine, optional)}`` -> ``{"tokens": [[...]], ...}``."""
+    """``{"model": folder, "mode": "generator" | "engine" | "forced", "prompts": [[...]], "new_tokens": n,
+    "drafts_from": [[...]] (engine, optional), "forced": [[...]] (forced)}`` -> ``{"tokens": [[...]], ...}`` or
+    ``{"logits": [[[...]]]}`` (forced: per prompt, per forced token)."""
     model = og.Model(job["model"])
     if job["mode"] == "generator":
         return {"tokens": [greedy_tokens(model, p, job["new_tokens"]) for p in job["prompts"]]}
+    if job["mode"] == "forced":
+        return {"logits": [forced_logits(model, p, f) for p, f in zip(job["prompts"], job["forced"])]}
     if job["mode"] == "engine":
         return asdict(run_engine(model, job["prompts"], job["new_tokens"], job.get("drafts_from")))
     raise ValueError(f"unknown mode {job['mode']!r}")
