@@ -35,6 +35,10 @@ struct Vec {
   static Reg Sub(Reg a, Reg b) { return _mm512_sub_ps(a, b); }
   static Reg Mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
   static Reg Fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static Reg Abs(Reg a) { return _mm512_abs_ps(a); }
+  static Reg Min(Reg a, Reg b) { return _mm512_min_ps(a, b); }
+  static Reg Max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
+  static unsigned LessMask(Reg a, Reg b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
   static float Sum(Reg v) { return _mm512_reduce_add_ps(v); }
 };
 
