@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 
@@ -37,18 +36,6 @@ CASES = [  # name, lengths, capacity, initial-state scale
     ("verify 4 tokens, B=8, capacity 4, decayed state", [4] * 8, 4, 1e-38),
 ]
 GOALS = {"prefill": 5.0, "decode": 2.0, "verify": 2.0}  # required ORT / ours
-
-
-def cpu_model() -> str:
-    """lscpu's "Model name" (the processor's brand string), else the machine type."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def timed(session, names, values, runs: int) -> tuple[float, float]:
@@ -171,7 +158,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    from onnx_hybrid.ops.library import cpu_isa
+    from onnx_hybrid.ops.library import cpu_isa, cpu_model
 
     print(f"onnxruntime {ort.__version__}, {args.threads} intra-op threads, kernels: {cpu_isa()}, "
           f"median of {args.runs} runs")
