@@ -50,6 +50,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--domains", nargs="+", default=[contract.DOMAIN, contract.MS_DOMAIN])
     args = parser.parse_args()
+    from onnx_hybrid.ops.library import cpu_model
+
+    print(f"CPU: {cpu_model()}; {args.threads} intra-op threads, prompt {args.prompt}, {args.new_tokens} new tokens, "
+          f"best of {args.repeats}", flush=True)
     models = ensure_exports(args.work, args.domains)
     results = {}
     for label, path in models.items():

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnx_hybrid.ops import contract, reference
+from onnx_hybrid.ops import contract, reference, replay
 from onnx_hybrid.ops.single_op import make_session, run_session, run_single_op, single_op_model, to_ort_value
+from onnx_hybrid.ops.testing import random_gdn_case
 
 # fp32: the project rule (≤ 1e-5 against float64). fp16/bf16: ORT's chunked GDN calibration (3e-2),
 # which also covers bf16's coarser output rounding (2^-9 relative) for unit-scale outputs.
@@ -14,6 +15,8 @@ TOLERANCE = {"float": 1e-5, "float16": 3e-2, "bfloat16": 3e-2}
 GDN = contract.GATED_DELTA_NET.name
 CONV = contract.VARLEN_CAUSAL_CONV.name
 GDN_OUTPUTS = [p.name for p in contract.GATED_DELTA_NET.outputs]
+TOKEN_INPUTS = ("query", "key", "value", "decay", "beta")  # GDN inputs with one row per token
+FLT_MIN = np.finfo(np.float32).tiny
 CONV_OUTPUTS = [p.name for p in contract.VARLEN_CAUSAL_CONV.outputs]
 
 
@@ -96,3 +99,79 @@ def check_state_aliasing(op: str, case, rounds: int = 2):
         np.testing.assert_array_equal(binding.get_outputs()[0].numpy(), expected["output"])
         np.testing.assert_array_equal(state.numpy(), expected["final_state"])
         expected_state = expected["final_state"]
+
+
+def subnormal_gdn_case(rng, lengths, *, head_size_k=64, **kw):
+    """A qwen-gated case whose decays and states fall below FLT_MIN (4 value heads, float32):
+    head 0 ordinary; heads 1 and 2 decay fast (exp(-60 softplus(x)) spans 3e-4 down past the underflow
+    threshold: subnormal and zero decays); head 2 also has values and an initial state around 1e-37, so
+    its state lives near and below FLT_MIN; head 3 has an ordinary gate and a subnormal initial state (~1e-39)."""
+    case = random_gdn_case(rng, lengths, head_size_k=head_size_k, num_heads_q=2, num_heads_v=4, **kw)
+    f = case.feeds
+    f["a_log"][1:3] = np.log(np.float32(60.0))
+    f["dt_bias"][1:3] = 0.0
+    f["value"][:, 2] *= np.float32(1e-37)
+    f["initial_state"][:, 2] *= np.float32(1e-37)
+    f["initial_state"][:, 3] *= np.float32(1e-38)
+    return case
+
+
+def is_subnormal(x) -> np.ndarray:
+    x = np.asarray(x)
+    return (x != 0) & (np.abs(x) < FLT_MIN)
+
+
+def _row_prefix(case, row, n, initial_state):
+    """Request `row`'s first n tokens as a one-row call without capture."""
+    start = int(np.sum(case.lengths[:row]))
+    feeds = {name: value for name, value in case.feeds.items() if name not in ("capture_count", "state_update_active")}
+    for name in TOKEN_INPUTS:
+        if name in feeds:
+            feeds[name] = case.feeds[name][start:start + n]
+    feeds["cu_seqlens"] = np.array([0, n], np.int32)
+    feeds["initial_state"] = initial_state
+    attrs = {k: v for k, v in case.attributes.items() if k != "state_update_capacity"}
+    return feeds, attrs
+
+
+def check_capsule_replay(case, results=None):
+    """replay_gdn of each row's capsule, for every captured prefix n, equals bitwise the op's final_state on
+    those n tokens alone (the contract's replay rule)."""
+    results = results or run_gdn(case)
+    capacity = case.attributes["state_update_capacity"]
+    for row, captured in enumerate(case.feeds["capture_count"]):
+        initial = case.feeds["initial_state"][row:row + 1]
+        for n in range(1, contract.captured_prefix(captured, capacity, case.lengths[row]) + 1):
+            want = run_single_op(GDN, *_row_prefix(case, row, n, initial))["final_state"]
+            state = initial.copy()
+            replay.replay_gdn(state, results["state_update"][row:row + 1].copy(), n, capacity)
+            np.testing.assert_array_equal(state, want, err_msg=f"row {row}, prefix {n}")
+
+
+def check_decode_equals_verify(case, row=0):
+    """Request `row` token by token (decode calls, each feeding back the previous final_state) equals, bit
+    for bit, its outputs and final state in the whole call."""
+    whole = run_gdn(case)
+    start = int(np.sum(case.lengths[:row]))
+    state = case.feeds["initial_state"][row:row + 1]
+    for t in range(case.lengths[row]):
+        feeds, attrs = _row_prefix(case, row, 1, state)
+        for name in TOKEN_INPUTS:
+            if name in feeds:
+                feeds[name] = case.feeds[name][start + t:start + t + 1]
+        step = run_single_op(GDN, feeds, attrs)
+        np.testing.assert_array_equal(step["output"][0], whole["output"][start + t], err_msg=f"token {t}")
+        state = step["final_state"]
+    np.testing.assert_array_equal(state[0], whole["final_state"][row])
+
+
+def check_subnormal_gdn(head_size_k: int, seed: int = 0):
+    """A subnormal_gdn_case with a chunked row and three recurrent ones (captured): the float64 reference
+    within tolerance, gradual underflow kept in the recurrent rows' states (the kernels flush subnormals
+    while they run), bit-exact capsule replay, and decode == verify."""
+    case = subnormal_gdn_case(np.random.default_rng(seed), [40, 6, 5, 1], head_size_k=head_size_k, capacity=6,
+                              capture=[0, 6, 3, 1])
+    results = check_gdn(case)
+    assert is_subnormal(results["final_state"][1:, 2]).any(), "the recurrent rows' tiny head lost its subnormals"
+    check_capsule_replay(case, results)
+    check_decode_equals_verify(case, row=1)

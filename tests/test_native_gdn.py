@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from native_util import GDN, check_gdn, check_state_aliasing, run_gdn
+from native_util import (GDN, check_capsule_replay, check_decode_equals_verify, check_gdn, check_state_aliasing,
+                         check_subnormal_gdn, is_subnormal,
+                         run_gdn, subnormal_gdn_case)
 from onnx_hybrid.ops import contract, library, replay, single_op
 from onnx_hybrid.ops.testing import random_gdn_case
 
@@ -209,22 +211,44 @@ def test_decode_row_in_mixed_batch_is_bitwise_independent():
 @pytest.mark.parametrize("dtype", ["float", "float16"])
 def test_capsule_replay_is_bit_exact(dtype):
     """replay_gdn of the capsule for every prefix 1..C equals the op's final_state on that prefix alone."""
-    capacity = 8
-    case = random_gdn_case(np.random.default_rng(14), [8, 8, 8], capacity=capacity, capture=[0, 4, 8],
-                           num_heads_q=2, num_heads_v=4, dtype=dtype)
-    capsule = run_gdn(case)["state_update"]
-    for row, captured in enumerate([0, 4, 8]):
-        for n in range(1, captured + 1):
-            prefix = {"cu_seqlens": np.array([0, n], np.int32), "a_log": case.feeds["a_log"],
-                      "dt_bias": case.feeds["dt_bias"],
-                      "initial_state": case.feeds["initial_state"][row:row + 1]}
-            for name in ("query", "key", "value", "decay", "beta"):
-                prefix[name] = case.feeds[name][8 * row:8 * row + n]
-            attrs = {k: v for k, v in case.attributes.items() if k != "state_update_capacity"}
-            want = single_op.run_single_op(GDN, prefix, attrs)["final_state"]
-            state = case.feeds["initial_state"][row:row + 1].copy()
-            replay.replay_gdn(state, capsule[row:row + 1].copy(), n, capacity)
-            np.testing.assert_array_equal(state, want, err_msg=f"row {row}, prefix {n}")
+    check_capsule_replay(random_gdn_case(np.random.default_rng(14), [8, 8, 8], capacity=8, capture=[0, 4, 8],
+                                         num_heads_q=2, num_heads_v=4, dtype=dtype))
+
+
+# Head sizes of every recurrent kernel path: AVX-512 registers (64, 128) and any-Dk (32, 37), AVX2 registers (32).
+@pytest.mark.parametrize("head_size_k", [32, 37, 64, 128])
+def test_subnormal_decays_and_states(head_size_k):
+    check_subnormal_gdn(head_size_k, seed=head_size_k)
+
+
+def test_subnormal_state_decode_equals_verify_without_capture():
+    """Uncaptured short rows run the recurrence too: decode == verify on a state decayed below FLT_MIN."""
+    rng = np.random.default_rng(21)
+    case = subnormal_gdn_case(rng, [7, 2], head_size_k=128)
+    state = case.feeds["initial_state"]
+    case.feeds["initial_state"] = (1e-39 * rng.standard_normal(state.shape)).astype(np.float32)  # every head
+    assert is_subnormal(case.feeds["initial_state"]).mean() > 0.5
+    check_gdn(case)
+    check_decode_equals_verify(case, row=0)
+
+
+def test_kernels_leave_the_thread_float_mode_alone():
+    """The kernels flush subnormals only inside their work items: after a run the calling thread (NumPy)
+    and ORT's own kernels in the same session (2 intra-op threads) compute subnormals again."""
+    from onnx import TensorProto, helper
+
+    case = subnormal_gdn_case(np.random.default_rng(3), [40, 3, 1])
+    model = single_op.single_op_model(GDN, case.feeds, case.attributes)
+    model.graph.input.append(helper.make_tensor_value_info("tiny", TensorProto.FLOAT, [1 << 16]))
+    model.graph.initializer.append(helper.make_tensor("half", TensorProto.FLOAT, [], [0.5]))
+    model.graph.node.append(helper.make_node("Mul", ["tiny", "half"], ["halved"]))
+    model.graph.output.append(helper.make_tensor_value_info("halved", TensorProto.FLOAT, [1 << 16]))
+    session = single_op.make_session(model, intra_op_threads=2)
+    tiny = np.full(1 << 16, 1e-38, np.float32)
+    for _ in range(3):  # from the second run on, ORT's Mul runs after our kernel has used the pool threads
+        halved = single_op.run_session(session, {**case.feeds, "tiny": tiny})["halved"]
+        np.testing.assert_array_equal(halved, np.full(1 << 16, 5e-39, np.float32))
+        assert is_subnormal(np.float32(1e-38) * np.float32(0.5))
 
 
 def _cpu_flags() -> set:
@@ -251,6 +275,9 @@ def test_narrower_isa_matches_reference(isa):
         "    check_gdn(random_gdn_case(np.random.default_rng(i), lengths, head_size_k=dk, head_size_v=dv,"
         " capacity=2, capture=[2, 1, 2][:len(lengths)]))\n"
         "check_conv(random_conv_case(np.random.default_rng(0), [10, 5, 1, 8], channels=70))\n"
+        "from native_util import check_subnormal_gdn\n"
+        "for dk in (32, 37, 64, 128):\n"
+        "    check_subnormal_gdn(dk, seed=dk)\n"
     )
     env = {**os.environ, "ONNX_HYBRID_CPU_ISA": isa}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))

@@ -8,6 +8,22 @@
 
 namespace onnx_hybrid {
 
+// The stored state follows the update rule in IEEE fp32 with gradual underflow (replays compute it so),
+// also while the thread flushes subnormals (float_mode.h). The engines update with flushing, then recompute
+// with ExactStateStep every element whose result is below kExactStateAbove or whose decay exceeds 1. Why
+// the rest is exact: a decay <= 1 and the flush change fl(S*a) and fl(k*u) by at most FLT_MIN each, and
+// only when that operand underflowed (or S was subnormal); a flushed sum of at least 2^-100 is then the
+// other operand, whose half ulp (>= 2^-124) absorbs the IEEE operand just as well. Decays are never
+// subnormal (gdn_cpu.cc flushes them), keys and deltas come from flushed arithmetic. The recurrence's
+// dot products (delta and output) read the flushed values: their rounding is the kernels' choice.
+constexpr float kExactStateAbove = 0x1p-100f;
+// fl(fl(s * a) + fl(k * u)) in IEEE fp32 with gradual underflow, whatever the thread's MXCSR.
+float ExactStateStep(float s, float a, float k, float u);
+// after[j] = ExactStateStep(before[j], a_j, key[j], u) for each j < n with |after[j]| < kExactStateAbove or
+// a_j > 1, where a_j = alpha[j] (per_key) or alpha[0]; `before` is the row's state before the token.
+void RepairStateRow(const float* before, float* after, int64_t n, const float* alpha, bool per_key, const float* key,
+                    float u);
+
 // One state row c (Dk floats) of one value head, advanced over n tokens by the sequential engine.
 struct RecurrentRowArgs {
   const float* state_in;  // [Dk]; may equal state_out (read before written)

@@ -33,6 +33,10 @@ struct Vec {
   static Reg Sub(Reg a, Reg b) { return _mm256_sub_ps(a, b); }
   static Reg Mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
   static Reg Fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static Reg Abs(Reg a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  static Reg Max(Reg a, Reg b) { return _mm256_max_ps(a, b); }
+  static Reg MinAbs(Reg a, Reg b) { return _mm256_min_ps(Abs(a), b); }
+  static unsigned BelowMask(Reg a, Reg b) { return unsigned(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_NGE_UQ))); }
   static float Sum(Reg v) {
     const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));

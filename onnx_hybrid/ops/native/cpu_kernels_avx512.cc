@@ -1,5 +1,5 @@
 // AVX-512 variant of the CPU building blocks. Only this file is compiled for AVX-512 (by the pragma
-// below), and it is entered only after the CPU reported avx512f. It includes no standard library
+// below), and it is entered only after the CPU reported avx512f and avx512dq. It includes no standard library
 // headers after the pragma, so no inline library code is emitted with AVX-512 instructions.
 #include <cstdint>
 #include <cstring>
@@ -11,7 +11,7 @@
 #include <immintrin.h>
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,fma")
+#pragma GCC target("avx512f,avx512dq,fma")
 // GCC 12's _mm512_reduce_add_ps reads a deliberately undefined register half and warns about it.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -35,6 +35,10 @@ struct Vec {
   static Reg Sub(Reg a, Reg b) { return _mm512_sub_ps(a, b); }
   static Reg Mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
   static Reg Fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static Reg Abs(Reg a) { return _mm512_abs_ps(a); }
+  static Reg Max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
+  static Reg MinAbs(Reg a, Reg b) { return _mm512_range_ps(a, b, 0x0a); }  // min magnitude, sign cleared: one op
+  static unsigned BelowMask(Reg a, Reg b) { return _mm512_cmp_ps_mask(a, b, _CMP_NGE_UQ); }
   static float Sum(Reg v) { return _mm512_reduce_add_ps(v); }
 };
 
@@ -48,7 +52,9 @@ const CpuKernels kKernels = {"avx512", Gemm, RecurrentRow, SumSquares, Dot, Dots
 #pragma GCC pop_options
 
 namespace onnx_hybrid {
-const CpuKernels* Avx512Kernels() { return __builtin_cpu_supports("avx512f") ? &avx512::kKernels : nullptr; }
+const CpuKernels* Avx512Kernels() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") ? &avx512::kKernels : nullptr;
+}
 }  // namespace onnx_hybrid
 
 #else

@@ -1,4 +1,5 @@
-// Portable variant of the CPU building blocks, and the run-time selection.
+// Portable variant of the CPU building blocks, the exact state step, and the run-time selection.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -28,19 +29,19 @@ void RecurrentRow(const RecurrentRowArgs& r) {
   for (int64_t t = 0; t < r.n; ++t) {
     const float* k = r.keys + t * dk;
     const float* q = r.queries + t * dk;
-    const float* per_key = r.per_key_alpha ? r.alpha + t * dk : nullptr;  // else r.alpha[t] for every key
+    const float* alpha = r.per_key_alpha ? r.alpha + t * dk : r.alpha + t;
     float retrieved = 0.0f;
-    for (int64_t j = 0; j < dk; ++j) {
-      s[j] = s[j] * (per_key ? per_key[j] : r.alpha[t]);
-      retrieved += s[j] * k[j];
-    }
+    for (int64_t j = 0; j < dk; ++j) retrieved += s[j] * alpha[r.per_key_alpha ? j : 0] * k[j];
     const float v = r.value[t * r.value_stride];
     const float u = r.beta ? r.beta[t] * (v - retrieved) : v;
     float o = 0.0f;
     for (int64_t j = 0; j < dk; ++j) {
+      const float a = alpha[r.per_key_alpha ? j : 0];
       const float p = k[j] * u;
-      s[j] = s[j] + p;
-      o += s[j] * q[j];
+      float next = s[j] * a + p;  // fl(fl(S * a) + fl(k * u)): no contraction in this library
+      if (std::fabs(next) < kExactStateAbove || a > 1.0f) next = ExactStateStep(s[j], a, k[j], u);
+      s[j] = next;
+      o += next * q[j];
     }
     r.out[t * r.out_stride] = o * r.scale;
     r.delta[t * r.out_stride] = u;
@@ -85,7 +86,44 @@ const CpuKernels& Select() {
   return kGeneric;
 }
 
+// A float as a double, subnormals included: DAZ would read a subnormal as zero, its integer significand does not.
+double WidenExact(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude == 0 || magnitude >= 0x00800000u) return x;
+  const double value = static_cast<double>(magnitude) * 0x1p-149;
+  return bits >> 31 ? -value : value;
+}
+
+// r rounded once to fp32 (to nearest even), subnormal results included. Results below FLT_MIN are rounded
+// as integers in units of 2^-149, whose bit pattern is the subnormal's (2^23 units is FLT_MIN itself).
+float NarrowExact(double r) {
+  const double magnitude = std::fabs(r);
+  if (!(magnitude < 0x1p-126)) return static_cast<float>(r);  // normal, infinite or NaN
+  const uint32_t bits = static_cast<uint32_t>(std::nearbyint(magnitude * 0x1p149)) | (std::signbit(r) ? 0x80000000u : 0u);
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
 }  // namespace
+
+// Products of two floats are exact in double; a double sum rounded again to fp32 is rounded correctly
+// (53 >= 2 * 24 + 2), and a sum that lands below FLT_MIN is exact. No fp32 subnormal enters the FPU.
+float ExactStateStep(float s, float a, float k, float u) {
+  const float decayed = NarrowExact(WidenExact(s) * WidenExact(a));
+  const float product = NarrowExact(WidenExact(k) * WidenExact(u));
+  return NarrowExact(WidenExact(decayed) + WidenExact(product));
+}
+
+void RepairStateRow(const float* before, float* after, int64_t n, const float* alpha, bool per_key, const float* key,
+                    float u) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float a = alpha[per_key ? j : 0];
+    if (std::fabs(after[j]) < kExactStateAbove || a > 1.0f) after[j] = ExactStateStep(before[j], a, key[j], u);
+  }
+}
 
 const CpuKernels& GenericKernels() { return kGeneric; }
 

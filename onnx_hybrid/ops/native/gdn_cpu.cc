@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "cpu_kernels.h"
@@ -57,6 +58,12 @@ struct WorkItem {
     const float z = x + t.dt_bias[hv];
     const float softplus = z > contract::kSoftplusThreshold ? z : std::log1p(std::exp(z));
     return -std::exp(t.a_log[hv]) * softplus;
+  }
+  // Multiplicative decay of the sequential engine and the capsule: never subnormal (an underflowing gate
+  // decays to exactly 0), which the exact state update relies on (cpu_kernels.h, kExactStateAbove).
+  float Decay(int64_t tok, int64_t r) const {
+    const float a = std::exp(LogGate(tok, r));
+    return a < std::numeric_limits<float>::min() ? 0.0f : a;
   }
   float Beta(int64_t tok) const {
     const float x = t.beta[tok * geo.num_heads_v + hv];
@@ -125,7 +132,7 @@ void WorkItem::Sequential() const {
       LoadQk(t.query, t.qkv.q_token_stride, t.qkv.q_offset, tok, queries + i * dk);
       LoadV(tok, values + i * dv);
       for (int64_t r = 0; r < alpha_width; ++r)
-        alpha[i * alpha_width + r] = attrs.has_decay ? std::exp(LogGate(tok, r)) : 1.0f;
+        alpha[i * alpha_width + r] = attrs.has_decay ? Decay(tok, r) : 1.0f;
       if (attrs.has_delta) beta[i] = Beta(tok);
     }
     RecurrentRowArgs args{};

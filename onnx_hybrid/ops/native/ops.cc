@@ -18,6 +18,7 @@
 #include "cuda_driver.h"
 #include "cuda_kernels.h"
 #include "cuda_plan.h"
+#include "float_mode.h"
 #include "gdn_cpu.h"
 #include "paged_attention_cpu.h"
 #include "ort_api.h"
@@ -74,7 +75,8 @@ bool EnvFlag(const char* name) {
   return v && *v && std::strcmp(v, "0") != 0;
 }
 
-// ORT's intra-op thread pool. Exceptions stay on the worker and are rethrown on the calling thread.
+// ORT's intra-op thread pool. Exceptions stay on the worker and are rethrown on the calling thread. Work items
+// run with subnormals flushed (float_mode.h).
 class OrtParallelFor : public ParallelFor {
  public:
   explicit OrtParallelFor(const OrtKernelContext* context) : context_(context) {}
@@ -89,6 +91,7 @@ class OrtParallelFor : public ParallelFor {
     auto trampoline = [](void* user, size_t i) {
       auto* s = static_cast<Shared*>(user);
       try {
+        const FlushSubnormalsScope mode;  // per work item, on whichever thread runs it (float_mode.h)
         (*s->fn)(i);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(s->mutex);
