@@ -79,11 +79,13 @@ def quant_options(weights: str | None, dtype: str, *, block_size: int = 32, asym
                   execution_provider: str = "cpu") -> QuantOptions | None:
     """The export's weight quantization from its options; None when ``weights`` is the activation type."""
     if weights in (None, dtype):
-        given = [name for name, on in (("weight_asymmetric", asymmetric), ("accuracy_level", accuracy_level is not None),
-                                       ("quantize_lm_head", lm_head), ("quantize_embedding", embedding)) if on]
-        if given or block_size != BLOCK_SIZES[0]:
-            raise ExportError(f"{', '.join(given) or 'weight_block'}: options of quantized weights, which need "
-                              f"weights int4 or int8 (--weights)")
+        given = [f"{name} (--{name.replace('_', '-')})" for name, on in (
+            ("weight_block", block_size != BLOCK_SIZES[0]), ("weight_asymmetric", asymmetric),
+            ("accuracy_level", accuracy_level is not None), ("quantize_lm_head", lm_head),
+            ("quantize_embedding", embedding)) if on]
+        if given:
+            raise ExportError(f"{', '.join(given)}: options of quantized weights, which need weights int4 or int8 "
+                              f"(--weights)")
         return None
     if weights not in WEIGHT_TYPES:
         raise ExportError(f"weights must be int4, int8 or the activation dtype {dtype}, got {weights!r}")
