@@ -227,6 +227,8 @@ def test_matmul_nbits_rows_depend_on_the_call_below_accuracy_level_4(bits):
     (dict(weights="int8", accuracy_level=7), "accuracy_level must be 0"),
     (dict(quantize_lm_head=True), r"quantize_lm_head \(--quantize-lm-head\): options of quantized weights"),
     (dict(weight_block=64), r"weight_block \(--weight-block\)"),
+    (dict(weights="int4", weight_block=128, quantize_embedding=True),
+     "quantized embedding: hidden_size 64 is not a multiple of the weight block size 128"),
 ])
 def test_bad_options_are_refused(text, tmp_path, options, message):
     with pytest.raises(ExportError, match=message):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+import logging
 from dataclasses import replace
 
 from ...ops import contract
@@ -11,6 +12,8 @@ from ..quantize import QuantSpec
 from ..weights import Segment
 from .context import GraphContext
 from .quantized import qmoe
+
+log = logging.getLogger("onnx_hybrid.exporter")
 
 
 def _swiglu(ctx: GraphContext, x: ir.Value, prefix: str, width: int) -> ir.Value:
@@ -56,6 +59,9 @@ def _expert_weights(ctx: GraphContext, prefix: str, spec: QuantSpec | None = Non
         return gate_up, w.rows(f"{prefix}experts.down_proj", down_segments, [e, hidden, f], ctx.np_act)
     # QMoE's block-wise form needs whole blocks in both expert dimensions; else each expert row is one block.
     block_wise = hidden % spec.block_size == 0 and f % spec.block_size == 0
+    if not block_wise and prefix == f"{ctx.layer(ctx.config.moe_layers.index(True))}mlp.":  # once per graph
+        log.warning("experts: hidden size %d or expert size %d is not a multiple of the weight block %d; QMoE "
+                    "gets one scale per expert row instead", hidden, f, spec.block_size)
     form = "experts" if block_wise else "columns"
     gu_spec, down_spec = (spec, spec) if block_wise else (replace(spec, block_size=hidden), replace(spec, block_size=f))
     gate_up = w.quantized(f"{prefix}experts.gate_up_proj", gu_segments, [e, 2 * f, hidden], ctx.np_act, gu_spec,
