@@ -6,7 +6,7 @@ Qwen3-Next de-interleave is many small row ranges), an optional ``1 + w`` offset
 The writer then streams every recipe into the external data file in blocks of at most
 ``BLOCK_BYTES``, so peak memory is one block plus whatever one source slice maps, never the model.
 A quantized recipe (``quant``) is quantized block by block as it streams: its packed codes are written as
-they come, its scales and zero points (an eighth of the codes or less) after them.
+they come, its scales and zero points (at most a quarter of the codes' bytes) after them.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class TensorPlan:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+        """Bytes the recipe writes (codes, scales and zero points for a quantized one), padding excluded."""
+        return sum(_nbytes(v) for v in self.values())
 
     def values(self) -> list[ir.Value]:
         """The initializers this recipe writes, in file order."""
@@ -153,12 +154,15 @@ def write_external_data(weights: Weights, path: Path, on_tensor: Callable[[Tenso
             on_tensor(plan)
 
 
+def _nbytes(value: ir.Value) -> int:
+    return int(math.prod(value.shape.numpy()) * value.dtype.itemsize)
+
+
 def _attach(value: ir.Value, path: Path, offset: int, written: int) -> int:
     """Point ``value`` at the ``written`` bytes at ``offset`` of ``path``; return the offset after them."""
-    shape = tuple(value.shape.numpy())
-    expected = int(math.prod(shape) * value.dtype.itemsize)
-    if written != expected:
-        raise ExportError(f"{value.name}: wrote {written} bytes, expected {expected} for shape {list(shape)}")
+    if written != _nbytes(value):
+        raise ExportError(f"{value.name}: wrote {written} bytes, expected {_nbytes(value)} for shape "
+                          f"{list(value.shape.numpy())}")
     value.const_value = ir.ExternalTensor(path.name, offset, written, value.dtype, shape=value.shape,
                                           name=value.name, base_dir=path.parent)
     return offset + written

@@ -101,18 +101,17 @@ class GraphContext:
 
     # ---- building blocks used by several layer kinds ----
 
-    def projection(self, name: str, segments: list[Segment], shape, *, quantize: bool = True
-                   ) -> ir.Value | QuantizedWeight:
+    def projection(self, name: str, segments: list[Segment], shape) -> ir.Value | QuantizedWeight:
         """A linear layer's [out, in] weight from (shape-checked) row segments: block-quantized when the export
-        quantizes weights (and ``quantize``), else in the activation type."""
-        if self.quant and quantize:
+        quantizes weights, else in the activation type."""
+        if self.quant:
             return self.weights.quantized(name, segments, shape, self.np_act, self.quant.spec)
         return self.weights.rows(name, segments, shape, self.np_act)
 
-    def projection_tensor(self, name: str, source: str, shape, *, quantize: bool = True) -> ir.Value | QuantizedWeight:
+    def projection_tensor(self, name: str, source: str, shape) -> ir.Value | QuantizedWeight:
         """:meth:`projection` of one whole checkpoint tensor."""
         self.weights.require(source, shape)
-        return self.projection(name, [Segment(source, 0, shape[0])], shape, quantize=quantize)
+        return self.projection(name, [Segment(source, 0, shape[0])], shape)
 
     def linear(self, x: ir.Value, weight: ir.Value | QuantizedWeight) -> ir.Value:
         """x [N, in] @ W^T with W stored [out, in] as in the checkpoint (or quantized so)."""
