@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import onnx_ir as ir
-
 import logging
 from dataclasses import replace
+
+import onnx_ir as ir
 
 from ...ops import contract
 from ..quantize import QuantSpec
@@ -35,8 +35,8 @@ def dense_mlp(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
 
 def _expert_weights(ctx: GraphContext, prefix: str, spec: QuantSpec | None = None) -> tuple:
     """[E, 2F, H] gate/up with rows interleaved (g0 u0 g1 u1 ..., what ORT's CPU MoE takes) and [E, H, F]
-    down, from fused or per-expert checkpoint tensors (model.md §3.4); quantized per ``spec`` when given
-    (its block size F or H: one block per expert row)."""
+    down, from fused or per-expert checkpoint tensors (model.md §3.4); block-quantized per ``spec`` when given,
+    with one block per expert row when the expert sizes are not multiples of its block."""
     moe, hidden, w = ctx.config.moe, ctx.config.hidden_size, ctx.weights
     e, f = moe.num_experts, moe.expert_size
     fused_gu, fused_down = f"{prefix}experts.gate_up_proj", f"{prefix}experts.down_proj"
