@@ -26,6 +26,8 @@ USAGE_ERROR = 2
 def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
     from .exporter import kv_pool
     from .exporter.export import DTYPES, EXECUTION_PROVIDERS, OP_DOMAINS
+    from .exporter.graph.quantized import WEIGHT_TYPES
+    from .exporter.quantize import BLOCK_SIZES
     from .ops.library import DEFAULT_CUDA_ARCHS
 
     parser.add_argument("model_dir", help="Hugging Face checkpoint folder (config.json + *.safetensors)")
@@ -76,6 +78,21 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logits-dtype", choices=list(DTYPES), default=None,
                         help="type of the main logits (default: --dtype); fp16 lets onnxruntime-genai 0.18's "
                              "MtpGenerator run on CPU, which fails on fp32 logits")
+    parser.add_argument("--weights", choices=[*WEIGHT_TYPES, *DTYPES], default=None,
+                        help="weight type of the linear projections: int4 / int8 block-quantize them (MatMulNBits, "
+                             "experts as QMoE) while they stream; default: the activation dtype")
+    parser.add_argument("--weight-block", type=int, choices=BLOCK_SIZES, default=BLOCK_SIZES[0], metavar="N",
+                        help="quantization block along the input axis: " + ", ".join(map(str, BLOCK_SIZES)) +
+                             f" (default {BLOCK_SIZES[0]})")
+    parser.add_argument("--weight-asymmetric", action="store_true",
+                        help="per-block zero points (default: symmetric blocks)")
+    parser.add_argument("--accuracy-level", type=int, choices=range(5), default=None, metavar="N",
+                        help="MatMulNBits/QMoE accuracy_level: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations "
+                             "(default 4 on cpu: a row's result then does not depend on the rows beside it, so "
+                             "speculative verify steps equal plain decoding; 0 on cuda)")
+    parser.add_argument("--quantize-lm-head", action="store_true", help="quantize the lm_head too")
+    parser.add_argument("--quantize-embedding", action="store_true",
+                        help="quantize the embedding table too (GatherBlockQuantized)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bar and no summary (warnings and errors still go to stderr)")
@@ -97,7 +114,10 @@ def _run_export(args: argparse.Namespace) -> None:
                  op_domain=args.op_domain, overwrite=args.overwrite, all_logits=args.all_logits,
                  progress=not args.quiet, manifest_format=args.manifest_format, paged=args.paged,
                  mtp=args.mtp, max_draft_tokens=args.max_draft_tokens, logits_dtype=args.logits_dtype,
-                 execution_provider=args.execution_provider, cuda_archs=args.cuda_archs, **paged_options)
+                 execution_provider=args.execution_provider, cuda_archs=args.cuda_archs, weights=args.weights,
+                 weight_block=args.weight_block, weight_asymmetric=args.weight_asymmetric,
+                 accuracy_level=args.accuracy_level, quantize_lm_head=args.quantize_lm_head,
+                 quantize_embedding=args.quantize_embedding, **paged_options)
     if not args.quiet:
         print("\n".join(summarize(args.model_dir, out, time.perf_counter() - start).lines()))
 

@@ -21,6 +21,7 @@ from .errors import ExportError
 from .graph.context import GraphContext
 from .graph.decoder import GraphOptions, assemble_model, build_decoder
 from .graph.paged_attention import KERNELS as PAGED_ATTENTION_KERNELS, PagedLayout
+from .graph.quantized import quant_options
 from .kv_pool import pool_num_blocks
 from .model_config import ModelConfig, load_model_config
 from .mtp import check_mtp_weights, mtp_config, mtp_tensor_count, write_mtp_head
@@ -60,7 +61,9 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
            progress: bool = True, manifest_format: str = RELEASED, paged: bool = False,
            block_size: int = 256, num_blocks: int | None = None, paged_attention: str | None = None,
            mtp: bool = True, logits_dtype: str | None = None, max_draft_tokens: int | None = None,
-           execution_provider: str = "cpu", cuda_archs=None) -> Path:
+           execution_provider: str = "cpu", cuda_archs=None, weights: str | None = None, weight_block: int = 32,
+           weight_asymmetric: bool = False, accuracy_level: int | None = None, quantize_lm_head: bool = False,
+           quantize_embedding: bool = False) -> Path:
     """Export ``model_dir`` to ``out_dir`` (model.onnx + external data, genai_config.json, tokenizer).
 
     ``execution_provider`` (``cpu`` or ``cuda``) is written into the session options of the decoder and the
@@ -87,6 +90,12 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     paged, else 1) in genai_config.json. A non-paged MTP export keeps logits for every position (the
     drafts are verified). ``logits_dtype`` casts the main logits (fp16 works around onnxruntime-genai
     0.18's MtpGenerator on CPU, which fails on fp32 logits: speculative.md §6 bug 2).
+
+    ``weights`` ``int4`` or ``int8`` block-quantizes every linear projection (MatMulNBits) and the routed
+    experts (QMoE), streamed per tensor: blocks of ``weight_block`` along the input axis, symmetric unless
+    ``weight_asymmetric``; ``accuracy_level`` is MatMulNBits' (default 4 on CPU, 0 on CUDA). The lm_head and
+    the embedding (GatherBlockQuantized) keep the activation type unless ``quantize_lm_head`` /
+    ``quantize_embedding``. See graph/quantized.py for what stays unquantized.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if execution_provider not in EXECUTION_PROVIDERS:
@@ -98,6 +107,9 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
                           "(-e cuda)")
     dtype = dtype or EXECUTION_PROVIDERS[execution_provider]
     np_act = _numpy_dtype(dtype)
+    quant = quant_options(weights, dtype, block_size=weight_block, asymmetric=weight_asymmetric,
+                          accuracy_level=accuracy_level, lm_head=quantize_lm_head, embedding=quantize_embedding,
+                          execution_provider=execution_provider)
     if not 0 <= state_update_capacity <= contract.MAX_STATE_UPDATE_CAPACITY:
         raise ExportError(f"state_update_capacity must be in [0, {contract.MAX_STATE_UPDATE_CAPACITY}], "
                           f"got {state_update_capacity}")
@@ -139,7 +151,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     archs = _cuda_archs(cuda_archs) if on_cuda and library else ()
 
     ctx = GraphContext(config=cfg, weights=Weights(checkpoint), act=ir.DataType.from_numpy(np_act),
-                       np_act=np_act, op_domain=op_domain, capacity=state_update_capacity)
+                       np_act=np_act, op_domain=op_domain, capacity=state_update_capacity, quant=quant)
     layout = PagedLayout(block_size, paged_attention) if paged else None
     num_blocks = pool_num_blocks(num_blocks, cfg, block_size=block_size, kernel=paged_attention,
                                  itemsize=np_act.itemsize, head_layers=int(with_mtp)) if paged else num_blocks

@@ -23,7 +23,6 @@ from .graph.mtp import LAYER_PREFIX, MTP_PREFIX, build_mtp_head, head_config
 from .weights import Weights, write_external_data
 
 MTP_FILE, MTP_DATA_FILE = "mtp.onnx", "mtp.onnx.data"
-SHARED_WEIGHTS = ("model.embed_tokens.weight", "lm_head.weight")
 MTP_REQUIRED = [f"{MTP_PREFIX}fc.weight", f"{MTP_PREFIX}norm.weight", f"{MTP_PREFIX}pre_fc_norm_embedding.weight",
                 f"{MTP_PREFIX}pre_fc_norm_hidden.weight", f"{LAYER_PREFIX}0.input_layernorm.weight"]
 
@@ -50,13 +49,16 @@ def write_mtp_head(main: GraphContext, paged: PagedLayout | None, stage: Path) -
     """Build the head with ``main``'s dtype, domain and paged layout and save it into ``stage``, after the
     main model's weights have been written (the shared ones point into its data file)."""
     ctx = GraphContext(config=main.config, weights=Weights(main.weights.checkpoint), act=main.act,
-                       np_act=main.np_act, op_domain=main.op_domain, capacity=0, layer_prefix=LAYER_PREFIX)
+                       np_act=main.np_act, op_domain=main.op_domain, capacity=0, layer_prefix=LAYER_PREFIX,
+                       quant=main.quant)
     ctx.config = head_config(ctx)
     inputs, outputs = build_mtp_head(ctx, paged)
-    shared = {name: ctx.weights.plans.pop(name) for name in SHARED_WEIGHTS if name in ctx.weights.plans}
+    # The embedding and lm_head recipes (quantized or not) are the main model's: same names, same data.
+    shared = {name: ctx.weights.plans.pop(name) for name in list(ctx.weights.plans) if name in main.weights.plans}
     write_external_data(ctx.weights, stage / MTP_DATA_FILE)
     for name, plan in shared.items():
-        plan.value.const_value = main.weights.plans[name].value.const_value  # model.onnx.data, same offset
+        for value, main_value in zip(plan.values(), main.weights.plans[name].values()):
+            value.const_value = main_value.const_value  # model.onnx.data, same offset
         ctx.weights.plans[name] = plan
     ir.save(assemble_model(ctx, inputs, outputs), stage / MTP_FILE)
 

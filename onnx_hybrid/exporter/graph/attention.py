@@ -39,8 +39,8 @@ def project(ctx: GraphContext, layer: int, x: ir.Value) -> tuple[ir.Value, ir.Va
     names = [("q_proj", 2 * hq * d), ("k_proj", hkv * d), ("v_proj", hkv * d)]
     for part, rows in names:
         w.require(f"{prefix}{part}.weight", [rows, hidden])
-    qkv_w = w.rows(f"{prefix}qkv_proj.weight", [Segment(f"{prefix}{p}.weight", 0, n) for p, n in names],
-                   [2 * hq * d + 2 * hkv * d, hidden], ctx.np_act)
+    qkv_w = ctx.projection(f"{prefix}qkv_proj.weight", [Segment(f"{prefix}{p}.weight", 0, n) for p, n in names],
+                           [2 * hq * d + 2 * hkv * d, hidden])
     qg, k, v = ctx.ops("Split", ctx.linear(x, qkv_w), ctx.const([2 * hq * d, hkv * d, hkv * d]),
                        num_outputs=3, axis=-1)
     # q_proj rows are [query | gate] interleaved per head (model.md §6 step 1).
@@ -59,7 +59,7 @@ def gated_output(ctx: GraphContext, layer: int, out: ir.Value, gate: ir.Value) -
     hq, d = cfg.num_heads, cfg.head_dim
     out = ctx.op("Mul", out, ctx.op("Sigmoid", gate))
     name = f"{ctx.layer(layer)}self_attn.o_proj.weight"
-    o_proj = ctx.weights.tensor(name, name, [cfg.hidden_size, hq * d], ctx.np_act)
+    o_proj = ctx.projection_tensor(name, name, [cfg.hidden_size, hq * d])
     return ctx.linear(ctx.op("Reshape", out, ctx.const([0, hq * d])), o_proj)
 
 

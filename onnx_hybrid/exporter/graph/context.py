@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from ..errors import ExportError
 from ..model_config import ModelConfig
-from ..weights import Weights
+from ..weights import QuantizedWeight, Segment, Weights
+from .quantized import QuantOptions, gather_block_quantized, matmul_nbits
 
 OPSET = 23  # RMSNormalization
 FLOAT = ir.DataType.FLOAT
+EMBEDDING, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class GraphContext:
     capacity: int
     # Checkpoint prefix of the decoder layers: "mtp.layers." builds the MTP head's layer with the same code.
     layer_prefix: str = "model.layers."
+    quant: QuantOptions | None = None  # quantized projections (None: every weight in the activation type)
     tape: ir.tape.Tape = field(default_factory=ir.tape.Tape)
     shared: SharedInputs | None = None
     _constants: dict = field(default_factory=dict)
@@ -97,9 +101,47 @@ class GraphContext:
 
     # ---- building blocks used by several layer kinds ----
 
-    def linear(self, x: ir.Value, weight: ir.Value) -> ir.Value:
-        """x [N, in] @ W^T with W stored [out, in] as in the checkpoint."""
+    def projection(self, name: str, segments: list[Segment], shape) -> ir.Value | QuantizedWeight:
+        """A linear layer's [out, in] weight from (shape-checked) row segments: block-quantized when the export
+        quantizes weights, else in the activation type."""
+        if self.quant:
+            return self.weights.quantized(name, segments, shape, self.np_act, self.quant.spec)
+        return self.weights.rows(name, segments, shape, self.np_act)
+
+    def projection_tensor(self, name: str, source: str, shape) -> ir.Value | QuantizedWeight:
+        """:meth:`projection` of one whole checkpoint tensor."""
+        self.weights.require(source, shape)
+        return self.projection(name, [Segment(source, 0, shape[0])], shape)
+
+    def linear(self, x: ir.Value, weight: ir.Value | QuantizedWeight) -> ir.Value:
+        """x [N, in] @ W^T with W stored [out, in] as in the checkpoint (or quantized so)."""
+        if isinstance(weight, QuantizedWeight):
+            return matmul_nbits(self, x, weight, self.quant.accuracy_level)
         return self.op("Gemm", x, weight, transB=1)
+
+    def embed(self, token_ids: ir.Value) -> ir.Value:
+        """Rows of the embedding table for flat ``token_ids`` [N]: [N, H]."""
+        cfg, source = self.config, EMBEDDING
+        shape = [cfg.vocab_size, cfg.hidden_size]
+        if self.quant and self.quant.embedding:
+            spec = self.quant.spec
+            if cfg.hidden_size % spec.block_size:
+                raise ExportError(f"quantized embedding: hidden_size {cfg.hidden_size} is not a multiple of the "
+                                  f"weight block size {spec.block_size} (GatherBlockQuantized needs whole blocks)")
+            self.weights.require(source, shape)
+            table = self.weights.quantized(source, [Segment(source, 0, cfg.vocab_size)], shape, self.np_act, spec,
+                                           "gather")
+            return gather_block_quantized(self, table, token_ids)
+        return self.op("Gather", self.weights.tensor(source, source, shape, self.np_act), token_ids, axis=0)
+
+    def lm_head(self, hidden: ir.Value) -> ir.Value:
+        """Logits [N, V]; a tied head in the activation type reuses the embedding's initializer (one copy)."""
+        cfg = self.config
+        source = EMBEDDING if cfg.tie_word_embeddings else LM_HEAD
+        shape = [cfg.vocab_size, cfg.hidden_size]
+        if self.quant and self.quant.lm_head:
+            return self.linear(hidden, self.projection_tensor(LM_HEAD, source, shape))
+        return self.linear(hidden, self.weights.tensor(source, source, shape, self.np_act))
 
     def rms_norm(self, x: ir.Value, scale: ir.Value) -> ir.Value:
         """RMSNorm over the last axis with statistics in fp32; ``scale`` is an fp32 initializer."""

@@ -110,15 +110,13 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
     else:
         ctx.shared = preamble(ctx, input_ids, attention_mask, position_ids, capture_count, active)
     full_attention = partial(paged_attention, layout=paged) if paged else attention
-    embed = ctx.weights.tensor("model.embed_tokens.weight", "model.embed_tokens.weight",
-                               [cfg.vocab_size, cfg.hidden_size], ctx.np_act)
-    hidden = ctx.op("Gather", embed, ctx.op("Reshape", input_ids, ctx.const([-1])), axis=0)  # [N, H]
+    hidden = ctx.embed(ctx.op("Reshape", input_ids, ctx.const([-1])))  # [N, H]
 
     for i, kind in enumerate(cfg.layer_types):
         mixer = gated_deltanet if kind == LINEAR else full_attention
         hidden = decoder_layer(ctx, i, hidden, lambda x: mixer(ctx, i, x, *layer_io[i]))
 
-    return inputs, _head(ctx, hidden, embed, options) + state_outputs + update_outputs
+    return inputs, _head(ctx, hidden, options) + state_outputs + update_outputs
 
 
 def decoder_layer(ctx: GraphContext, index: int, hidden: ir.Value, mixer) -> ir.Value:
@@ -135,7 +133,7 @@ def decoder_layer(ctx: GraphContext, index: int, hidden: ir.Value, mixer) -> ir.
 
 def assemble_model(ctx: GraphContext, inputs: list[ir.Value], outputs: list[ir.Value]) -> ir.Model:
     """The model, once every weight value carries its (external) data."""
-    initializers = list(ctx.tape.initializers) + [plan.value for plan in ctx.weights.plans.values()]
+    initializers = list(ctx.tape.initializers) + [v for plan in ctx.weights.plans.values() for v in plan.values()]
     graph = ir.Graph(inputs, outputs, nodes=ctx.tape.nodes, initializers=initializers,
                      opset_imports=_opset_imports(ctx), name="hybrid_decoder")
     return ir.Model(graph, ir_version=10, producer_name="onnx-hybrid")
@@ -215,7 +213,7 @@ def packed_preamble(ctx: GraphContext, packed: PackedInputs, capture_count, acti
                         state_update_active=active, packed=packed)
 
 
-def _head(ctx: GraphContext, hidden: ir.Value, embed: ir.Value, options: GraphOptions) -> list[ir.Value]:
+def _head(ctx: GraphContext, hidden: ir.Value, options: GraphOptions) -> list[ir.Value]:
     """[logits] or, with ``options.hidden_states``, [logits, hidden_states]."""
     cfg, sh = ctx.config, ctx.shared
     if options.last_token_logits and not options.paged:  # paged: one row per packed token (drafts are verified)
@@ -226,11 +224,8 @@ def _head(ctx: GraphContext, hidden: ir.Value, embed: ir.Value, options: GraphOp
     else:
         out_seq = sh.seq
     hidden = ctx.rms_norm(hidden, ctx.norm_weight("model.norm.weight", "model.norm.weight", cfg.hidden_size))
-    # A tied head reuses the embedding initializer through Gemm(transB=1): one copy of the matrix.
-    lm_head = embed if cfg.tie_word_embeddings else ctx.weights.tensor(
-        "lm_head.weight", "lm_head.weight", [cfg.vocab_size, cfg.hidden_size], ctx.np_act)
     logits_type = options.logits_dtype or ctx.act
-    logits = ctx.linear(hidden, lm_head)
+    logits = ctx.lm_head(hidden)
     if logits_type != ctx.act:
         logits = ctx.op("Cast", logits, to=logits_type)
     if options.paged:  # one row per packed token: name the [num_tokens, ...] values themselves

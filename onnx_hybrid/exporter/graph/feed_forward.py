@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
+
 import onnx_ir as ir
 
 from ...ops import contract
+from ..quantize import QuantSpec
 from ..weights import Segment
 from .context import GraphContext
+from .quantized import qmoe
+
+log = logging.getLogger("onnx_hybrid.exporter")
 
 
 def _swiglu(ctx: GraphContext, x: ir.Value, prefix: str, width: int) -> ir.Value:
@@ -14,11 +21,11 @@ def _swiglu(ctx: GraphContext, x: ir.Value, prefix: str, width: int) -> ir.Value
     hidden, w = ctx.config.hidden_size, ctx.weights
     for part in ("gate_proj", "up_proj"):
         w.require(f"{prefix}{part}.weight", [width, hidden])
-    gate_up = w.rows(f"{prefix}gate_up_proj.weight",
-                     [Segment(f"{prefix}{p}.weight", 0, width) for p in ("gate_proj", "up_proj")],
-                     [2 * width, hidden], ctx.np_act)
+    gate_up = ctx.projection(f"{prefix}gate_up_proj.weight",
+                             [Segment(f"{prefix}{p}.weight", 0, width) for p in ("gate_proj", "up_proj")],
+                             [2 * width, hidden])
     gate, up = ctx.ops("Split", ctx.linear(x, gate_up), ctx.const([width, width]), num_outputs=2, axis=-1)
-    down = w.tensor(f"{prefix}down_proj.weight", f"{prefix}down_proj.weight", [hidden, width], ctx.np_act)
+    down = ctx.projection_tensor(f"{prefix}down_proj.weight", f"{prefix}down_proj.weight", [hidden, width])
     return ctx.linear(ctx.op("Mul", ctx.silu(gate), up), down)
 
 
@@ -26,9 +33,10 @@ def dense_mlp(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
     return _swiglu(ctx, x, f"{ctx.layer(layer)}mlp.", ctx.config.intermediate_size)
 
 
-def _expert_weights(ctx: GraphContext, prefix: str) -> tuple[ir.Value, ir.Value]:
+def _expert_weights(ctx: GraphContext, prefix: str, spec: QuantSpec | None = None) -> tuple:
     """[E, 2F, H] gate/up with rows interleaved (g0 u0 g1 u1 ..., what ORT's CPU MoE takes) and [E, H, F]
-    down, from fused or per-expert checkpoint tensors (model.md §3.4)."""
+    down, from fused or per-expert checkpoint tensors (model.md §3.4); block-quantized per ``spec`` when given,
+    with one block per expert row when the expert sizes are not multiples of its block."""
     moe, hidden, w = ctx.config.moe, ctx.config.hidden_size, ctx.weights
     e, f = moe.num_experts, moe.expert_size
     fused_gu, fused_down = f"{prefix}experts.gate_up_proj", f"{prefix}experts.down_proj"
@@ -45,10 +53,21 @@ def _expert_weights(ctx: GraphContext, prefix: str) -> tuple[ir.Value, ir.Value]
                 gu_segments.append(Segment(f"{prefix}experts.{i}.{part}.weight", 0, f))
             w.require(f"{prefix}experts.{i}.down_proj.weight", [hidden, f])
             down_segments.append(Segment(f"{prefix}experts.{i}.down_proj.weight", 0, hidden))
-    gate_up = w.rows(f"{prefix}experts.gate_up_proj", gu_segments, [e, 2 * f, hidden], ctx.np_act,
-                     interleave_pairs=True)
-    down = w.rows(f"{prefix}experts.down_proj", down_segments, [e, hidden, f], ctx.np_act)
-    return gate_up, down
+    if spec is None:
+        gate_up = w.rows(f"{prefix}experts.gate_up_proj", gu_segments, [e, 2 * f, hidden], ctx.np_act,
+                         interleave_pairs=True)
+        return gate_up, w.rows(f"{prefix}experts.down_proj", down_segments, [e, hidden, f], ctx.np_act)
+    # QMoE's block-wise form needs whole blocks in both expert dimensions; else each expert row is one block.
+    block_wise = hidden % spec.block_size == 0 and f % spec.block_size == 0
+    if not block_wise and prefix == f"{ctx.layer(ctx.config.moe_layers.index(True))}mlp.":  # once per graph
+        log.warning("experts: hidden size %d or expert size %d is not a multiple of the weight block %d; QMoE "
+                    "gets one scale per expert row instead", hidden, f, spec.block_size)
+    form = "experts" if block_wise else "columns"
+    gu_spec, down_spec = (spec, spec) if block_wise else (replace(spec, block_size=hidden), replace(spec, block_size=f))
+    gate_up = w.quantized(f"{prefix}experts.gate_up_proj", gu_segments, [e, 2 * f, hidden], ctx.np_act, gu_spec,
+                          form, interleave_pairs=True)
+    return gate_up, w.quantized(f"{prefix}experts.down_proj", down_segments, [e, hidden, f], ctx.np_act,
+                                down_spec, form)
 
 
 def sparse_moe(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
@@ -65,11 +84,14 @@ def sparse_moe(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
     router = ctx.weights.tensor(f"{prefix}gate.weight", f"{prefix}gate.weight", [moe.num_experts, hidden],
                                 ctx.np_act)
     logits = ctx.linear(x, router)
-    gate_up_w, down_w = _expert_weights(ctx, prefix)
-    routed = ctx.tape.op("MoE", [x, logits, gate_up_w, None, down_w],
-                         {"k": moe.top_k, "activation_type": "swiglu", "swiglu_fusion": 1,
-                          "activation_alpha": 1.0, "activation_beta": 0.0,
-                          "normalize_routing_weights": int(moe.renormalize)}, domain=contract.MS_DOMAIN)
+    attributes = {"k": moe.top_k, "activation_type": "swiglu", "swiglu_fusion": 1, "activation_alpha": 1.0,
+                  "activation_beta": 0.0, "normalize_routing_weights": int(moe.renormalize)}
+    if ctx.quant:
+        gate_up_q, down_q = _expert_weights(ctx, prefix, ctx.quant.spec)
+        routed = qmoe(ctx, x, logits, gate_up_q, down_q, attributes, ctx.quant.accuracy_level)
+    else:
+        gate_up_w, down_w = _expert_weights(ctx, prefix)
+        routed = ctx.tape.op("MoE", [x, logits, gate_up_w, None, down_w], attributes, domain=contract.MS_DOMAIN)
     shared = _swiglu(ctx, x, f"{prefix}shared_expert.", moe.shared_expert_size)
     shared_gate = ctx.weights.tensor(f"{prefix}shared_expert_gate.weight", f"{prefix}shared_expert_gate.weight",
                                      [1, hidden], ctx.np_act)

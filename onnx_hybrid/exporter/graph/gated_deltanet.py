@@ -48,8 +48,8 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
 
     if sh.mask_column is not None:  # HF zeroes padded positions before the layer (model.md §4.1)
         x = ctx.op("Mul", x, sh.mask_column)
-    in_proj = ctx.weights.rows(f"{prefix}in_proj.weight", in_projection_segments(ctx, prefix),
-                               [channels + vd + 2 * hv, cfg.hidden_size], ctx.np_act)
+    in_proj = ctx.projection(f"{prefix}in_proj.weight", in_projection_segments(ctx, prefix),
+                             [channels + vd + 2 * hv, cfg.hidden_size])
     mixed, z, b, a = ctx.ops("Split", ctx.linear(x, in_proj), ctx.const([channels, vd, hv, hv]),
                              num_outputs=4, axis=-1)
 
@@ -89,6 +89,5 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
     norm_w = ctx.norm_weight(f"{prefix}norm.weight", f"{prefix}norm.weight", dv, zero_centred=False)
     gate = ctx.silu(ctx.op("Reshape", z, ctx.const([0, hv, dv])))
     gated = ctx.op("Mul", ctx.rms_norm(core, norm_w), gate)
-    out_proj = ctx.weights.tensor(f"{prefix}out_proj.weight", f"{prefix}out_proj.weight",
-                                  [cfg.hidden_size, vd], ctx.np_act)
+    out_proj = ctx.projection_tensor(f"{prefix}out_proj.weight", f"{prefix}out_proj.weight", [cfg.hidden_size, vd])
     return ctx.linear(ctx.op("Reshape", gated, ctx.const([0, vd])), out_proj)

@@ -59,18 +59,13 @@ def build_mtp_head(ctx: GraphContext, paged: PagedLayout | None) -> tuple[list[i
     hidden_in = graph_input(io.HIDDEN_STATES, act, [*rows, h])
     inputs = [*inputs[:1], hidden_in, *inputs[1:], *past]
 
-    embed = ctx.weights.tensor("model.embed_tokens.weight", "model.embed_tokens.weight", [cfg.vocab_size, h],
-                               ctx.np_act)
-    e = ctx.rms_norm(ctx.op("Gather", embed, ctx.op("Reshape", input_ids, ctx.const([-1])), axis=0),
-                     _norm(ctx, "pre_fc_norm_embedding"))
+    e = ctx.rms_norm(ctx.embed(ctx.op("Reshape", input_ids, ctx.const([-1]))), _norm(ctx, "pre_fc_norm_embedding"))
     g = ctx.rms_norm(ctx.op("Reshape", hidden_in, ctx.const([-1, h])), _norm(ctx, "pre_fc_norm_hidden"))
-    fc = ctx.weights.tensor(f"{MTP_PREFIX}fc.weight", f"{MTP_PREFIX}fc.weight", [h, 2 * h], ctx.np_act)
+    fc = ctx.projection_tensor(f"{MTP_PREFIX}fc.weight", f"{MTP_PREFIX}fc.weight", [h, 2 * h])
     x = ctx.linear(ctx.op("Concat", e, g, axis=-1), fc)
     y = decoder_layer(ctx, 0, x, lambda normed: mixer(ctx, 0, normed, *past, *present))
     h_out = ctx.rms_norm(y, _norm(ctx, "norm"))
-    lm_head = embed if cfg.tie_word_embeddings else ctx.weights.tensor(
-        "lm_head.weight", "lm_head.weight", [cfg.vocab_size, h], ctx.np_act)
-    logits = ctx.linear(h_out, lm_head)
+    logits = ctx.lm_head(h_out)
 
     if paged:
         outputs = [graph_output(logits, io.LOGITS, act, [*rows, cfg.vocab_size]),

@@ -1,0 +1,98 @@
+"""Quantized weights in the graph: which weights an export quantizes, and the ONNX Runtime contrib ops that
+read them (``com.microsoft::MatMulNBits``, ``QMoE``, ``GatherBlockQuantized``; CPU and CUDA kernels in ORT).
+
+Projections become MatMulNBits; the routed experts one QMoE; the embedding, when asked, GatherBlockQuantized.
+The router and the shared expert's gate (a few rows that decide discrete routing), norms, the conv taps,
+``A_log``/``dt_bias`` and the recurrent state keep their types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from ...ops import contract
+from ..errors import ExportError
+from ..quantize import BLOCK_SIZES, QuantSpec
+from ..weights import QuantizedWeight
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    spec: QuantSpec
+    # MatMulNBits / QMoE accuracy_level: 4 lets the CPU kernels quantize activations to int8, which also makes
+    # a row's result independent of how many rows the call has (verify steps equal one-token steps).
+    accuracy_level: int = 0
+    lm_head: bool = False
+    embedding: bool = False
+
+
+def matmul_nbits(ctx, x: ir.Value, weight: QuantizedWeight, accuracy_level: int) -> ir.Value:
+    """x [T, K] @ W^T for W [N, K] stored as MatMulNBits B [N, k_blocks, blob]."""
+    n, k = weight.shape
+    return ctx.tape.op("MatMulNBits", _present([x, weight.codes, weight.scales, weight.zero_points]),
+                       {"K": k, "N": n, "bits": weight.spec.bits, "block_size": weight.spec.block_size,
+                        "accuracy_level": accuracy_level}, domain=contract.MS_DOMAIN)
+
+
+def gather_block_quantized(ctx, table: QuantizedWeight, indices: ir.Value) -> ir.Value:
+    """Rows ``indices`` of the [V, H] table, dequantized to the scales' type."""
+    return ctx.tape.op("GatherBlockQuantized", _present([table.codes, indices, table.scales, table.zero_points]),
+                       {"bits": table.spec.bits, "block_size": table.spec.block_size, "gather_axis": 0,
+                        "quantize_axis": 1}, domain=contract.MS_DOMAIN)
+
+
+def qmoe(ctx, x: ir.Value, router_logits: ir.Value, gate_up: QuantizedWeight, down: QuantizedWeight,
+         attributes: dict, accuracy_level: int) -> ir.Value:
+    """The routed experts as one QMoE: ``attributes`` are those of the float MoE node it replaces; without
+    block_size (the ``columns`` form) each expert row has one scale."""
+    spec = gate_up.spec
+    block = {"block_size": spec.block_size} if gate_up.form == "experts" else {}
+    mixing = None
+    if not attributes["normalize_routing_weights"]:
+        # ORT 1.32's CPU QMoE renormalises the top-k whatever this attribute says; mixing weights given as
+        # router_weights are used as they are: the softmax over all experts, HF's routing without norm_topk_prob.
+        logits = router_logits if ctx.act == ir.DataType.FLOAT else ctx.op("Cast", router_logits, to=ir.DataType.FLOAT)
+        mixing = ctx.op("Softmax", logits, axis=-1)
+        mixing = mixing if ctx.act == ir.DataType.FLOAT else ctx.op("Cast", mixing, to=ctx.act)
+    inputs = [x, router_logits, gate_up.codes, gate_up.scales, None, down.codes, down.scales, None, None, None, None,
+              gate_up.zero_points, down.zero_points, None, mixing]
+    return ctx.tape.op("QMoE", _present(inputs), {**attributes, "expert_weight_bits": spec.bits, "weights_prepacked": 0,
+                                        "accuracy_level": accuracy_level, **block}, domain=contract.MS_DOMAIN)
+
+
+def _present(inputs: list) -> list:
+    """``inputs`` without trailing omitted optionals (an empty name is an omitted input only mid-list)."""
+    while inputs[-1] is None:
+        inputs = inputs[:-1]
+    return inputs
+
+
+WEIGHT_TYPES = {"int4": 4, "int8": 8}
+# MatMulNBits accuracy_level per execution provider when not given: onnxruntime-genai's builder defaults.
+DEFAULT_ACCURACY_LEVELS = {"cpu": 4, "cuda": 0}
+
+
+def quant_options(weights: str | None, dtype: str, *, block_size: int = 32, asymmetric: bool = False,
+                  accuracy_level: int | None = None, lm_head: bool = False, embedding: bool = False,
+                  execution_provider: str = "cpu") -> QuantOptions | None:
+    """The export's weight quantization from its options; None when ``weights`` is the activation type."""
+    if weights in (None, dtype):
+        given = [f"{name} (--{name.replace('_', '-')})" for name, on in (
+            ("weight_block", block_size != BLOCK_SIZES[0]), ("weight_asymmetric", asymmetric),
+            ("accuracy_level", accuracy_level is not None), ("quantize_lm_head", lm_head),
+            ("quantize_embedding", embedding)) if on]
+        if given:
+            raise ExportError(f"{', '.join(given)}: options of quantized weights, which need weights int4 or int8 "
+                              f"(--weights)")
+        return None
+    if weights not in WEIGHT_TYPES:
+        raise ExportError(f"weights must be int4, int8 or the activation dtype {dtype}, got {weights!r}")
+    if block_size not in BLOCK_SIZES:
+        raise ExportError(f"weight_block must be one of {', '.join(map(str, BLOCK_SIZES))}, got {block_size}")
+    level = DEFAULT_ACCURACY_LEVELS.get(execution_provider, 0) if accuracy_level is None else accuracy_level
+    if level not in range(5):
+        raise ExportError(f"accuracy_level must be 0 (unset), 1 (fp32), 2 (fp16), 3 (bf16) or 4 (int8), got {level}")
+    spec = QuantSpec(WEIGHT_TYPES[weights], block_size, symmetric=not asymmetric)
+    return QuantOptions(spec, level, lm_head=lm_head, embedding=embedding)
