@@ -51,7 +51,6 @@ import datetime
 import fnmatch
 import json
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -66,6 +65,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 # This script, its workers and the export processes all use the package of the repository it is in.
 sys.path.insert(0, str(REPO))
+from onnx_hybrid.ops.library import cpu_model  # noqa: E402
+
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
 SIZES = {"0.8B": "0.8b", "9B": "9b", "tiny": "tiny"}  # --sizes name: onnx_hybrid.testing.synthetic geometry
 # The prefill speed-up of ours wanted over each export, at the longest prompt.
@@ -279,21 +280,11 @@ def copy_rate(device: str) -> dict:
             t0 = time.perf_counter()
             np.copyto(b, a)
             times.append(time.perf_counter() - t0)
-        return {"bytes_per_s": 2 * a.nbytes / min(times[1:]), "device_name": _cpu_name()}
+        return {"bytes_per_s": 2 * a.nbytes / min(times[1:]), "device_name": cpu_model()}
     import torch
     from bench_gpu import copy_rate as device_copy_rate  # scripts/ is this process's first import path
 
     return {"bytes_per_s": device_copy_rate(), "device_name": torch.cuda.get_device_name()}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "CPU"
 
 
 def worker(spec_path: Path) -> None:

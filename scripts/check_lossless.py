@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from onnx_hybrid.testing import lossless
+from onnx_hybrid.ops.library import cpu_model  # noqa: E402
 
 
 def environment(provider: str) -> dict:
@@ -34,7 +35,7 @@ def environment(provider: str) -> dict:
 
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "onnxruntime": ort.__version__, "provider": provider, "python": platform.python_version(),
-           "cpu": _cpu_model()}
+           "cpu": cpu_model()}
     if provider == "cuda":
         try:
             import cupy
@@ -43,16 +44,6 @@ def environment(provider: str) -> dict:
         except Exception as error:  # the GPU's name is informative only
             env["gpu"] = f"unknown ({type(error).__name__})"
     return env
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv=None) -> int:
