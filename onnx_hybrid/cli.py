@@ -67,8 +67,9 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-blocks", type=int, default=None, metavar="N",
                         help="KV blocks in the paged pool, written to engine.dynamic_batching; default with our "
                              f"PagedAttention: room for {kv_pool.DEFAULT_POOL_REQUESTS} full-context requests, at most "
-                             f"{kv_pool.DEFAULT_POOL_BYTES >> 30} GiB of keys and values; with com.microsoft's: unset "
-                             "(onnxruntime-genai sizes it from the GPU's memory)")
+                             f"{kv_pool.DEFAULT_POOL_BYTES >> 30} GiB of keys and values; with com.microsoft's (CUDA): "
+                             "unset, onnxruntime-genai sizes it from a share of the GPU's free memory "
+                             "(gpu_utilization_factor 0.5)")
     parser.add_argument("--no-mtp", dest="mtp", action="store_false",
                         help="skip the MTP drafter (mtp.onnx, hidden_states output, model.mtp) even if the checkpoint "
                              "has mtp.* weights")
