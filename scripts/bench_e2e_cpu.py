@@ -19,7 +19,9 @@ import numpy as np
 from onnx_hybrid.ops import contract
 
 
-def ensure_exports(work: Path, our_domains: list[str]) -> dict[str, Path]:
+def ensure_exports(work: Path, our_domains: list[str], weights: list[str]) -> dict[str, Path]:
+    """The builder's fp32 export first (the baseline of the ratios), then its exports and ours with each of
+    ``weights`` (fp32, int8, int4; ours with fp32 weights once per kernel domain)."""
     from onnx_hybrid.exporter import export
     from onnx_hybrid.testing.e2e import builder_export, synthetic_checkpoint
     from onnx_hybrid.testing.synthetic import QWEN3_5_0_8B
@@ -27,10 +29,15 @@ def ensure_exports(work: Path, our_domains: list[str]) -> dict[str, Path]:
     checkpoint = synthetic_checkpoint(work / "checkpoint_0.8b", QWEN3_5_0_8B)
     models = {"builder fp32 (LinearAttention, all logits)":
               builder_export(checkpoint, work / "builder_0.8b_fp32", "fp32", "cpu", work / "cache")}
-    for domain in our_domains:  # re-exported every run (seconds): picks up the current kernel library
-        out = work / f"ours_0.8b_fp32_{domain}"
-        export(checkpoint, out, op_domain=domain, overwrite=True, progress=False)
-        models[f"ours fp32 ({domain} kernels, last-token logits)"] = out
+    for kind in weights:
+        if kind != "fp32":
+            models[f"builder {kind} (MatMulNBits, all logits)"] = builder_export(
+                checkpoint, work / f"builder_0.8b_{kind}", kind, "cpu", work / "cache")
+        for domain in our_domains if kind == "fp32" else [contract.DOMAIN]:
+            out = work / f"ours_0.8b_{kind}_{domain}"  # re-exported every run (seconds): the current library
+            export(checkpoint, out, op_domain=domain, overwrite=True, progress=False,
+                   weights=None if kind == "fp32" else kind)
+            models[f"ours {kind} weights ({domain} kernels, last-token logits)"] = out
     return models
 
 
@@ -49,12 +56,14 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--domains", nargs="+", default=[contract.DOMAIN, contract.MS_DOMAIN])
+    parser.add_argument("--weights", nargs="+", default=["fp32"], choices=["fp32", "int8", "int4"],
+                        help="weight types to compare (int4/int8: MatMulNBits exports of both exporters)")
     args = parser.parse_args()
     from onnx_hybrid.ops.library import cpu_model
 
     print(f"CPU: {cpu_model()}; {args.threads} intra-op threads, prompt {args.prompt}, {args.new_tokens} new tokens, "
           f"best of {args.repeats}", flush=True)
-    models = ensure_exports(args.work, args.domains)
+    models = ensure_exports(args.work, args.domains, args.weights)
     results = {}
     for label, path in models.items():
         results[label] = run_model(path, args.threads, args.prompt, args.new_tokens, args.repeats)
