@@ -54,6 +54,9 @@ class SharedInputs:
     capture_count: ir.Value | None  # int32 [B]
     state_update_active: ir.Value | None  # int32 [1]
     packed: PackedInputs | None = None  # the paged graph's inputs
+    # Shared KV buffers only (group_query_attention.py): GroupQueryAttention's seqlens_k and total_sequence_length.
+    kv_seqlens: ir.Value | None = None  # int32 [B]
+    kv_total: ir.Value | None = None  # int32 scalar
 
 
 @dataclass
@@ -67,6 +70,7 @@ class GraphContext:
     # Checkpoint prefix of the decoder layers: "mtp.layers." builds the MTP head's layer with the same code.
     layer_prefix: str = "model.layers."
     quant: QuantOptions | None = None  # quantized projections (None: every weight in the activation type)
+    kv_cache: str = "concat"  # non-paged KV: "concat" (grows per step) or "shared" (group_query_attention.py)
     tape: ir.tape.Tape = field(default_factory=ir.tape.Tape)
     shared: SharedInputs | None = None
     _constants: dict = field(default_factory=dict)
