@@ -138,9 +138,12 @@ def test_decode_step_has_fewer_nodes_than_concat(case, tmp_path):
     assert counts["shared"]["optimized"] < counts["concat"]["optimized"], counts
 
 
-def test_paged_export_refuses_shared_kv(tmp_path):
+def test_bad_shared_kv_requests_fail_before_any_work(tmp_path):
     with pytest.raises(ExportError, match="kv_cache='shared'.*non-paged"):
         export(tmp_path / "unused", tmp_path / "out", paged=True, kv_cache="shared", progress=False)
+    with pytest.raises(ExportError, match="on CUDA needs --dtype fp16 or bf16"):
+        export(tmp_path / "unused", tmp_path / "out", execution_provider="cuda", dtype="fp32", kv_cache="shared",
+               progress=False)
     with pytest.raises(ExportError, match="kv_cache must be one of concat, shared, got 'ring'"):
         export(tmp_path / "unused", tmp_path / "out", kv_cache="ring", progress=False)
 

@@ -138,6 +138,9 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     if paged and kv_cache == SHARED:
         raise ExportError("kv_cache='shared' (--kv-cache shared) is for non-paged exports: a paged export's block "
                           "pool is already shared in place")
+    if kv_cache == SHARED and on_cuda and np_act == np.float32:
+        raise ExportError("kv_cache='shared' on CUDA needs --dtype fp16 or bf16: ONNX Runtime's CUDA "
+                          "GroupQueryAttention has no fp32 kernel")
     check_target(out_dir, overwrite, protect=(model_dir,))  # before any work; staged_output checks again
     cfg = load_model_config(model_dir)
     checkpoint = Checkpoint(model_dir)
