@@ -1,5 +1,6 @@
-"""Nodes per decode step of a tiny Qwen3.5 (multimodal layout) exported three ways on CPU: ours with
---kv-cache concat, ours with --kv-cache shared, and onnxruntime-genai's builder (issue 30, point 2).
+"""Nodes per decode step of a tiny 24-layer Qwen3.5 (multimodal layout, every third layer full attention: the
+0.8B's depth) exported three ways on CPU: ours with --kv-cache concat, ours with --kv-cache shared, and
+onnxruntime-genai's builder (issue 30, point 2).
 
     python scripts/count_decode_nodes.py [WORK_DIR]
 """
@@ -19,7 +20,7 @@ from onnx_hybrid.testing.graph_count import decode_step_nodes
 def main(work: Path) -> None:
     checkpoint = work / "hf"
     if not (checkpoint / "config.json").is_file():
-        make_tiny_checkpoint(checkpoint, "qwen3_5_multimodal", tied=False, seed=1)
+        make_tiny_checkpoint(checkpoint, "qwen3_5_multimodal", tied=False, seed=1, layers=24)
     exports = {kv: export(checkpoint, work / f"ours_{kv}", kv_cache=kv, overwrite=True, progress=False)
                for kv in ("concat", "shared")}
     exports["builder"] = builder_export(checkpoint, work / "builder", "fp32", "cpu", work / "builder_cache")

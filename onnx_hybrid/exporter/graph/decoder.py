@@ -16,7 +16,7 @@ from .attention import attention
 from .context import FLOAT, OPSET, GraphContext, PackedInputs, SharedInputs
 from .feed_forward import dense_mlp, sparse_moe
 from .gated_deltanet import gated_deltanet
-from .group_query_attention import SHARED, gqa_lengths, group_query_attention
+from .group_query_attention import SHARED, align_rows, group_query_attention
 from .paged_attention import PagedLayout, paged_attention
 
 INT64, INT32 = ir.DataType.INT64, ir.DataType.INT32
@@ -170,8 +170,11 @@ def preamble(ctx: GraphContext, input_ids, attention_mask, position_ids, capture
     cu = ctx.op("Range", ctx.const(0), ctx.op("Add", tokens, ctx.const(1)), seq_scalar)
     cu_seqlens = ctx.op("Cast", cu, to=INT32)
 
-    cos = sin = bias = None
-    if FULL in cfg.layer_types:
+    cos = sin = bias = rows = None
+    if FULL in cfg.layer_types and ctx.kv_cache == SHARED:
+        rows = align_rows(ctx, attention_mask, step_mask, batch, seq)
+        cos, sin = (ctx.op("Gather", table, rows.to_front, axis=0) for table in _rotary_tables(ctx, position_ids))
+    elif FULL in cfg.layer_types:
         cos, sin = _rotary_tables(ctx, position_ids)
         total = ctx.op("Squeeze", ctx.op("Shape", attention_mask, start=1, end=2))
         key_pos = ctx.op("Range", ctx.const(0), total, ctx.const(1))
@@ -181,10 +184,8 @@ def preamble(ctx: GraphContext, input_ids, attention_mask, position_ids, capture
         allowed = ctx.op("And", causal, keys_ok)  # [B, 1, 1, S, L]
         # A finite minimum (not -inf) keeps fully masked (padded) query rows finite, as HF does.
         bias = ctx.op("Where", allowed, ctx.act_const(0.0), ctx.act_const(float(ml_dtypes.finfo(ctx.np_act).min)))
-    kv_seqlens, kv_total = gqa_lengths(ctx, attention_mask, batch) if bias is not None and ctx.kv_cache == SHARED else (None, None)
     return SharedInputs(batch=batch, seq=seq, mask_column=mask_column, cu_seqlens=cu_seqlens, cos=cos, sin=sin,
-                        attention_bias=bias, capture_count=capture_count, state_update_active=active,
-                        kv_seqlens=kv_seqlens, kv_total=kv_total)
+                        attention_bias=bias, capture_count=capture_count, state_update_active=active, rows=rows)
 
 
 def _rotary_tables(ctx: GraphContext, position_ids: ir.Value) -> tuple[ir.Value, ir.Value]:
