@@ -117,6 +117,7 @@ def exports(args) -> list[Export]:
     extra = dict(kv.split("=", 1) for kv in args.builder_option)
     return [
         Export("ours", False, options=("--dtype", float_type, "--no-mtp")),
+        Export("ours-shared", False, options=("--dtype", float_type, "--no-mtp", "--kv-cache", "shared")),
         Export("ours-ms", False, options=("--dtype", float_type, "--no-mtp", "--op-domain", "com.microsoft")),
         Export(f"builder-{float_type}", True, precision=float_type, options=_kv({**extra, "exclude_mtp": "true"})),
         Export("builder-int4", True, precision="int4", options=_kv({**extra, "exclude_mtp": "true"})),

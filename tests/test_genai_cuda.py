@@ -99,10 +99,11 @@ def export_for_test(checkpoint, out, eos: int, **options) -> Path:
     return path
 
 
-def genai(model: Path, mode: str, prompts, new_tokens: int = NEW_TOKENS, drafts_from=None, forced=None) -> dict:
+def genai(model: Path, mode: str, prompts, new_tokens: int = NEW_TOKENS, drafts_from=None, forced=None,
+          cuda_graph: bool = False) -> dict:
     """Run onnxruntime-genai on ``model`` in a fresh interpreter that imports nothing of onnx_hybrid."""
     job = {"model": str(model), "mode": mode, "prompts": prompts, "new_tokens": new_tokens, "drafts_from": drafts_from,
-           "forced": forced}
+           "forced": forced, "cuda_graph": cuda_graph}
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ONNX_HYBRID_CUDA_IMAGES")}
     path = os.pathsep.join(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                            if p and not (Path(p) / "onnx_hybrid").is_dir())
@@ -179,6 +180,20 @@ def test_generator_gives_transformers_tokens(layout, dtype, tmp_path):
         assert genai(out, "generator", PROMPTS)["tokens"] == want
     else:
         assert_fp16_logits_close(hf, out, want)
+
+
+def test_shared_kv_generator_with_cuda_graph(layout, tmp_path):
+    """--kv-cache shared in fp16 (ORT's CUDA GroupQueryAttention): its logits are transformers' within
+    FP16_REL_RMS_TOL, and on CUDA og.Generator with enable_cuda_graph (which needs the shared buffers) picks the
+    tokens it picks eagerly. The CPU dry run checks the export without the graph option."""
+    checkpoint, hf, want, eos = layout
+    out = export_for_test(checkpoint, tmp_path / "out", eos, dtype="fp16", kv_cache="shared")
+    assert json.loads((out / "genai_config.json").read_text())["search"]["past_present_share_buffer"] is True
+    assert_fp16_logits_close(hf, out, want)
+    eager = genai(out, "generator", PROMPTS)["tokens"]
+    assert [len(t) for t in eager] == [NEW_TOKENS] * len(PROMPTS)
+    if PROVIDER == "cuda":
+        assert genai(out, "generator", PROMPTS, cuda_graph=True)["tokens"] == eager
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])

@@ -57,6 +57,7 @@ class DecoderExport:
     paged: PagedCache | None = None
     manifest_format: str = RELEASED  # state_groups form: "released" (0.18) or "bindings" (#2454)
     execution_provider: str = "cpu"  # "cpu" or "cuda": session_options.provider_options
+    share_kv_buffers: bool = False  # GroupQueryAttention over one past/present buffer (--kv-cache shared)
 
     def decoder_states(self) -> DecoderStates:
         layer_types = tuple(LINEAR_ATTENTION if i in self.linear_layer_ids else FULL_ATTENTION
@@ -109,8 +110,8 @@ def genai_config(desc: DecoderExport) -> dict:
         "diversity_penalty": 0.0, "do_sample": False, "early_stopping": True, "length_penalty": 1.0,
         "max_length": desc.context_length, "min_length": 0, "no_repeat_ngram_size": 0, "num_beams": 1,
         "num_return_sequences": 1,
-        # The graph concatenates past and new KV (present grows by S), so buffers are not shared.
-        "past_present_share_buffer": False,
+        # Concat graphs grow present by S; shared-KV graphs write into the past buffer in place.
+        "past_present_share_buffer": desc.share_kv_buffers,
         "repetition_penalty": 1.0, "temperature": 1.0, "top_k": 50, "top_p": 1.0,
     }
     config = {"model": model, "search": search}

@@ -20,6 +20,7 @@ from .checkpoint import Checkpoint
 from .errors import ExportError
 from .graph.context import GraphContext
 from .graph.decoder import GraphOptions, assemble_model, build_decoder
+from .graph.group_query_attention import CONCAT, KV_CACHES, SHARED
 from .graph.paged_attention import KERNELS as PAGED_ATTENTION_KERNELS, PagedLayout
 from .graph.quantized import quant_options
 from .kv_pool import pool_num_blocks
@@ -63,7 +64,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
            mtp: bool = True, logits_dtype: str | None = None, max_draft_tokens: int | None = None,
            execution_provider: str = "cpu", cuda_archs=None, weights: str | None = None, weight_block: int = 32,
            weight_asymmetric: bool = False, accuracy_level: int | None = None, quantize_lm_head: bool = False,
-           quantize_embedding: bool = False) -> Path:
+           quantize_embedding: bool = False, kv_cache: str = CONCAT) -> Path:
     """Export ``model_dir`` to ``out_dir`` (model.onnx + external data, genai_config.json, tokenizer).
 
     ``execution_provider`` (``cpu`` or ``cuda``) is written into the session options of the decoder and the
@@ -96,6 +97,10 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     ``weight_asymmetric``; ``accuracy_level`` is MatMulNBits' (default 4 on CPU, 0 on CUDA). The lm_head and
     the embedding (GatherBlockQuantized) keep the activation type unless ``quantize_lm_head`` /
     ``quantize_embedding``. See graph/quantized.py for what stays unquantized.
+
+    ``kv_cache`` (non-paged exports): ``concat`` grows each full-attention layer's KV by a Concat per step;
+    ``shared`` runs it as GroupQueryAttention over past/present buffers onnxruntime-genai shares in place
+    (``search.past_present_share_buffer: true``), which its CUDA graph capture requires (the MTP head too).
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if execution_provider not in EXECUTION_PROVIDERS:
@@ -128,6 +133,14 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
                           f"got {paged_attention!r}")
     if max_draft_tokens is not None and max_draft_tokens < 1:
         raise ExportError(f"max_draft_tokens must be positive, got {max_draft_tokens}")
+    if kv_cache not in KV_CACHES:
+        raise ExportError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
+    if paged and kv_cache == SHARED:
+        raise ExportError("kv_cache='shared' (--kv-cache shared) is for non-paged exports: a paged export's block "
+                          "pool is already shared in place")
+    if kv_cache == SHARED and on_cuda and np_act == np.float32:
+        raise ExportError("kv_cache='shared' on CUDA needs --dtype fp16 or bf16: ONNX Runtime's CUDA "
+                          "GroupQueryAttention has no fp32 kernel")
     check_target(out_dir, overwrite, protect=(model_dir,))  # before any work; staged_output checks again
     cfg = load_model_config(model_dir)
     checkpoint = Checkpoint(model_dir)
@@ -151,7 +164,8 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     archs = _cuda_archs(cuda_archs) if on_cuda and library else ()
 
     ctx = GraphContext(config=cfg, weights=Weights(checkpoint), act=ir.DataType.from_numpy(np_act),
-                       np_act=np_act, op_domain=op_domain, capacity=state_update_capacity, quant=quant)
+                       np_act=np_act, op_domain=op_domain, capacity=state_update_capacity, quant=quant,
+                       kv_cache=kv_cache)
     layout = PagedLayout(block_size, paged_attention) if paged else None
     num_blocks = pool_num_blocks(num_blocks, cfg, block_size=block_size, kernel=paged_attention,
                                  itemsize=np_act.itemsize, head_layers=int(with_mtp)) if paged else num_blocks
@@ -173,7 +187,8 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
             write_cuda_images(archs, stage / IMAGE_FOLDER)
         desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library_name, paged=paged),
                                    manifest_format=manifest_format, execution_provider=execution_provider,
-                                   paged=_paged_cache(block_size, num_blocks) if paged else None)
+                                   paged=_paged_cache(block_size, num_blocks) if paged else None,
+                                   share_kv_buffers=kv_cache == SHARED)
         config = genai_config(desc)
         if with_mtp:
             draft_default = state_update_capacity if paged and state_update_capacity else 1

@@ -29,6 +29,8 @@ BATCH = "batch_size"
 SEQUENCE = "sequence_length"
 PAST_SEQUENCE = "past_sequence_length"
 TOTAL_SEQUENCE = "total_sequence_length"
+# Shared KV buffers (--kv-cache shared): past and present are one buffer of search.max_length positions.
+KV_BUFFER_LENGTH = "max_sequence_length"
 
 # Paged export (genai_config.md §2.5, §7.2): packed tokens, the block pool and its metadata.
 CUMULATIVE_SEQUENCE_LENGTHS = "cumulative_sequence_lengths"

@@ -109,9 +109,13 @@ def run_engine(model, prompts: list[list[int]], new_tokens: int,
 
 def run_job(job: dict) -> dict:
     """``{"model": folder, "mode": "generator" | "engine" | "forced", "prompts": [[...]], "new_tokens": n,
-    "drafts_from": [[...]] (engine, optional), "forced": [[...]] (forced)}`` -> ``{"tokens": [[...]], ...}`` or
-    ``{"logits": [[[...]]]}`` (forced: per prompt, per forced token)."""
-    model = og.Model(job["model"])
+    "drafts_from": [[...]] (engine, optional), "forced": [[...]] (forced), "cuda_graph": bool (optional)}`` ->
+    ``{"tokens": [[...]], ...}`` or ``{"logits": [[[...]]]}`` (forced: per prompt, per forced token).
+    ``cuda_graph`` sets the decoder's CUDA provider option ``enable_cuda_graph``."""
+    config = og.Config(job["model"])
+    if job.get("cuda_graph"):
+        config.set_provider_option("cuda", "enable_cuda_graph", "1")
+    model = og.Model(config)
     if job["mode"] == "generator":
         return {"tokens": [greedy_tokens(model, p, job["new_tokens"]) for p in job["prompts"]]}
     if job["mode"] == "forced":

@@ -1,7 +1,8 @@
 """A small greedy driver over an exported decoder: prefill, then one token per step, past <- present.
 
 It feeds exactly what onnxruntime-genai feeds a non-paged model (left padding, ``position_ids =
-cumsum(mask) - 1`` clipped at 0 on padding, the growing 2-D ``attention_mask``) and reads the graph's
+cumsum(mask) - 1`` clipped at 0 on padding, the growing 2-D ``attention_mask``; shared KV buffers of
+``max_length`` positions, prompt plus new tokens, when the graph declares them) and reads the graph's
 own I/O to know which states exist, so it serves any export of this package. :func:`genai_greedy_tokens`
 is the same job done by onnxruntime-genai itself, the real client.
 """
@@ -52,11 +53,12 @@ class GreedyDriver:
         self.output_names = [o.name for o in session.get_outputs()]
         self.feedback = {name: io.past_of(name) for name in self.output_names if io.past_of(name)}
 
-    def _empty_states(self, batch: int) -> dict[str, np.ndarray]:
+    def _empty_states(self, batch: int, max_length: int) -> dict[str, np.ndarray]:
+        lengths = {io.BATCH: batch, io.PAST_SEQUENCE: 0, io.KV_BUFFER_LENGTH: max_length}
         states = {}
         for name, meta in self.inputs.items():
             if name in self.feedback.values():
-                shape = [batch if d == io.BATCH else 0 if d == io.PAST_SEQUENCE else d for d in meta.shape]
+                shape = [lengths.get(d, d) for d in meta.shape]
                 states[name] = np.zeros(shape, _NUMPY[meta.type])
         return states
 
@@ -68,7 +70,7 @@ class GreedyDriver:
         for row, prompt in enumerate(prompts):  # left padding
             ids[row, width - len(prompt):] = prompt
             mask[row, width - len(prompt):] = 1
-        states = self._empty_states(batch)
+        states = self._empty_states(batch, width + max_new_tokens)
         generated = [[] for _ in prompts]
         result = GreedyResult(generated, None)
         step_ids = ids

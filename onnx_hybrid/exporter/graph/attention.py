@@ -1,10 +1,9 @@
 """One gated full-attention layer (spec/model.md §6) in plain ONNX ops.
 
-Why not ``com.microsoft::GroupQueryAttention``: onnxruntime-genai drives GQA with a shared past/present
-buffer and per-row ``seqlens_k``, which assumes right-aligned valid tokens; HF pads on the left and
-masks keys, and this graph reproduces that exactly (also for the padded queries, which must stay
-finite because the next GDN layer multiplies them by zero). The cost is one KV concat per step; at
-these models' 1 attention : 3 GDN ratio and lengths the attention math is a small share of the step.
+This is the default ``--kv-cache concat`` layout: one KV concat per step, HF's left-padded masking
+reproduced exactly (also for the padded queries, which must stay finite because the next GDN layer
+multiplies them by zero). ``--kv-cache shared`` runs the same projections through GroupQueryAttention
+over buffers shared in place (group_query_attention.py).
 GQA is computed without repeating KV: queries are grouped [B, Hkv, G, S, D] against [B, Hkv, 1, L, D].
 """
 

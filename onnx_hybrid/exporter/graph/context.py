@@ -40,6 +40,17 @@ class PackedInputs:
                 self.block_table, self.attention_metadata]
 
 
+@dataclass(frozen=True)
+class RowAlignment:
+    """GroupQueryAttention's view of a left-padded step (group_query_attention.py): each row's tokens moved to
+    the row's front, and its per-row lengths."""
+
+    to_front: ir.Value  # int64 [N]: Gather indices on the token axis that move each row's padding to its end
+    back: ir.Value  # int64 [N]: the inverse permutation
+    seqlens_k: ir.Value  # int32 [B]: valid tokens so far - 1
+    total_sequence_length: ir.Value  # int32 scalar: the attention_mask's width
+
+
 @dataclass
 class SharedInputs:
     """Tensors computed once in the preamble and read by many layers."""
@@ -54,6 +65,7 @@ class SharedInputs:
     capture_count: ir.Value | None  # int32 [B]
     state_update_active: ir.Value | None  # int32 [1]
     packed: PackedInputs | None = None  # the paged graph's inputs
+    rows: RowAlignment | None = None  # shared KV buffers only; then cos and sin are in its front-aligned order
 
 
 @dataclass
@@ -67,6 +79,7 @@ class GraphContext:
     # Checkpoint prefix of the decoder layers: "mtp.layers." builds the MTP head's layer with the same code.
     layer_prefix: str = "model.layers."
     quant: QuantOptions | None = None  # quantized projections (None: every weight in the activation type)
+    kv_cache: str = "concat"  # non-paged KV: "concat" (grows per step) or "shared" (group_query_attention.py)
     tape: ir.tape.Tape = field(default_factory=ir.tape.Tape)
     shared: SharedInputs | None = None
     _constants: dict = field(default_factory=dict)

@@ -16,6 +16,7 @@ from .attention import attention
 from .context import FLOAT, OPSET, GraphContext, PackedInputs, SharedInputs
 from .feed_forward import dense_mlp, sparse_moe
 from .gated_deltanet import gated_deltanet
+from .group_query_attention import SHARED, align_rows, group_query_attention
 from .paged_attention import PagedLayout, paged_attention
 
 INT64, INT32 = ir.DataType.INT64, ir.DataType.INT32
@@ -52,11 +53,15 @@ def token_inputs() -> list[ir.Value]:
 def kv_cache_io(ctx: GraphContext, layer: int, paged: PagedLayout | None
                 ) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
     """(past key, past value, present key, present value) of a full-attention layer: [B, Hkv, P or T, D]
-    caches, or with ``paged`` the block pool, past and present the same pool updated in place."""
+    caches, one [B, Hkv, max_length, D] buffer as past and present with shared KV, or with ``paged`` the block
+    pool, past and present the same pool updated in place."""
     cfg, act = ctx.config, ctx.act
     if paged:
         pool, kv_type = [io.NUM_BLOCKS, paged.block_size, cfg.num_kv_heads, cfg.head_dim], paged.cache_dtype(act)
         past_shape = present_shape = pool
+    elif ctx.kv_cache == SHARED:
+        kv_type = act
+        past_shape = present_shape = [io.BATCH, cfg.num_kv_heads, io.KV_BUFFER_LENGTH, cfg.head_dim]
     else:
         kv_type = act
         past_shape = [io.BATCH, cfg.num_kv_heads, io.PAST_SEQUENCE, cfg.head_dim]
@@ -109,7 +114,7 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
         ctx.shared = packed_preamble(ctx, packed, capture_count, active)
     else:
         ctx.shared = preamble(ctx, input_ids, attention_mask, position_ids, capture_count, active)
-    full_attention = partial(paged_attention, layout=paged) if paged else attention
+    full_attention = full_attention_mixer(ctx, paged)
     hidden = ctx.embed(ctx.op("Reshape", input_ids, ctx.const([-1])))  # [N, H]
 
     for i, kind in enumerate(cfg.layer_types):
@@ -117,6 +122,13 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
         hidden = decoder_layer(ctx, i, hidden, lambda x: mixer(ctx, i, x, *layer_io[i]))
 
     return inputs, _head(ctx, hidden, options) + state_outputs + update_outputs
+
+
+def full_attention_mixer(ctx: GraphContext, paged: PagedLayout | None):
+    """The full-attention layer function: paged, over shared KV buffers, or over concatenated KV."""
+    if paged:
+        return partial(paged_attention, layout=paged)
+    return group_query_attention if ctx.kv_cache == SHARED else attention
 
 
 def decoder_layer(ctx: GraphContext, index: int, hidden: ir.Value, mixer) -> ir.Value:
@@ -158,8 +170,11 @@ def preamble(ctx: GraphContext, input_ids, attention_mask, position_ids, capture
     cu = ctx.op("Range", ctx.const(0), ctx.op("Add", tokens, ctx.const(1)), seq_scalar)
     cu_seqlens = ctx.op("Cast", cu, to=INT32)
 
-    cos = sin = bias = None
-    if FULL in cfg.layer_types:
+    cos = sin = bias = rows = None
+    if FULL in cfg.layer_types and ctx.kv_cache == SHARED:
+        rows = align_rows(ctx, attention_mask, step_mask, batch, seq)
+        cos, sin = (ctx.op("Gather", table, rows.to_front, axis=0) for table in _rotary_tables(ctx, position_ids))
+    elif FULL in cfg.layer_types:
         cos, sin = _rotary_tables(ctx, position_ids)
         total = ctx.op("Squeeze", ctx.op("Shape", attention_mask, start=1, end=2))
         key_pos = ctx.op("Range", ctx.const(0), total, ctx.const(1))
@@ -170,7 +185,7 @@ def preamble(ctx: GraphContext, input_ids, attention_mask, position_ids, capture
         # A finite minimum (not -inf) keeps fully masked (padded) query rows finite, as HF does.
         bias = ctx.op("Where", allowed, ctx.act_const(0.0), ctx.act_const(float(ml_dtypes.finfo(ctx.np_act).min)))
     return SharedInputs(batch=batch, seq=seq, mask_column=mask_column, cu_seqlens=cu_seqlens, cos=cos, sin=sin,
-                        attention_bias=bias, capture_count=capture_count, state_update_active=active)
+                        attention_bias=bias, capture_count=capture_count, state_update_active=active, rows=rows)
 
 
 def _rotary_tables(ctx: GraphContext, position_ids: ir.Value) -> tuple[ir.Value, ir.Value]:

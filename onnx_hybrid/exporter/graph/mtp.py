@@ -15,17 +15,15 @@ metadata). Norm weights are exported as 1 + w like every other norm.
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
 
 import onnx_ir as ir
 
 from .. import io_names as io
 from ..model_config import FULL, ModelConfig
-from .attention import attention
 from .context import GraphContext
-from .decoder import (decoder_layer, graph_input, graph_output, kv_cache_io, packed_inputs, packed_preamble,
-                      preamble, token_inputs)
-from .paged_attention import PagedLayout, paged_attention
+from .decoder import (decoder_layer, full_attention_mixer, graph_input, graph_output, kv_cache_io, packed_inputs,
+                      packed_preamble, preamble, token_inputs)
+from .paged_attention import PagedLayout
 
 MTP_PREFIX = "mtp."
 LAYER_PREFIX = "mtp.layers."
@@ -50,12 +48,11 @@ def build_mtp_head(ctx: GraphContext, paged: PagedLayout | None) -> tuple[list[i
         input_ids, inputs = packed.input_ids, packed.values()
         rows = [io.TOKENS]
         ctx.shared = packed_preamble(ctx, packed, None, None)
-        mixer = partial(paged_attention, layout=paged)
     else:
         input_ids, attention_mask, position_ids = inputs = token_inputs()
         rows = [io.BATCH, io.SEQUENCE]
         ctx.shared = preamble(ctx, input_ids, attention_mask, position_ids, None, None)
-        mixer = attention
+    mixer = full_attention_mixer(ctx, paged)
     hidden_in = graph_input(io.HIDDEN_STATES, act, [*rows, h])
     inputs = [*inputs[:1], hidden_in, *inputs[1:], *past]
 

@@ -1,0 +1,39 @@
+"""Nodes per decode step of a tiny 24-layer Qwen3.5 (multimodal layout, every third layer full attention: the
+0.8B's depth) exported three ways on CPU: ours with --kv-cache concat, ours with --kv-cache shared, and
+onnxruntime-genai's builder (issue 30, point 2).
+
+    python scripts/count_decode_nodes.py [WORK_DIR]
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from onnx_hybrid.exporter import export
+from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint
+from onnx_hybrid.testing.e2e import builder_export
+from onnx_hybrid.testing.graph_count import decode_step_nodes
+
+
+def main(work: Path) -> None:
+    checkpoint = work / "hf"
+    if not (checkpoint / "config.json").is_file():
+        make_tiny_checkpoint(checkpoint, "qwen3_5_multimodal", tied=False, seed=1, layers=24)
+    exports = {kv: export(checkpoint, work / f"ours_{kv}", kv_cache=kv, overwrite=True, progress=False)
+               for kv in ("concat", "shared")}
+    exports["builder"] = builder_export(checkpoint, work / "builder", "fp32", "cpu", work / "builder_cache")
+    print(f"{'export':10} {'graph':>6} {'optimized':>9}  optimized ops")
+    for name, out in exports.items():
+        counts = decode_step_nodes(out / "model.onnx", work / f"{name}.optimized.onnx")
+        ops = ", ".join(f"{op} {n}" for op, n in counts["optimized_ops"].most_common())
+        print(f"{name:10} {counts['graph']:6} {counts['optimized']:9}  {ops}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        main(Path(sys.argv[1]))
+    else:
+        with tempfile.TemporaryDirectory() as work:
+            main(Path(work))
