@@ -184,7 +184,10 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
         if archs:
             from ..ops.library import IMAGE_FOLDER, write_cuda_images
 
-            write_cuda_images(archs, stage / IMAGE_FOLDER)
+            # Copied from beside the library where a wheel ships them, else compiled (about a minute an arch, then
+            # cached): a bar, so the compile is not a silent pause.
+            for arch in tqdm(archs, desc="CUDA kernel images", unit="arch", disable=not progress):
+                write_cuda_images([arch], stage / IMAGE_FOLDER)
         desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library_name, paged=paged),
                                    manifest_format=manifest_format, execution_provider=execution_provider,
                                    paged=_paged_cache(block_size, num_blocks) if paged else None,
