@@ -238,3 +238,13 @@ def test_register_warns_but_works_when_the_kernels_cannot_be_prepared(monkeypatc
     model = single_op.single_op_model(GDN, case.feeds, case.attributes).SerializeToString()
     check_gdn(case, single_op.run_session(ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]),
                                           case.feeds))
+
+
+def test_has_cuda_image_applies_the_launchers_rule_to_the_folders(tmp_path, monkeypatch):
+    """register() asks the library, not a copy of its rule: an sm75 image in $ONNX_HYBRID_CUDA_IMAGES serves 7.5
+    and 7.7 (later minors of its major), not 7.2 nor 6.x; the library reads the variable at each call."""
+    (tmp_path / "sm75.cubin").write_bytes(b"\x7fELF stand-in")
+    assert not library.has_cuda_image(75)
+    monkeypatch.setenv(library.IMAGES_ENV, str(tmp_path))
+    assert library.has_cuda_image(75) and library.has_cuda_image(77)
+    assert not library.has_cuda_image(72) and not library.has_cuda_image(65)

@@ -48,7 +48,7 @@ def register(session_options) -> None:
     """Register the library's ops (domain ``onnx_hybrid``) into ``session_options``; idempotent.
 
     The library finds CUDA kernel images by itself ($ONNX_HYBRID_CUDA_IMAGES, then ``onnx_hybrid_cuda/``
-    beside its file: :func:`cuda_image_folders`). Where a CUDA session could run (an ORT with the CUDA EP and
+    beside its file: :func:`has_cuda_image`). Where a CUDA session could run (an ORT with the CUDA EP and
     a visible GPU) and neither holds an image for the GPU, this also compiles the kernels through CuPy
     (:func:`prepare_cuda`; once per process and GPU architecture), so that a plain
     ``InferenceSession(..., providers=["CUDAExecutionProvider"])`` works in a source checkout. A failure to
@@ -65,7 +65,7 @@ def register(session_options) -> None:
     session_options.add_session_config_entry(_REGISTERED_KEY, path)
     if os.environ.get(IMAGES_ENV):
         prepare_cuda()  # asked for explicitly: a bad folder is an error
-    elif (archs := _visible_cuda_archs()) and not all(_has_image(a) for a in archs):  # once per process
+    elif (archs := _visible_cuda_archs()) and not all(has_cuda_image(a) for a in archs):  # once per process
         try:
             prepare_cuda()
         except (RuntimeError, OSError, ImportError) as error:  # CPU sessions must not depend on the CUDA kernels
@@ -94,8 +94,8 @@ def control() -> ctypes.CDLL:
     lib.onnx_hybrid_set_cuda_image.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_images.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.onnx_hybrid_cuda_images.restype = ctypes.c_int
-    lib.onnx_hybrid_cuda_image_folders.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    lib.onnx_hybrid_cuda_image_folders.restype = ctypes.c_int
+    lib.onnx_hybrid_cuda_has_image.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.onnx_hybrid_cuda_has_image.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_struct_layout.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.onnx_hybrid_cuda_struct_layout.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_plan.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
@@ -196,25 +196,13 @@ def cuda_images() -> list[int]:
     return [int(item.removeprefix("sm_")) for item in text.split(", ") if item]
 
 
-def cuda_image_folders() -> list[tuple[str, str, list[int] | str]]:
-    """The folders the library searches for images by itself, in order: (how chosen, path, the archs of the
-    sm<arch>.cubin files there, or why there are none), as the library sees them now."""
-    folders = []
-    for line in _text(control().onnx_hybrid_cuda_image_folders).splitlines():
-        how, path, held = line.split("\t")
-        archs = [int(item.removeprefix("sm_")) for item in held.split(", ")] if held.startswith("sm_") else held
-        folders.append((how, path, archs))
-    return folders
-
-
-def _runs_on(image_arch: int, device_arch: int) -> bool:
-    """A cubin runs on later minors of its major (sm_80 on 8.6; the library picks images by the same rule)."""
-    return image_arch // 10 == device_arch // 10 and image_arch % 10 <= device_arch % 10
-
-
-def _has_image(device_arch: int) -> bool:
-    held = cuda_images() + [a for _, _, archs in cuda_image_folders() if isinstance(archs, list) for a in archs]
-    return any(_runs_on(a, device_arch) for a in held)
+def has_cuda_image(arch: int) -> bool:
+    """Whether a GPU of compute capability ``arch`` (e.g. 86) would get a kernel image from the library: one handed
+    over, or one it finds in $ONNX_HYBRID_CUDA_IMAGES or beside its file (the launcher's own rule)."""
+    found = control().onnx_hybrid_cuda_has_image(arch // 10, arch % 10)
+    if found < 0:
+        raise CudaPrepareError(control().onnx_hybrid_last_error().decode())
+    return found == 1
 
 
 def image_file_name(arch: int) -> str:

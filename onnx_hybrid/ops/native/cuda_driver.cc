@@ -349,12 +349,13 @@ std::string ImageList() {
   return ArchList(images.by_arch);
 }
 
-std::string ImageFolderList() {
-  std::string list;
+bool HasImageFor(int cc_major, int cc_minor) {
+  Images& images = TheImages();
+  std::lock_guard<std::mutex> lock(images.mutex);
+  if (BestFor(images.by_arch, cc_major, cc_minor)) return true;
   for (const ImageFolder& folder : ScanImageFolders())
-    list += folder.how + "\t" + folder.path + "\t" + (folder.files.empty() ? folder.problem : ArchList(folder.files)) +
-            "\n";
-  return list;
+    if (BestFor(folder.files, cc_major, cc_minor)) return true;
+  return false;
 }
 
 Launcher::Launcher(void* ort_stream) : stream_(static_cast<CUstream>(ort_stream)) {

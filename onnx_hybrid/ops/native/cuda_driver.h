@@ -32,10 +32,10 @@ void SetProgrammaticLaunch(bool enabled);
 // The compute capabilities that have an image, as "sm_80, sm_90" (empty when none).
 std::string ImageList();
 
-// The folders the library searches for sm<arch>.cubin when a device has no image yet ($ONNX_HYBRID_CUDA_IMAGES,
-// then onnx_hybrid_cuda/ beside the library file), one line each: how chosen, path, and "sm_80, sm_90" or why
-// none (tab-separated).
-std::string ImageFolderList();
+// Whether a device of compute capability major.minor would get an image: one handed over, or one in the folders
+// the library searches ($ONNX_HYBRID_CUDA_IMAGES, then onnx_hybrid_cuda/ beside the library file), by the rule
+// the launcher itself applies.
+bool HasImageFor(int cc_major, int cc_minor);
 
 // The device behind the stream's context, as the plans need it.
 struct DeviceInfo {

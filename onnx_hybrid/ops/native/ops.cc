@@ -508,9 +508,10 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_images(char* out, size_t size) {
   return Guarded("onnx_hybrid_cuda_images", [&] { return WriteText(cuda::ImageList(), out, size); });
 }
 
-// The image folders the library searches and what each holds (cuda::ImageFolderList). Returns the length.
-ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_image_folders(char* out, size_t size) {
-  return Guarded("onnx_hybrid_cuda_image_folders", [&] { return WriteText(cuda::ImageFolderList(), out, size); });
+// 1 when a device of compute capability cc_major.cc_minor would get a kernel image (handed over or found in the
+// image folders), 0 when not, -1 on an internal error.
+ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_has_image(int cc_major, int cc_minor) {
+  return Guarded("onnx_hybrid_cuda_has_image", [&] { return cuda::HasImageFor(cc_major, cc_minor) ? 1 : 0; });
 }
 
 // The launcher's view of a kernel parameter struct ("GdnParams", "ConvParams") as "size=N field=offset ...",
