@@ -158,7 +158,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    from onnx_hybrid.ops.library import cpu_isa, cpu_model
+    from onnx_hybrid.ops.library import cpu_isa
+    from onnx_hybrid.testing.e2e import cpu_model
 
     print(f"onnxruntime {ort.__version__}, {args.threads} intra-op threads, kernels: {cpu_isa()}, "
           f"median of {args.runs} runs")

@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--weights", nargs="+", default=["fp32"], choices=["fp32", "int8", "int4"],
                         help="weight types to compare (int4/int8: MatMulNBits exports of both exporters)")
     args = parser.parse_args()
-    from onnx_hybrid.ops.library import cpu_model
+    from onnx_hybrid.testing.e2e import cpu_model
 
     print(f"CPU: {cpu_model()}; {args.threads} intra-op threads, prompt {args.prompt}, {args.new_tokens} new tokens, "
           f"best of {args.repeats}", flush=True)

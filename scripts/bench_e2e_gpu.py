@@ -65,7 +65,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 # This script, its workers and the export processes all use the package of the repository it is in.
 sys.path.insert(0, str(REPO))
-from onnx_hybrid.ops.library import cpu_model  # noqa: E402
+from onnx_hybrid.testing.e2e import cpu_model  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
 SIZES = {"0.8B": "0.8b", "9B": "9b", "tiny": "tiny"}  # --sizes name: onnx_hybrid.testing.synthetic geometry

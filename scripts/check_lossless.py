@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from onnx_hybrid.testing import lossless
-from onnx_hybrid.ops.library import cpu_model  # noqa: E402
+from onnx_hybrid.testing.e2e import cpu_model  # noqa: E402
 
 
 def environment(provider: str) -> dict:

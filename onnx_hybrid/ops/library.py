@@ -124,20 +124,6 @@ def cpu_isa() -> str:
     return control().onnx_hybrid_cpu_isa().decode()
 
 
-def cpu_model() -> str:
-    """The host CPU's brand string (lscpu's "Model name"), for benchmark headers; else the machine type."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 # Execution providers whose own com.microsoft kernels our alias silently replaces, and the first stock ORT
 # version that has them (spec/native_library.md §8): the CPU kernels of onnxruntime 1.32 and the CUDA
 # kernels of onnxruntime-gpu 1.31.

@@ -1,14 +1,15 @@
 """Shared pieces of the end-to-end benchmarks (scripts/bench_e2e_cpu.py, bench_e2e_gpu.py, bench_speculative_cpu.py).
 
 Synthetic checkpoints written once into a work folder, onnxruntime-genai's builder run on them, a view of a
-paged MTP export without its head, greedy onnxruntime-genai Generator timings, and the bytes of weights a
-decode step reads.
+paged MTP export without its head, greedy onnxruntime-genai Generator timings, the bytes of weights a decode
+step reads, and the CPU model every benchmark table names.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,18 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+
+def cpu_model() -> str:
+    """The host CPU's brand string (lscpu's "Model name"), for benchmark headers; else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def synthetic_checkpoint(directory: Path, geometry) -> Path:
