@@ -7,7 +7,7 @@ from .findings import ENGINE, ERROR, WARNING, Finding, Report
 from .graph_io import GraphIO
 from .locations import FIXED_KINDS, binding_path
 from .parse import GROUPS_PATH, decoder_section
-from .provider_rules import CUDA_NAMES, providers
+from .provider_rules import uses_cuda
 from .state_groups import PAGED_KV, StateGroup, StateManifest, expand
 
 
@@ -28,8 +28,7 @@ def check_engine(config: dict, manifest: StateManifest | None, graph: GraphIO, r
                     expected=1, actual=len(paged))
         return
     if "num_blocks" not in engine:
-        on_gpu = _cuda_only_pool(paged, graph) or bool(
-            CUDA_NAMES & set(providers(decoder.get("session_options") or {})))
+        on_gpu = _cuda_only_pool(paged, graph) or uses_cuda(decoder.get("session_options") or {})
         _check_runtime_sized_pool(engine, on_gpu, finding)
     for key in ("num_hidden_layers", "num_key_value_heads", "head_size"):
         value = decoder.get(key, 0)

@@ -82,7 +82,7 @@ def parse_state_groups(decoder: dict, form: str, report: Report) -> StateManifes
         return None
     groups = decoder["state_groups"]
     if not isinstance(groups, list):
-        reader.parse("model.decoder", 'Unknown value "state_groups"', actual=_json_type(groups))
+        reader.parse("model.decoder", 'Unknown value "state_groups"', actual=json_type(groups))
         return None
     if form == RELEASED:
         names = StateNames.from_decoder(decoder)
@@ -94,7 +94,7 @@ def parse_state_groups(decoder: dict, form: str, report: Report) -> StateManifes
     return StateManifest(tuple(parsed), declared_capacity=declared)
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, (int, float)):
@@ -125,7 +125,7 @@ class _Reader:
 
     def integer(self, value: Any, path: str) -> int | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.parse(path, f"Expected a number but saw a {_json_type(value)}", expected="integer",
+            self.parse(path, f"Expected a number but saw a {json_type(value)}", expected="integer",
                        actual=value)
             return None
         if isinstance(value, float) and not value.is_integer():
@@ -135,14 +135,14 @@ class _Reader:
 
     def string(self, value: Any, path: str) -> str | None:
         if not isinstance(value, str):
-            self.parse(path, f"Expected a string but saw a {_json_type(value)}", expected="string",
+            self.parse(path, f"Expected a string but saw a {json_type(value)}", expected="string",
                        actual=value)
             return None
         return value
 
     def boolean(self, value: Any, path: str) -> bool | None:
         if not isinstance(value, bool):
-            self.parse(path, f"Expected a bool but saw a {_json_type(value)}", expected="bool", actual=value)
+            self.parse(path, f"Expected a bool but saw a {json_type(value)}", expected="bool", actual=value)
             return None
         return value
 
@@ -175,7 +175,7 @@ class _Reader:
             if key != "layer_ids":
                 continue
             if not isinstance(value, list):
-                self.parse(path, 'Unknown value "layer_ids"', expected="array", actual=_json_type(value))
+                self.parse(path, 'Unknown value "layer_ids"', expected="array", actual=json_type(value))
                 continue
             for j, item in enumerate(value):
                 n = self.integer(item, f"{path}.layer_ids[{j}]")
@@ -188,7 +188,7 @@ class _Reader:
 
     def is_group(self, group: Any, path: str) -> bool:
         if not isinstance(group, dict):
-            self.parse(path, 'Unknown value ""', expected="object", actual=_json_type(group))
+            self.parse(path, 'Unknown value ""', expected="object", actual=json_type(group))
         return isinstance(group, dict)
 
     def group_kind(self, value: Any, path: str, allowed: tuple[str, ...]) -> str:
@@ -233,7 +233,7 @@ class _Reader:
         body = group["state_update"]
         if not isinstance(body, dict):
             self.parse(path.rsplit(".", 1)[0], 'Unknown value "state_update"', expected="object",
-                       actual=_json_type(body))
+                       actual=json_type(body))
             return None
         capacity, enabled, heads = 0, True, None
         for key, value in body.items():
@@ -298,7 +298,7 @@ class _Reader:
         if body is None:
             return {}
         if not isinstance(body, dict):
-            self.parse(path, 'Unknown value "bindings"', expected="object", actual=_json_type(body))
+            self.parse(path, 'Unknown value "bindings"', expected="object", actual=json_type(body))
             return {}
         out = {}
         for sem, value in getattr(body, "pairs", body.items()):
@@ -310,7 +310,7 @@ class _Reader:
                 self.parse(sem_path, f"Duplicate decoder state binding semantic '{sem}'")
                 continue
             if not isinstance(value, dict):
-                self.parse(sem_path, f'Unknown value "{sem}"', expected="object", actual=_json_type(value))
+                self.parse(sem_path, f'Unknown value "{sem}"', expected="object", actual=json_type(value))
                 continue
             templates = {"input": "", "output": ""}
             for key, template in value.items():
@@ -331,7 +331,7 @@ class _Reader:
         body = group["state_update"]
         if not isinstance(body, dict):
             self.parse(path.rsplit(".", 1)[0], 'Unknown value "state_update"', expected="object",
-                       actual=_json_type(body))
+                       actual=json_type(body))
             return None, kind
         fields: dict[str, Any] = {}
         for key, value in body.items():

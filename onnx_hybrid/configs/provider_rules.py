@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..ops.library import IMAGE_FOLDER, image_file_name
 from .findings import PARSE, SESSION, WARNING, Finding, Report
+from .parse import json_type
 
 # The names og 0.18 accepts (its own error message lists them; "cuda" loads its CUDA interface).
 PROVIDER_NAMES = frozenset({
@@ -22,8 +24,6 @@ PROVIDER_NAMES = frozenset({
     "CoreMLExecutionProvider", "MIGraphX", "MIGraphXExecutionProvider",
 })
 CUDA_NAMES = frozenset({"cuda", "CUDAExecutionProvider"})
-# Must equal library.IMAGE_FOLDER (not imported: the validator does not load the op library's Python side).
-IMAGE_FOLDER = "onnx_hybrid_cuda"
 
 
 def _sections(config: dict):
@@ -39,6 +39,11 @@ def providers(session_options: dict) -> list[str]:
     entries = session_options.get("provider_options", [])
     return [name for entry in (entries if isinstance(entries, list) else []) if isinstance(entry, dict)
             for name in entry]
+
+
+def uses_cuda(session_options: dict) -> bool:
+    """Whether ``session_options`` ask onnxruntime-genai for its CUDA provider."""
+    return bool(CUDA_NAMES & set(providers(session_options)))
 
 
 def check_provider_options(config: dict, report: Report) -> None:
@@ -64,8 +69,8 @@ def check_provider_options(config: dict, report: Report) -> None:
                 for key, value in values.items():
                     if not isinstance(value, str):
                         report.add(Finding("parse.provider_options", PARSE, f"{where}.{name}.{key}",
-                                           "Expected a string", expected="a JSON string such as \"1\"",
-                                           actual=json_type(value)))
+                                           f"Expected a string but saw a {json_type(value)}", expected="string",
+                                           actual=value))
                 if name not in PROVIDER_NAMES:
                     report.add(Finding("x.provider_name", SESSION, f"{where}.{name}",
                                        f"Unknown provider name '{name}'",
@@ -76,17 +81,12 @@ def check_cuda_images(config: dict, out_dir: Path, report: Report) -> None:
     """A CUDA export that names our library: the library finds its kernels in onnx_hybrid_cuda/ beside it."""
     for path, options in _sections(config):
         library = options.get("custom_ops_library")
-        if not isinstance(library, str) or not CUDA_NAMES & set(providers(options)):
+        if not isinstance(library, str) or not uses_cuda(options):
             continue
         folder = (Path(out_dir) / library).parent / IMAGE_FOLDER
-        if not sorted(folder.glob("sm*.cubin")):
+        if not sorted(folder.glob(image_file_name("*"))):
             report.add(Finding(
                 "x.cuda_images", SESSION, f"{path}.custom_ops_library",
                 f"the CUDA export has no kernel images in {folder}: CUDA sessions fail at the first GatedDeltaNet "
                 "or conv node unless $ONNX_HYBRID_CUDA_IMAGES names a folder that has one for the GPU (re-export "
                 "with -e cuda, or `onnx-hybrid prepare-cuda --arch CC -o FOLDER`)", severity=WARNING))
-
-
-def json_type(value) -> str:
-    return {bool: "a boolean", int: "a number", float: "a number", list: "an array", dict: "an object",
-            type(None): "null"}.get(type(value), type(value).__name__)

@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..configs.provider_rules import providers as provider_names
 from . import io_names as io
 from .model_config import load_model_config
 
@@ -66,7 +67,7 @@ def summarize(model_dir, out_dir, elapsed_s: float) -> ExportSummary:
     conv_states = {io.PAST_CONV % layer for layer in cfg.linear_layers}
     conv_state = next((i for i in graph.input if i.name in conv_states), None)
     elem = onnx.TensorProto.DataType.Name(conv_state.type.tensor_type.elem_type) if conv_state else "unknown"
-    providers = tuple(name for options in decoder["session_options"].get("provider_options", []) for name in options)
+    providers = tuple(provider_names(decoder["session_options"]))
     return ExportSummary(
         source=model_dir, output=out_dir, architecture=cfg.architecture,
         layers={LAYER_KINDS.get(kind, kind): count for kind, count in Counter(cfg.layer_types).items()},
