@@ -33,7 +33,7 @@ from onnx.reference.op_run import OpRun  # noqa: E402
 from onnx_hybrid.cli import export_main  # noqa: E402
 from onnx_hybrid.configs import validate  # noqa: E402
 from onnx_hybrid.exporter import ExportError, export  # noqa: E402
-from onnx_hybrid.exporter.export import GPU_KV_CACHE_FRACTION  # noqa: E402
+from onnx_hybrid.exporter.kv_pool import GPU_KV_CACHE_FRACTION  # noqa: E402
 from onnx_hybrid.exporter.kv_pool import DEFAULT_POOL_BYTES, DEFAULT_POOL_REQUESTS, pool_num_blocks  # noqa: E402
 from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
 from onnx_hybrid.ops import contract, reference  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 from onnx_hybrid import cli
 from onnx_hybrid.configs.validator import validate
 from onnx_hybrid.exporter import ExportError, export
-from onnx_hybrid.exporter.export import GPU_KV_CACHE_FRACTION
+from onnx_hybrid.exporter.kv_pool import GPU_KV_CACHE_FRACTION
 from onnx_hybrid.ops import contract, library
 from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint
 

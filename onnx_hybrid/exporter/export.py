@@ -12,7 +12,7 @@ import numpy as np
 import onnx_ir as ir
 from tqdm.auto import tqdm
 
-from ..configs.genai_config import DecoderExport, DecoderIO, PagedCache, genai_config
+from ..configs.genai_config import DecoderExport, DecoderIO, genai_config
 from ..configs.state_groups import FORMS, RELEASED
 from ..ops import contract
 from . import io_names as io
@@ -23,7 +23,7 @@ from .graph.decoder import GraphOptions, assemble_model, build_decoder
 from .graph.group_query_attention import CONCAT, KV_CACHES, SHARED
 from .graph.paged_attention import KERNELS as PAGED_ATTENTION_KERNELS, PagedLayout
 from .graph.quantized import quant_options
-from .kv_pool import pool_num_blocks
+from .kv_pool import paged_cache, pool_num_blocks
 from .model_config import ModelConfig, load_model_config
 from .mtp import check_mtp_weights, mtp_config, mtp_tensor_count, write_mtp_head
 from .output_dir import check_target, staged_output
@@ -35,9 +35,6 @@ DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": "bfloat16"}
 OP_DOMAINS = (contract.DOMAIN, contract.MS_DOMAIN)
 # --execution-provider: where onnxruntime-genai runs the export, and the activation type it gets by default.
 EXECUTION_PROVIDERS = {"cpu": "fp32", "cuda": "fp16"}
-# A CUDA paged export without --num-blocks lets onnxruntime-genai size the block pool: this share of the GPU
-# memory free once the model is loaded (after its own 0.9 fragmentation allowance), the rest left to activations.
-GPU_KV_CACHE_FRACTION = 0.5
 MODEL_FILE, DATA_FILE, GENAI_CONFIG = "model.onnx", "model.onnx.data", "genai_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
@@ -190,7 +187,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
                 write_cuda_images([arch], stage / IMAGE_FOLDER)
         desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library_name, paged=paged),
                                    manifest_format=manifest_format, execution_provider=execution_provider,
-                                   paged=_paged_cache(block_size, num_blocks) if paged else None,
+                                   paged=paged_cache(block_size, num_blocks) if paged else None,
                                    share_kv_buffers=kv_cache == SHARED)
         config = genai_config(desc)
         if with_mtp:
@@ -227,14 +224,6 @@ def decoder_export(cfg: ModelConfig, capacity: int, custom_ops_library: str | No
         io=DecoderIO(inputs, outputs), linear_layer_ids=tuple(cfg.linear_layers),
         gdn_key_heads=cfg.gdn_key_heads, state_update_capacity=capacity, bos_token_id=cfg.bos_token_id,
         eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id, custom_ops_library=custom_ops_library)
-
-
-def _paged_cache(block_size: int, num_blocks: int | None) -> PagedCache:
-    """The pool of a paged export: ``num_blocks`` (given, or kv_pool's default for our CPU kernel), else sized by
-    the runtime from the GPU's free memory (ORT's PagedAttention runs on CUDA only)."""
-    if num_blocks is None:
-        return PagedCache(block_size, gpu_utilization_factor=GPU_KV_CACHE_FRACTION)
-    return PagedCache(block_size, num_blocks)
 
 
 def _cuda_archs(requested) -> tuple[int, ...]:

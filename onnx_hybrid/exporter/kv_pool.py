@@ -8,17 +8,22 @@ capped by the context length. An Engine-hosted MTP head takes its share of the s
 to its KV bytes (measured: one main and one head attention layer leave the main model half the blocks).
 
 So a pool for our (CPU) PagedAttention gets a default: room for :data:`DEFAULT_POOL_REQUESTS`
-full-context requests, at most :data:`DEFAULT_POOL_BYTES` of keys and values. ORT's CUDA kernel
-(com.microsoft) keeps the runtime's own sizing.
+full-context requests, at most :data:`DEFAULT_POOL_BYTES` of keys and values. A pool written by ORT's CUDA
+kernel (com.microsoft) is sized by the runtime from :data:`GPU_KV_CACHE_FRACTION` of the GPU's free memory, which
+0.18 has no usable default for (without it the budget is zero, measured on CPU and on an H100).
 """
 
 from __future__ import annotations
 
+from ..configs.genai_config import PagedCache
 from ..ops import contract
 from .model_config import ModelConfig
 
 DEFAULT_POOL_REQUESTS = 4
 DEFAULT_POOL_BYTES = 4 << 30  # 4 GiB
+# The share of the GPU memory free once the model is loaded (after og's own 0.9 fragmentation allowance) that a
+# runtime-sized pool may take; the rest is left to activations.
+GPU_KV_CACHE_FRACTION = 0.5
 
 
 def pool_num_blocks(num_blocks: int | None, cfg: ModelConfig, *, block_size: int, kernel: str, itemsize: int,
@@ -34,3 +39,11 @@ def pool_num_blocks(num_blocks: int | None, cfg: ModelConfig, *, block_size: int
     wanted = -(-DEFAULT_POOL_REQUESTS * per_request * (main_layers + head_layers) // main_layers)
     affordable = DEFAULT_POOL_BYTES // (layer_block * (main_layers + head_layers))
     return max(1 + (head_layers > 0), min(wanted, affordable))
+
+
+def paged_cache(block_size: int, num_blocks: int | None) -> PagedCache:
+    """``engine.dynamic_batching`` of a paged export: ``num_blocks`` (given, or :func:`pool_num_blocks`' default
+    for our kernel), else a pool the runtime sizes from :data:`GPU_KV_CACHE_FRACTION` of the GPU's free memory."""
+    if num_blocks is None:
+        return PagedCache(block_size, gpu_utilization_factor=GPU_KV_CACHE_FRACTION)
+    return PagedCache(block_size, num_blocks)

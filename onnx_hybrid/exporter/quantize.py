@@ -112,12 +112,12 @@ def quantize(w: np.ndarray, spec: QuantSpec, scale_dtype=np.float32) -> Quantize
         lo = np.minimum(blocks.min(axis=-1), 0)
         hi = np.maximum(blocks.max(axis=-1), 0)
         scale = ((hi - lo) / spec.levels).astype(scale_dtype)
-        safe = np.where(scale == 0, 1, scale.astype(work))
-        zero = np.clip(np.rint(-lo / safe), 0, spec.levels)
         low, high = 0, spec.levels
-    safe = np.where(scale == 0, 1, scale.astype(work))[..., None]
+    safe = np.where(scale == 0, 1, scale.astype(work))  # an all-zero block: any scale codes it exactly
+    if not spec.symmetric:
+        zero = np.clip(np.rint(-lo / safe), 0, spec.levels)
     offset = 0 if spec.symmetric else zero[..., None]
-    codes = np.clip(np.rint(blocks / safe) + offset, low, high)
+    codes = np.clip(np.rint(blocks / safe[..., None]) + offset, low, high)
     if spec.symmetric:
         codes = codes + spec.default_zero_point
     packed = pack(codes.astype(np.uint8), spec.bits)

@@ -52,11 +52,6 @@ class TensorPlan:
     scales: ir.Value = field(default=None, repr=False)
     zero_points: ir.Value = field(default=None, repr=False)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the recipe writes (codes, scales and zero points for a quantized one), padding excluded."""
-        return sum(_nbytes(v) for v in self.values())
-
     def values(self) -> list[ir.Value]:
         """The initializers this recipe writes, in file order."""
         return [v for v in (self.value, self.scales, self.zero_points) if v is not None]
