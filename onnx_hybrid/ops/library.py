@@ -17,7 +17,7 @@ import re
 import tempfile
 import warnings
 
-ABI_VERSION = 2  # 2: the CUDA image, layout and plan functions
+ABI_VERSION = 3  # 2: the CUDA image, layout and plan functions; 3: onnx_hybrid_cuda_has_image
 # ONNX_HYBRID_LIBRARY points the package at another build of the library (e.g. the AddressSanitizer
 # copy of scripts/asan_check.py).
 _LIBRARY = pathlib.Path(os.environ.get("ONNX_HYBRID_LIBRARY") or
@@ -63,9 +63,8 @@ def register(session_options) -> None:
     control()  # refuse a library with another control ABI before ORT loads it into a session
     session_options.register_custom_ops_library(path)
     session_options.add_session_config_entry(_REGISTERED_KEY, path)
-    if os.environ.get(IMAGES_ENV):
-        prepare_cuda()  # asked for explicitly: a bad folder is an error
-    elif (archs := _visible_cuda_archs()) and not all(has_cuda_image(a) for a in archs):  # once per process
+    # The library reads $ONNX_HYBRID_CUDA_IMAGES and the folder beside it by itself; compile only what neither has.
+    if (archs := _visible_cuda_archs()) and not all(has_cuda_image(a) for a in archs):  # once per process
         try:
             prepare_cuda()
         except (RuntimeError, OSError, ImportError) as error:  # CPU sessions must not depend on the CUDA kernels
@@ -202,13 +201,14 @@ def packaged_image(arch: int) -> pathlib.Path | None:
 
 
 def cuda_image(arch: int) -> bytes:
-    """The kernels' image for ``sm_<arch>``: the one shipped beside the library (built from the same sources),
-    else compiled through CuPy/NVRTC (cached on disk; no GPU needed)."""
-    if (shipped := packaged_image(arch)) is not None:
-        return shipped.read_bytes()
+    """The kernels' image for ``sm_<arch>``: compiled from this package's sources through CuPy/NVRTC (cached on
+    disk; no GPU needed), or, where CuPy is absent, the one a wheel ships beside the library (built from the same
+    sources). Compiling first means a source checkout never serves an image left from older sources."""
     try:
         from ..cuda_ops.compiler import compile_image
     except ImportError as error:
+        if (shipped := packaged_image(arch)) is not None:
+            return shipped.read_bytes()
         raise CudaPrepareError(f"no sm{arch}.cubin ships beside {_LIBRARY.name} ({_LIBRARY.parent / IMAGE_FOLDER}), "
                                f"and compiling one needs CuPy with NVRTC ({error}): pip install 'onnx-hybrid[gpu]', "
                                "or install a wheel that carries the images") from None

@@ -31,7 +31,7 @@
 namespace onnx_hybrid {
 namespace {
 
-constexpr int kAbiVersion = 2;  // 2: onnx_hybrid_set_cuda_image and the CUDA inspection functions
+constexpr int kAbiVersion = 3;  // 2: onnx_hybrid_set_cuda_image and the CUDA inspection functions; 3: _has_image
 constexpr char kCpuProvider[] = "CPUExecutionProvider";
 
 std::atomic<bool> g_register_com_microsoft{false};
