@@ -459,7 +459,8 @@ def markdown(results: dict, args) -> str:
 
 
 def _export_order(name: str) -> int:
-    order = ["ours", "ours-ms", "builder-fp16", "builder-fp32", "builder-int4", "ours-paged", "builder-paged"]
+    order = ["ours", "ours-shared", "ours-ms", "builder-fp16", "builder-fp32", "builder-int4", "ours-paged",
+             "builder-paged"]
     return order.index(name) if name in order else len(order)
 
 

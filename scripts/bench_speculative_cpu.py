@@ -66,7 +66,7 @@ def best_runs(models: dict, prompts: list[list[int]], new_tokens: int, repeats: 
     """Per model, the best of ``repeats`` timed runs (``testing.engine.EngineRun``), the models taking turns,
     after a warm-up run each (prepacking, first allocations): the box is shared, and interference only ever
     adds time."""
-    from onnx_hybrid.testing.engine import run_engine
+    from onnx_hybrid.testing.genai_driver import run_engine
 
     for model in models.values():
         run_engine(model, prompts, 4)

@@ -22,7 +22,8 @@ from pathlib import Path
 from onnx_hybrid.cli import export_main, main as onnx_hybrid_main
 from onnx_hybrid.ops import contract
 from onnx_hybrid.testing.checkpoints import LAYOUTS, load_reference, make_tiny_checkpoint
-from onnx_hybrid.testing.greedy import GreedyDriver, genai_greedy_tokens, make_session
+from onnx_hybrid.testing.greedy import GreedyDriver, make_session
+from onnx_hybrid.testing.genai_driver import greedy_tokens  # noqa: E402
 
 PROMPT = [5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150]
 
@@ -72,7 +73,7 @@ def main() -> int:
             return status
         import onnxruntime_genai as og
 
-        genai = genai_greedy_tokens(og.Model(str(plain_dir)), PROMPT, args.new_tokens)
+        genai = greedy_tokens(og.Model(str(plain_dir)), PROMPT, args.new_tokens)
         reference = transformers_tokens(hf_dir, args.new_tokens)
 
         print("[5/5] tokens")

@@ -23,7 +23,8 @@ pytest.importorskip("transformers")
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
 from onnx_hybrid.testing.checkpoints import GDN_HEADS, load_reference, make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.greedy import GreedyDriver, genai_greedy_tokens, make_session  # noqa: E402
+from onnx_hybrid.testing.greedy import GreedyDriver, make_session  # noqa: E402
+from onnx_hybrid.testing.genai_driver import greedy_tokens  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150], [44, 3, 150, 12, 9]]
 NEW_TOKENS = 16
@@ -155,7 +156,7 @@ def _genai_matches(case, tmp_path, domain):
         stops = [i for i, t in enumerate(expected) if t in eos]
         expected = expected[:stops[0]] if stops else expected
         assert len(expected) >= 4, "the reference stops too early to tell anything"
-        assert genai_greedy_tokens(model, prompt, NEW_TOKENS) == expected
+        assert greedy_tokens(model, prompt, NEW_TOKENS) == expected
 
 
 def test_onnxruntime_genai_feeds_2d_positions_and_growing_mask(text_case, tmp_path):

@@ -133,8 +133,7 @@ def test_an_output_whose_swap_was_killed_is_restored(tmp_path, caplog):
 _SLOW_EXPORT = """
 import sys, time
 import onnx_hybrid.exporter
-from onnx_hybrid import __version__
-from onnx_hybrid.cli import export_main, main
+from onnx_hybrid.cli import export_main
 module = sys.modules["onnx_hybrid.exporter.export"]
 write = module.write_external_data
 def write_then_wait(*args, **kwargs):

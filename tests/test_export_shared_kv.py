@@ -26,7 +26,8 @@ from onnx_hybrid.ops import contract  # noqa: E402
 from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
 from onnx_hybrid.testing.engine import set_eos  # noqa: E402
 from onnx_hybrid.testing.graph_count import decode_step_nodes  # noqa: E402
-from onnx_hybrid.testing.greedy import GreedyDriver, genai_greedy_tokens, make_session  # noqa: E402
+from onnx_hybrid.testing.greedy import GreedyDriver, make_session  # noqa: E402
+from onnx_hybrid.testing.genai_driver import greedy_tokens  # noqa: E402
 from test_export_e2e import LOGITS_TOL, NEW_TOKENS, PROMPTS, Reference  # noqa: E402
 
 CASES = {
@@ -73,7 +74,7 @@ def test_onnxruntime_genai_matches_transformers(case):
     for prompt, tokens in zip(PROMPTS, ref.tokens):
         expected = _expected(shared, tokens)
         assert len(expected) >= 4, "the reference stops too early to tell anything"
-        assert genai_greedy_tokens(model, prompt, NEW_TOKENS) == expected
+        assert greedy_tokens(model, prompt, NEW_TOKENS) == expected
     batched = {out.name: _genai_batch(out) for out in (shared, concat)}
     assert batched["shared"] == batched["concat"]
 
@@ -183,7 +184,7 @@ def test_mtp_generator_keeps_greedy_tokens(mtp_export):
     head = og.Model(head_config)
     evaluated = 0
     for prompt in PROMPTS:
-        expected = genai_greedy_tokens(main, prompt, NEW_TOKENS)
+        expected = greedy_tokens(main, prompt, NEW_TOKENS)
         for drafts in (1, 3):
             params = og.GeneratorParams(main)
             params.set_search_options(do_sample=False, max_length=len(prompt) + NEW_TOKENS)

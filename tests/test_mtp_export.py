@@ -27,7 +27,8 @@ from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.exporter.mtp import head_overlay  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
 from onnx_hybrid.testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.engine import run_engine, set_eos  # noqa: E402
+from onnx_hybrid.testing.engine import set_eos  # noqa: E402
+from onnx_hybrid.testing.genai_driver import run_engine  # noqa: E402
 from onnx_hybrid.testing.greedy import make_session  # noqa: E402
 from onnx_hybrid.testing.mtp import add_mtp_head, fit_drafting_head, greedy_runs, reference_head  # noqa: E402
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from native_util import (GDN, check_capsule_replay, check_decode_equals_verify, check_gdn, check_state_aliasing,
                          check_subnormal_gdn, is_subnormal,
                          run_gdn, subnormal_gdn_case)
-from onnx_hybrid.ops import contract, library, replay, single_op
+from onnx_hybrid.ops import contract, library, single_op
 from onnx_hybrid.ops.testing import random_gdn_case
 
 # Each entry: random_gdn_case keyword arguments. Rows of >= 32 tokens run the chunked engine, shorter

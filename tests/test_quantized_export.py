@@ -31,8 +31,9 @@ from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
 from onnx_hybrid.exporter.quantize import QuantSpec, dequantize, quantize  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
 from onnx_hybrid.testing.checkpoints import MOE, TEXT, make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.engine import run_engine, set_eos  # noqa: E402
-from onnx_hybrid.testing.greedy import GreedyDriver, genai_greedy_tokens, make_session  # noqa: E402
+from onnx_hybrid.testing.engine import set_eos  # noqa: E402
+from onnx_hybrid.testing.greedy import GreedyDriver, make_session  # noqa: E402
+from onnx_hybrid.testing.genai_driver import greedy_tokens, run_engine  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 9, 100, 3], [7, 8, 9]]
 NEW_TOKENS = 16
@@ -156,7 +157,7 @@ def test_int8_keeps_fp32_greedy_tokens_in_ort_and_genai(text, tmp_path):
     want = GreedyDriver(make_session(fp32, contract.DOMAIN)).generate(prompts, NEW_TOKENS).tokens
     assert GreedyDriver(make_session(int8, contract.DOMAIN)).generate(prompts, NEW_TOKENS).tokens == want
     model = og.Model(str(int8))
-    assert [genai_greedy_tokens(model, p, NEW_TOKENS) for p in prompts] == want
+    assert [greedy_tokens(model, p, NEW_TOKENS) for p in prompts] == want
 
 
 def test_int4_exports_validate_and_run_in_genai(text, tmp_path, capsys):
@@ -168,7 +169,7 @@ def test_int4_exports_validate_and_run_in_genai(text, tmp_path, capsys):
     attributes = {a.name: helper.get_attribute_value(a) for a in ops["MatMulNBits"].attribute}
     assert attributes["bits"] == 4 and attributes["block_size"] == 64 and attributes["accuracy_level"] == 4
     ours = GreedyDriver(make_session(out, contract.DOMAIN)).generate(PROMPTS[:1], NEW_TOKENS).tokens[0]
-    assert genai_greedy_tokens(og.Model(str(out)), PROMPTS[0], NEW_TOKENS) == ours
+    assert greedy_tokens(og.Model(str(out)), PROMPTS[0], NEW_TOKENS) == ours
 
 
 def test_engine_speculation_stays_lossless_with_int4_weights(text, tmp_path):

@@ -1,10 +1,6 @@
-"""onnxruntime-genai 0.18's Engine (dynamic batching) over a paged export, as the tests drive it.
-
-``run_engine`` begins every prompt as a concurrent greedy request before the first step, collects each
-request's tokens from the events, and can propose external drafts (``Request.set_draft_tokens``) from a
-reference continuation with some drafts deliberately wrong, so verify steps end in full, partial and
-zero accepts that the Engine commits by replaying our compact capsules (speculative.md §1.2, §5).
-``tamper_capsules`` is the negative control: the same model with every GDN capsule multiplied by zero.
+"""Paged exports prepared for onnxruntime-genai 0.18's Engine as the tests drive it (``genai_driver.run_engine``):
+``set_eos`` makes runs reach their length, and ``tamper_capsules`` is the negative control of speculative
+decoding, the same model with every GDN capsule multiplied by zero.
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ import numpy as np
 import onnx
 
 from ..ops import contract
-from .genai_driver import EngineRun, proposal, run_engine  # noqa: F401  (the driver lives there, og-only)
 
 
 def set_eos(package: Path, token: int) -> None:

@@ -3,7 +3,7 @@
 It feeds exactly what onnxruntime-genai feeds a non-paged model (left padding, ``position_ids =
 cumsum(mask) - 1`` clipped at 0 on padding, the growing 2-D ``attention_mask``; shared KV buffers of
 ``max_length`` positions, prompt plus new tokens, when the graph declares them) and reads the graph's
-own I/O to know which states exist, so it serves any export of this package. :func:`genai_greedy_tokens`
+own I/O to know which states exist, so it serves any export of this package. ``genai_driver.greedy_tokens``
 is the same job done by onnxruntime-genai itself, the real client.
 """
 
@@ -93,10 +93,3 @@ class GreedyDriver:
             step_ids = next_ids[:, None].astype(np.int64)
             mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
         return result
-
-
-def genai_greedy_tokens(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """The tokens onnxruntime-genai's ``Generator`` picks greedily after ``prompt`` (``model``: an ``og.Model``)."""
-    from .genai_driver import greedy_tokens
-
-    return greedy_tokens(model, prompt, max_new_tokens)
