@@ -217,7 +217,38 @@ def _contract_op(spec: contract.OpSpec, run, domain: str = contract.DOMAIN):
     return type(spec.name, (OpRun,), {"op_domain": domain, "_run": _run})
 
 
-REFERENCE_OPS = [_contract_op(contract.GATED_DELTA_NET, reference.gated_delta_net),
+class SkipSimplifiedLayerNormalization(OpRun):
+    """com.microsoft's fused residual add + RMSNorm, in float64: (norm, mean, inv_std, sum)."""
+    op_domain = contract.MS_DOMAIN
+
+    def _run(self, x, skip, gamma, epsilon=None):
+        total = x.astype(np.float64) + skip
+        inv_std = 1.0 / np.sqrt(np.mean(total * total, axis=-1, keepdims=True) + epsilon)
+        return ((total * inv_std * gamma).astype(x.dtype), np.zeros_like(inv_std, np.float32),
+                inv_std.astype(np.float32), total.astype(x.dtype))
+
+
+class RotaryEmbedding(OpRun):
+    """com.microsoft's RoPE, rotate-half on the first rotary_embedding_dim dims of each head, in float64."""
+    op_domain = contract.MS_DOMAIN
+
+    def _run(self, x, positions, cos_cache, sin_cache, interleaved=None, num_heads=None, rotary_embedding_dim=None,
+             **_):
+        assert not interleaved
+        b, s, width = x.shape
+        heads = x.astype(np.float64).reshape(b, s, num_heads, width // num_heads)
+        half = rotary_embedding_dim // 2
+        cos = cos_cache.astype(np.float64)[positions][:, :, None, :]
+        sin = sin_cache.astype(np.float64)[positions][:, :, None, :]
+        x1, x2 = heads[..., :half], heads[..., half:rotary_embedding_dim]
+        out = heads.copy()
+        out[..., :half] = x1 * cos - x2 * sin
+        out[..., half:rotary_embedding_dim] = x2 * cos + x1 * sin
+        return (out.reshape(b, s, width).astype(x.dtype),)
+
+
+REFERENCE_OPS = [SkipSimplifiedLayerNormalization, RotaryEmbedding,
+                 _contract_op(contract.GATED_DELTA_NET, reference.gated_delta_net),
                  _contract_op(contract.VARLEN_CAUSAL_CONV, reference.varlen_causal_conv),
                  _contract_op(contract.PAGED_ATTENTION, reference.paged_attention),
                  _contract_op(contract.PAGED_ATTENTION, reference.paged_attention, contract.MS_DOMAIN)]

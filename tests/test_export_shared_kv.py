@@ -68,6 +68,20 @@ def test_driver_matches_transformers_on_a_left_padded_batch(case):
         np.testing.assert_allclose(result.prefill_logits[row, -1], ref.last_logits[row], atol=LOGITS_TOL, rtol=0)
 
 
+def test_capture_style_mask_gives_the_same_tokens(case):
+    """Under CUDA graph capture onnxruntime-genai feeds one attention_mask of the whole max_length (zeros beyond
+    the tokens so far) instead of a growing one: the shared export finds each step's columns either way."""
+    _, ref, shared, _ = case
+    driver = GreedyDriver(make_session(shared, contract.DOMAIN))
+    for prompt, tokens in zip(PROMPTS, ref.tokens):  # one row: GQA reads the wide mask as past context
+        static = driver.generate([prompt], NEW_TOKENS, static_mask=True)
+        assert static.tokens == [tokens]
+        np.testing.assert_allclose(static.prefill_logits[0, -1], ref.last_logits[PROMPTS.index(prompt)],
+                                   atol=LOGITS_TOL, rtol=0)
+    rows = [PROMPTS[0][:4], PROMPTS[1][:4]]  # several rows: a first prompt, whatever the mask's width
+    assert driver.generate(rows, NEW_TOKENS, static_mask=True).tokens == driver.generate(rows, NEW_TOKENS).tokens
+
+
 def test_onnxruntime_genai_matches_transformers(case):
     _, ref, shared, concat = case
     model = og.Model(str(shared))
@@ -169,7 +183,7 @@ def mtp_export(tmp_path_factory):
 
 def test_mtp_head_uses_the_shared_layout(mtp_export):
     graph = onnx.load(str(mtp_export / "mtp.onnx"), load_external_data=False).graph
-    assert [n.op_type for n in graph.node if n.domain == contract.MS_DOMAIN] == ["GroupQueryAttention"]
+    assert [n.domain for n in graph.node if n.op_type == "GroupQueryAttention"] == [contract.MS_DOMAIN]
     dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in graph.input}
     assert dims["past_key_values.0.key"] == ["batch_size", HKV, "max_sequence_length", D]
     assert validate(mtp_export).ok, validate(mtp_export).format()

@@ -76,10 +76,11 @@ def test_paged_driver_matches_nonpaged_export_and_transformers(dtype, exports, t
     assert report["paged_tokens"] == report["nonpaged_tokens"] == transformers_tokens
     assert len({len(t) for t in transformers_tokens}) == 1 and len(set(transformers_tokens[0])) > 3  # not degenerate
     # fp32: both exports run the same fp32 ops, only the attention kernel's summation order differs (measured
-    # 3.8e-6 on logits of magnitude 15). fp16: the whole model's fp16 rounding, paged or not (measured 1.65e-2
-    # paged and 1.68e-2 non-paged, i.e. 1.1e-3 of the largest |logit|).
+    # 3.8e-6 on logits of magnitude 15). fp16: the whole model's fp16 rounding, paged or not, with the norm scales
+    # in fp16 as ORT's fused norm kernels take them (measured 3.3e-2 on logits of magnitude 15, i.e. 2.2e-3 of the
+    # largest |logit|; 1.1e-3 while the scales were fp32 and each norm a Cast, a norm and a Cast).
     scale = report["logits_scale"]
-    tolerance = 1e-5 * scale if dtype == "fp32" else 2e-3 * scale
+    tolerance = 1e-5 * scale if dtype == "fp32" else 3e-3 * scale
     assert report["paged_vs_fp32"] < tolerance, report
     assert report["nonpaged_vs_fp32"] < tolerance, report
 

@@ -63,8 +63,12 @@ class GreedyDriver:
         return states
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *, capture_count: int = 0,
-                 state_update_active: int = 1) -> GreedyResult:
+                 state_update_active: int = 1, static_mask: bool = False) -> GreedyResult:
+        """``static_mask`` feeds the mask as onnxruntime-genai does under CUDA graph capture: one [B, max_length]
+        mask throughout, ones for the tokens so far and zeros beyond (prompts of one length: no padding)."""
         batch, width = len(prompts), max(len(p) for p in prompts)
+        if static_mask and any(len(p) != width for p in prompts):
+            raise ValueError("static_mask feeds prompts of one length")
         ids = np.zeros((batch, width), np.int64)
         mask = np.zeros((batch, width), np.int64)
         for row, prompt in enumerate(prompts):  # left padding
@@ -76,7 +80,11 @@ class GreedyDriver:
         step_ids = ids
         for step in range(max_new_tokens):
             positions = np.cumsum(mask, axis=1) - 1
-            feeds = {io.INPUT_IDS: step_ids, io.ATTENTION_MASK: mask,
+            fed_mask = mask
+            if static_mask:
+                fed_mask = np.zeros((batch, width + max_new_tokens), np.int64)
+                fed_mask[:, :mask.shape[1]] = mask
+            feeds = {io.INPUT_IDS: step_ids, io.ATTENTION_MASK: fed_mask,
                      io.POSITION_IDS: np.maximum(positions[:, -step_ids.shape[1]:], 0), **states}
             if io.STATE_UPDATE_CAPTURE_COUNT in self.inputs:
                 feeds[io.STATE_UPDATE_CAPTURE_COUNT] = np.full([batch], capture_count, np.int32)

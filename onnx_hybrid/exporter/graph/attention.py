@@ -11,22 +11,22 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from ...ops import contract
 from ..weights import Segment
 from .context import GraphContext
 
 
-def rotate(ctx: GraphContext, x: ir.Value) -> ir.Value:
-    """Rotate-half RoPE on the first R dims of every head of x [N, H, D] (NeoX layout, model.md §6.1)."""
+def rotate(ctx: GraphContext, x: ir.Value, heads: int) -> ir.Value:
+    """Rotate-half RoPE (NeoX layout) on the first R dims of every head of x [N, heads, D] (model.md §6.1), as one
+    com.microsoft::RotaryEmbedding over the tokens taken as one row [1, N, heads*D] at their own positions."""
     cfg, sh = ctx.config, ctx.shared
-    r, d = cfg.rotary_dim, cfg.head_dim
-    if r < d:
-        rot, rest = ctx.ops("Split", x, ctx.const([r, d - r]), num_outputs=2, axis=-1)
-    else:
-        rot, rest = x, None
-    x1, x2 = ctx.ops("Split", rot, ctx.const([r // 2, r // 2]), num_outputs=2, axis=-1)
-    rotated = ctx.op("Concat", ctx.op("Neg", x2), x1, axis=-1)
-    rot = ctx.op("Add", ctx.op("Mul", rot, sh.cos), ctx.op("Mul", rotated, sh.sin))
-    return rot if rest is None else ctx.op("Concat", rot, rest, axis=-1)
+    d = cfg.head_dim
+    row = ctx.op("Reshape", x, ctx.const([1, -1, heads * d]))
+    out = ir.Value()
+    ctx.add_node(ir.node("RotaryEmbedding", [row, sh.positions, *sh.rotary_caches],
+                         {"interleaved": 0, "num_heads": heads, "rotary_embedding_dim": cfg.rotary_dim},
+                         domain=contract.MS_DOMAIN, outputs=[out]))
+    return ctx.op("Reshape", out, ctx.const([-1, heads, d]))
 
 
 def project(ctx: GraphContext, layer: int, x: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
@@ -47,8 +47,8 @@ def project(ctx: GraphContext, layer: int, x: ir.Value) -> tuple[ir.Value, ir.Va
                       num_outputs=2, axis=-1)
     k = ctx.op("Reshape", k, ctx.const([0, hkv, d]))
     v = ctx.op("Reshape", v, ctx.const([0, hkv, d]))
-    q = rotate(ctx, ctx.rms_norm(q, ctx.norm_weight(f"{prefix}q_norm.weight", f"{prefix}q_norm.weight", d)))
-    k = rotate(ctx, ctx.rms_norm(k, ctx.norm_weight(f"{prefix}k_norm.weight", f"{prefix}k_norm.weight", d)))
+    q = rotate(ctx, ctx.rms_norm(q, ctx.norm_weight(f"{prefix}q_norm.weight", f"{prefix}q_norm.weight", d)), hq)
+    k = rotate(ctx, ctx.rms_norm(k, ctx.norm_weight(f"{prefix}k_norm.weight", f"{prefix}k_norm.weight", d)), hkv)
     return q, k, v, gate
 
 

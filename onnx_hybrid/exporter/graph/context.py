@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from ...ops import contract
 from ..errors import ExportError
 from ..model_config import ModelConfig
 from ..weights import QuantizedWeight, Segment, Weights
@@ -41,6 +42,15 @@ class PackedInputs:
 
 
 @dataclass(frozen=True)
+class TokenGrid:
+    """The [B, S] token grid of a non-paged step as device tensors (decoder.token_grid)."""
+
+    seq: ir.Value  # int64 [B, 1]: S in every row
+    slots: ir.Value  # int64 [B, S]: 0 .. S-1
+    ones: ir.Value  # int64 [B, S]
+
+
+@dataclass(frozen=True)
 class RowAlignment:
     """GroupQueryAttention's view of a left-padded step (group_query_attention.py): each row's tokens moved to
     the row's front, and its per-row lengths."""
@@ -59,13 +69,13 @@ class SharedInputs:
     seq: ir.Value | None  # int64 [1]; None in the paged graph (no [B, S] grid)
     mask_column: ir.Value | None  # act [N, 1]: 1 for real tokens of this step, 0 for padding; None when packed
     cu_seqlens: ir.Value  # int32 [B+1] = 0, S, 2S, ... (uniform rows), or the packed requests' offsets
-    cos: ir.Value | None  # act [N, 1, R]
-    sin: ir.Value | None
+    positions: ir.Value | None  # int64 [1, N]: every token's position, in the order the layers see the tokens
+    rotary_caches: tuple[ir.Value, ir.Value] | None  # act cos, sin [max positions, R/2] (RotaryEmbedding's)
     attention_bias: ir.Value | None  # act [B, 1, 1, S, L]: 0 where allowed, dtype min elsewhere
     capture_count: ir.Value | None  # int32 [B]
     state_update_active: ir.Value | None  # int32 [1]
     packed: PackedInputs | None = None  # the paged graph's inputs
-    rows: RowAlignment | None = None  # shared KV buffers only; then cos and sin are in its front-aligned order
+    rows: RowAlignment | None = None  # shared KV buffers only; then positions are in its front-aligned order
 
 
 @dataclass
@@ -157,16 +167,26 @@ class GraphContext:
         return self.linear(hidden, self.weights.tensor(source, source, shape, self.np_act))
 
     def rms_norm(self, x: ir.Value, scale: ir.Value) -> ir.Value:
-        """RMSNorm over the last axis with statistics in fp32; ``scale`` is an fp32 initializer."""
-        eps = self.config.rms_norm_eps
-        if self.act == FLOAT:
-            return self.op("RMSNormalization", x, scale, axis=-1, epsilon=eps, stash_type=1)
-        y = self.op("RMSNormalization", self.op("Cast", x, to=FLOAT), scale, axis=-1, epsilon=eps, stash_type=1)
-        return self.op("Cast", y, to=self.act)
+        """RMSNorm over the last axis, its statistics in fp32 (stash_type 1) whatever the activation type; ``scale``
+        is a :meth:`norm_weight`. No Casts around it: ORT's kernels take fp16/bf16 in and out."""
+        return self.op("RMSNormalization", x, scale, axis=-1, epsilon=self.config.rms_norm_eps, stash_type=1)
+
+    def add_rms_norm(self, residual: ir.Value, branch: ir.Value | None, scale: ir.Value
+                     ) -> tuple[ir.Value, ir.Value]:
+        """(RMSNorm(residual + branch), residual + branch) as one com.microsoft::SkipSimplifiedLayerNormalization
+        (fp32 statistics, on ORT's CPU and CUDA providers): the residual add of a pre-norm block fused into the
+        next norm. Without a branch, the plain norm of ``residual``."""
+        if branch is None:
+            return self.rms_norm(residual, scale), residual
+        normed, _mean, _inv_std, total = self.tape.op_multi_out(
+            "SkipSimplifiedLayerNormalization", [branch, residual, scale], {"epsilon": self.config.rms_norm_eps},
+            domain=contract.MS_DOMAIN, num_outputs=4)
+        return normed, total
 
     def silu(self, x: ir.Value) -> ir.Value:
         return self.op("Mul", x, self.op("Sigmoid", x))
 
     def norm_weight(self, name: str, source: str, size: int, *, zero_centred: bool = True) -> ir.Value:
-        """RMSNorm scale kept in fp32; zero-centred checkpoint weights become 1 + w (model.md §7)."""
-        return self.weights.tensor(name, source, [size], np.float32, add_one=zero_centred)
+        """RMSNorm scale in the activation type (what ORT's norm kernels take with it); zero-centred checkpoint
+        weights become 1 + w, computed in fp32 and rounded once (model.md §7)."""
+        return self.weights.tensor(name, source, [size], self.np_act, add_one=zero_centred)

@@ -13,7 +13,7 @@ from ...ops import contract
 from .. import io_names as io
 from ..model_config import FULL, LINEAR
 from .attention import attention
-from .context import FLOAT, OPSET, GraphContext, PackedInputs, SharedInputs
+from .context import FLOAT, OPSET, GraphContext, PackedInputs, SharedInputs, TokenGrid
 from .feed_forward import dense_mlp, sparse_moe
 from .gated_deltanet import gated_deltanet
 from .group_query_attention import SHARED, align_rows, group_query_attention
@@ -117,11 +117,12 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
     full_attention = full_attention_mixer(ctx, paged)
     hidden = ctx.embed(ctx.op("Reshape", input_ids, ctx.const([-1])))  # [N, H]
 
+    branch = None
     for i, kind in enumerate(cfg.layer_types):
         mixer = gated_deltanet if kind == LINEAR else full_attention
-        hidden = decoder_layer(ctx, i, hidden, lambda x: mixer(ctx, i, x, *layer_io[i]))
+        hidden, branch = decoder_layer(ctx, i, hidden, branch, lambda x: mixer(ctx, i, x, *layer_io[i]))
 
-    return inputs, _head(ctx, hidden, options) + state_outputs + update_outputs
+    return inputs, _head(ctx, hidden, branch, options) + state_outputs + update_outputs
 
 
 def full_attention_mixer(ctx: GraphContext, paged: PagedLayout | None):
@@ -131,16 +132,19 @@ def full_attention_mixer(ctx: GraphContext, paged: PagedLayout | None):
     return group_query_attention if ctx.kv_cache == SHARED else attention
 
 
-def decoder_layer(ctx: GraphContext, index: int, hidden: ir.Value, mixer) -> ir.Value:
-    """hidden + mixer(norm(hidden)), then + FFN(norm(...)), the FFN dense or MoE per the config (model.md §8)."""
+def decoder_layer(ctx: GraphContext, index: int, hidden: ir.Value, branch: ir.Value | None, mixer
+                  ) -> tuple[ir.Value, ir.Value]:
+    """hidden + mixer(norm(hidden)), then + FFN(norm(...)), the FFN dense or MoE per the config (model.md §8).
+
+    The residual stream travels as (hidden, branch): ``branch`` is the previous block's output not yet added
+    (None before the first layer), so every residual add is fused into the norm that follows it
+    (ctx.add_rms_norm). Returns (residual, this layer's FFN output)."""
     cfg, prefix = ctx.config, ctx.layer(index)
-    x = ctx.rms_norm(hidden, ctx.norm_weight(f"{prefix}input_layernorm.weight",
-                                             f"{prefix}input_layernorm.weight", cfg.hidden_size))
-    hidden = ctx.op("Add", hidden, mixer(x))
-    x = ctx.rms_norm(hidden, ctx.norm_weight(f"{prefix}post_attention_layernorm.weight",
-                                             f"{prefix}post_attention_layernorm.weight", cfg.hidden_size))
-    ffn = sparse_moe(ctx, index, x) if cfg.moe_layers[index] else dense_mlp(ctx, index, x)
-    return ctx.op("Add", hidden, ffn)
+    x, hidden = ctx.add_rms_norm(hidden, branch, ctx.norm_weight(
+        f"{prefix}input_layernorm.weight", f"{prefix}input_layernorm.weight", cfg.hidden_size))
+    x, hidden = ctx.add_rms_norm(hidden, mixer(x), ctx.norm_weight(
+        f"{prefix}post_attention_layernorm.weight", f"{prefix}post_attention_layernorm.weight", cfg.hidden_size))
+    return hidden, sparse_moe(ctx, index, x) if cfg.moe_layers[index] else dense_mlp(ctx, index, x)
 
 
 def assemble_model(ctx: GraphContext, inputs: list[ir.Value], outputs: list[ir.Value]) -> ir.Model:
@@ -161,21 +165,23 @@ def preamble(ctx: GraphContext, input_ids, attention_mask, position_ids, capture
     """The values every layer of a non-paged graph shares: batch and step sizes, the mask rows, RoPE tables."""
     cfg = ctx.config
     batch, seq = ctx.ops("Split", ctx.op("Shape", input_ids), ctx.const([1, 1]), num_outputs=2, axis=0)
-    # The rows of this step: the last S columns of the mask (HF masks the GDN input with them).
-    step_mask = ctx.op("Slice", attention_mask, ctx.op("Neg", seq), ctx.const([np.iinfo(np.int64).max]),
-                       ctx.const([1]))
+    grid = token_grid(ctx, input_ids)
+    step_mask = step_columns(ctx, attention_mask, grid)  # HF masks the GDN input with them
     mask_column = ctx.op("Cast", ctx.op("Reshape", step_mask, ctx.const([-1, 1])), to=ctx.act)
     seq_scalar = ctx.op("Squeeze", seq)
     tokens = ctx.op("Mul", ctx.op("Squeeze", batch), seq_scalar)
     cu = ctx.op("Range", ctx.const(0), ctx.op("Add", tokens, ctx.const(1)), seq_scalar)
     cu_seqlens = ctx.op("Cast", cu, to=INT32)
 
-    cos = sin = bias = rows = None
+    positions = caches = bias = rows = None
+    if FULL in cfg.layer_types:
+        caches = _rotary_caches(ctx)
+        positions = ctx.op("Reshape", position_ids, ctx.const([-1]))
     if FULL in cfg.layer_types and ctx.kv_cache == SHARED:
-        rows = align_rows(ctx, attention_mask, step_mask, batch, seq)
-        cos, sin = (ctx.op("Gather", table, rows.to_front, axis=0) for table in _rotary_tables(ctx, position_ids))
+        rows = align_rows(ctx, grid, attention_mask, step_mask, batch, seq)
+        positions = ctx.op("Unsqueeze", ctx.op("Gather", positions, rows.to_front, axis=0), ctx.const([0]))
     elif FULL in cfg.layer_types:
-        cos, sin = _rotary_tables(ctx, position_ids)
+        positions = ctx.op("Unsqueeze", positions, ctx.const([0]))
         total = ctx.op("Squeeze", ctx.op("Shape", attention_mask, start=1, end=2))
         key_pos = ctx.op("Range", ctx.const(0), total, ctx.const(1))
         query_pos = ctx.op("Range", ctx.op("Sub", total, seq_scalar), total, ctx.const(1))
@@ -184,25 +190,42 @@ def preamble(ctx: GraphContext, input_ids, attention_mask, position_ids, capture
         allowed = ctx.op("And", causal, keys_ok)  # [B, 1, 1, S, L]
         # A finite minimum (not -inf) keeps fully masked (padded) query rows finite, as HF does.
         bias = ctx.op("Where", allowed, ctx.act_const(0.0), ctx.act_const(float(ml_dtypes.finfo(ctx.np_act).min)))
-    return SharedInputs(batch=batch, seq=seq, mask_column=mask_column, cu_seqlens=cu_seqlens, cos=cos, sin=sin,
-                        attention_bias=bias, capture_count=capture_count, state_update_active=active, rows=rows)
+    return SharedInputs(batch=batch, seq=seq, mask_column=mask_column, cu_seqlens=cu_seqlens, positions=positions,
+                        rotary_caches=caches, attention_bias=bias, capture_count=capture_count,
+                        state_update_active=active, rows=rows)
 
 
-def _rotary_tables(ctx: GraphContext, position_ids: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """cos and sin [N, 1, R] of every token's position."""
+def token_grid(ctx: GraphContext, input_ids: ir.Value) -> TokenGrid:
+    """S per row and each token's slot, from a [B, S] grid of ones and its running sum: device tensors, never the
+    host-side shape values (a shape value consumed by a CUDA node costs a host-to-device copy node, and ORT
+    refuses to capture a graph that has one)."""
+    ones = ctx.op("ConstantOfShape", ctx.op("Shape", input_ids), value=ir.tensor(np.array([1], np.int64)))
+    return TokenGrid(seq=ctx.op("ReduceSum", ones, ctx.const([1]), keepdims=1),
+                     slots=ctx.op("Sub", ctx.op("CumSum", ones, ctx.const(1)), ctx.const(1)), ones=ones)
+
+
+def step_columns(ctx: GraphContext, attention_mask: ir.Value, grid: TokenGrid) -> ir.Value:
+    """This step's S columns of the attention mask [B, S]: those ending at each row's last 1. onnxruntime-genai
+    grows the mask by the step's columns (HF's left padding before them), but under CUDA graph capture it feeds
+    one mask of the whole max_length, ones for the tokens so far and zeros beyond; in both, a row's step ends at
+    its last valid token. (A row shorter than S in the static form is not fed by onnxruntime-genai.)"""
+    mask = ctx.op("Cast", attention_mask, to=FLOAT)
+    columns = ctx.op("CumSum", ctx.op("ConstantOfShape", ctx.op("Shape", attention_mask),
+                                      value=ir.tensor(np.array([1.0], np.float32))), ctx.const(1))
+    end = ctx.op("Cast", ctx.op("ReduceMax", ctx.op("Mul", mask, columns), ctx.const([1]), keepdims=1), to=INT64)
+    index = ctx.op("Max", ctx.op("Add", ctx.op("Sub", end, grid.seq), grid.slots), ctx.const(0))
+    return ctx.op("GatherElements", attention_mask, index, axis=1)
+
+
+def _rotary_caches(ctx: GraphContext) -> tuple[ir.Value, ir.Value]:
+    """cos and sin [max_position_embeddings, R/2] in the activation type, as com.microsoft::RotaryEmbedding takes
+    them: the angles as HF computes them, position (fp32) times inv_freq (fp32, theta ** (-2i / R))."""
     cfg = ctx.config
-    half = cfg.rotary_dim // 2
-    # inv_freq as HF builds it in fp32: theta ** (-2i / R).
     inv_freq = (1.0 / (cfg.rope_theta ** (np.arange(0, cfg.rotary_dim, 2, dtype=np.int64)
                                           .astype(np.float32) / cfg.rotary_dim))).astype(np.float32)
-    assert inv_freq.shape == (half,)
-    pos = ctx.op("Cast", ctx.op("Reshape", position_ids, ctx.const([-1, 1])), to=FLOAT)
-    freqs = ctx.op("Mul", pos, ctx.const(inv_freq, np.float32))
-    angles = ctx.op("Unsqueeze", ctx.op("Concat", freqs, freqs, axis=-1), ctx.const([1]))  # [N, 1, R]
-    cos, sin = ctx.op("Cos", angles), ctx.op("Sin", angles)
-    if ctx.act != FLOAT:
-        cos, sin = ctx.op("Cast", cos, to=ctx.act), ctx.op("Cast", sin, to=ctx.act)
-    return cos, sin
+    angles = np.arange(cfg.max_position_embeddings, dtype=np.float32)[:, None] * inv_freq[None, :]
+    return (ctx.tape.initializer(ir.tensor(np.cos(angles).astype(ctx.np_act), name="cos_cache"), name="cos_cache"),
+            ctx.tape.initializer(ir.tensor(np.sin(angles).astype(ctx.np_act), name="sin_cache"), name="sin_cache"))
 
 
 def packed_inputs() -> PackedInputs:
@@ -222,15 +245,21 @@ def packed_inputs() -> PackedInputs:
 def packed_preamble(ctx: GraphContext, packed: PackedInputs, capture_count, active) -> SharedInputs:
     """No padding and no [B, S] grid: requests are ragged rows of the token axis."""
     batch = ctx.op("Shape", packed.past_sequence_lengths)
-    cos, sin = _rotary_tables(ctx, packed.position_ids) if FULL in ctx.config.layer_types else (None, None)
+    full = FULL in ctx.config.layer_types
+    positions = ctx.op("Unsqueeze", packed.position_ids, ctx.const([0])) if full else None
     return SharedInputs(batch=batch, seq=None, mask_column=None, cu_seqlens=packed.cumulative_sequence_lengths,
-                        cos=cos, sin=sin, attention_bias=None, capture_count=capture_count,
+                        positions=positions, rotary_caches=_rotary_caches(ctx) if full else None,
+                        attention_bias=None, capture_count=capture_count,
                         state_update_active=active, packed=packed)
 
 
-def _head(ctx: GraphContext, hidden: ir.Value, options: GraphOptions) -> list[ir.Value]:
-    """[logits] or, with ``options.hidden_states``, [logits, hidden_states]."""
+def _head(ctx: GraphContext, hidden: ir.Value, branch: ir.Value, options: GraphOptions) -> list[ir.Value]:
+    """[logits] or, with ``options.hidden_states``, [logits, hidden_states], from the residual stream (hidden +
+    the last layer's branch) through the final norm."""
     cfg, sh = ctx.config, ctx.shared
+    # The norm runs over every row (with the last residual add fused in); the lm_head only over those kept.
+    hidden, _ = ctx.add_rms_norm(hidden, branch, ctx.norm_weight("model.norm.weight", "model.norm.weight",
+                                                                 cfg.hidden_size))
     if options.last_token_logits and not options.paged:  # paged: one row per packed token (drafts are verified)
         rows = ctx.op("Reshape", hidden, ctx.op("Concat", sh.batch, sh.seq, ctx.const([cfg.hidden_size]), axis=0))
         hidden = ctx.op("Reshape", ctx.op("Slice", rows, ctx.const([-1]), ctx.const([np.iinfo(np.int64).max]),
@@ -238,7 +267,6 @@ def _head(ctx: GraphContext, hidden: ir.Value, options: GraphOptions) -> list[ir
         out_seq = ctx.const([1])
     else:
         out_seq = sh.seq
-    hidden = ctx.rms_norm(hidden, ctx.norm_weight("model.norm.weight", "model.norm.weight", cfg.hidden_size))
     logits_type = options.logits_dtype or ctx.act
     logits = ctx.lm_head(hidden)
     if logits_type != ctx.act:

@@ -43,8 +43,8 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
                    capsule: ir.Value | None) -> ir.Value:
     cfg, sh = ctx.config, ctx.shared
     prefix = f"{ctx.layer(layer)}linear_attn."
-    hk, hv, dk, dv = cfg.gdn_key_heads, cfg.gdn_value_heads, cfg.gdn_key_dim, cfg.gdn_value_dim
-    kd, vd, channels = cfg.key_dim, cfg.value_dim, cfg.conv_channels
+    hv, dv = cfg.gdn_value_heads, cfg.gdn_value_dim
+    vd, channels = cfg.value_dim, cfg.conv_channels
 
     if sh.mask_column is not None:  # HF zeroes padded positions before the layer (model.md §4.1)
         x = ctx.op("Mul", x, sh.mask_column)
@@ -65,7 +65,6 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
         {"activation": "silu", "state_update_capacity": ctx.capacity},
         domain=ctx.op_domain, name=f"/model/layers.{layer}/linear_attn/conv"))
 
-    q, k, v = ctx.ops("Split", conv_out, ctx.const([kd, kd, vd]), num_outputs=3, axis=-1)
     a_log = ctx.weights.tensor(f"{prefix}A_log", f"{prefix}A_log", [hv], np.float32)
     dt_bias = ctx.weights.tensor(f"{prefix}dt_bias", f"{prefix}dt_bias", [hv], np.float32)
     core = ir.Value()
@@ -73,11 +72,10 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
                    if ctx.capacity else {})
     # Packed requests of different lengths are ragged rows; the dense graph's rows are uniform.
     ragged = {"cu_seqlens": sh.cu_seqlens} if sh.packed else {}
+    # The conv output [N, q | k | v] goes in whole: the op's packed-QKV form reads the three from one row.
     ctx.add_node(contract.make_ir_node(
         contract.GATED_DELTA_NET,
-        {"query": ctx.op("Reshape", q, ctx.const([0, hk, dk])),
-         "key": ctx.op("Reshape", k, ctx.const([0, hk, dk])),
-         "value": ctx.op("Reshape", v, ctx.const([0, hv, dv])),
+        {"query": conv_out,
          "decay": ctx.op("Cast", a, to=FLOAT), "beta": ctx.op("Cast", b, to=FLOAT),
          "initial_state": past_recurrent, "a_log": a_log, "dt_bias": dt_bias, **ragged, **gdn_capture},
         [core, present_recurrent, capsule],

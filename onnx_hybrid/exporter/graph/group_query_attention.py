@@ -21,28 +21,35 @@ import onnx_ir as ir
 
 from ...ops import contract
 from .attention import gated_output, project
-from .context import GraphContext, RowAlignment
+from .context import GraphContext, RowAlignment, TokenGrid
 
 CONCAT, SHARED = "concat", "shared"
 KV_CACHES = (CONCAT, SHARED)
 INT32 = ir.DataType.INT32
 
 
-def align_rows(ctx: GraphContext, attention_mask: ir.Value, step_mask: ir.Value, batch: ir.Value,
-               seq: ir.Value) -> RowAlignment:
-    """Row b's padding of this step (the zeros among the mask's last S columns) is ``pad_b``; its token s goes
-    to slot (s - pad_b) mod S, i.e. slot s reads token (s + pad_b) mod S, and back again."""
+def align_rows(ctx: GraphContext, grid: TokenGrid, attention_mask: ir.Value, step_mask: ir.Value, batch: ir.Value,
+               seq_shape: ir.Value) -> RowAlignment:
+    """Row b's padding of this step (the zeros among its step columns) is ``pad_b``; its token s goes to slot
+    (s - pad_b) mod S, i.e. slot s reads token (s + pad_b) mod S, and back again. The indices are device tensors
+    (see decoder.token_grid); ``batch`` and ``seq_shape`` are the host-side shape values [1].
+
+    GQA's total_sequence_length is the mask's width, except for a step of several rows and several tokens: that
+    is a first prompt (onnxruntime-genai refuses a continued prompt at batch > 1), and under CUDA graph capture
+    its mask is max_length wide, which GQA would read as past context (it refuses that at batch > 1)."""
+    seq, slots = grid.seq, grid.slots
+    first_column = ctx.op("Slice", grid.ones, ctx.const([0]), ctx.const([1]), ctx.const([1]))
+    row_start = ctx.op("Mul", ctx.op("Sub", ctx.op("CumSum", first_column, ctx.const(0)), ctx.const(1)), seq)
     pad = ctx.op("Sub", seq, ctx.op("ReduceSum", step_mask, ctx.const([1]), keepdims=1))  # [B, 1]
-    slots = ctx.op("Range", ctx.const(0), ctx.op("Squeeze", seq), ctx.const(1))  # [S]
-    row_start = ctx.op("Mul", ctx.op("Unsqueeze", ctx.op("Range", ctx.const(0), ctx.op("Squeeze", batch),
-                                                        ctx.const(1)), ctx.const([1])), seq)  # [B, 1]
 
     def flat(shift: ir.Value) -> ir.Value:  # [B, S] slot -> token within the row, as indices on [N]
         within = ctx.op("Mod", ctx.op("Add", slots, shift), seq)
         return ctx.op("Reshape", ctx.op("Add", within, row_start), ctx.const([-1]))
 
     seqlens = ctx.op("Sub", ctx.op("ReduceSum", attention_mask, ctx.const([1]), keepdims=0), ctx.const(1))
-    total = ctx.op("Squeeze", ctx.op("Shape", attention_mask, start=1, end=2))
+    width = ctx.op("Shape", attention_mask, start=1, end=2)
+    first_prompt = ctx.op("And", ctx.op("Greater", batch, ctx.const([1])), ctx.op("Greater", seq_shape, ctx.const([1])))
+    total = ctx.op("Squeeze", ctx.op("Where", first_prompt, seq_shape, width))
     return RowAlignment(to_front=flat(pad), back=flat(ctx.op("Sub", seq, pad)),
                         seqlens_k=ctx.op("Cast", seqlens, to=INT32),
                         total_sequence_length=ctx.op("Cast", total, to=INT32))

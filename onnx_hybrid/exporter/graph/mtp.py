@@ -60,8 +60,8 @@ def build_mtp_head(ctx: GraphContext, paged: PagedLayout | None) -> tuple[list[i
     g = ctx.rms_norm(ctx.op("Reshape", hidden_in, ctx.const([-1, h])), _norm(ctx, "pre_fc_norm_hidden"))
     fc = ctx.projection_tensor(f"{MTP_PREFIX}fc.weight", f"{MTP_PREFIX}fc.weight", [h, 2 * h])
     x = ctx.linear(ctx.op("Concat", e, g, axis=-1), fc)
-    y = decoder_layer(ctx, 0, x, lambda normed: mixer(ctx, 0, normed, *past, *present))
-    h_out = ctx.rms_norm(y, _norm(ctx, "norm"))
+    y, branch = decoder_layer(ctx, 0, x, None, lambda normed: mixer(ctx, 0, normed, *past, *present))
+    h_out, _ = ctx.add_rms_norm(y, branch, _norm(ctx, "norm"))
     logits = ctx.lm_head(h_out)
 
     if paged:
