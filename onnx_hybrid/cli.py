@@ -26,7 +26,7 @@ USAGE_ERROR = 2
 def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
     from .exporter import kv_pool
     from .exporter.export import DTYPES, EXECUTION_PROVIDERS, OP_DOMAINS
-    from .exporter.graph.group_query_attention import CONCAT, KV_CACHES
+    from .exporter.graph.group_query_attention import KV_CACHES
     from .exporter.graph.quantized import WEIGHT_TYPES
     from .exporter.quantize import BLOCK_SIZES
     from .ops.library import DEFAULT_CUDA_ARCHS
@@ -95,9 +95,14 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize-lm-head", action="store_true", help="quantize the lm_head too")
     parser.add_argument("--quantize-embedding", action="store_true",
                         help="quantize the embedding table too (GatherBlockQuantized)")
-    parser.add_argument("--kv-cache", choices=list(KV_CACHES), default=CONCAT,
+    parser.add_argument("--kv-cache", choices=list(KV_CACHES), default=None,
                         help="full-attention KV of a non-paged export: concat (grows per step) or shared "
-                             "(GroupQueryAttention over buffers shared in place; what CUDA graph capture needs)")
+                             "(GroupQueryAttention over buffers shared in place; what CUDA graph capture needs). "
+                             "Default: shared for -e cuda with fp16/bf16, else concat")
+    parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                        help="write enable_cuda_graph for the CUDA provider: onnxruntime-genai captures decode "
+                             "steps in CUDA graphs and replays them (default: on for -e cuda with shared KV buffers "
+                             "and no MTP head)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bar and no summary (warnings and errors still go to stderr)")
@@ -122,7 +127,8 @@ def _run_export(args: argparse.Namespace) -> None:
                  execution_provider=args.execution_provider, cuda_archs=args.cuda_archs, weights=args.weights,
                  weight_block=args.weight_block, weight_asymmetric=args.weight_asymmetric,
                  accuracy_level=args.accuracy_level, quantize_lm_head=args.quantize_lm_head,
-                 quantize_embedding=args.quantize_embedding, kv_cache=args.kv_cache, **paged_options)
+                 quantize_embedding=args.quantize_embedding, kv_cache=args.kv_cache, cuda_graph=args.cuda_graph,
+                 **paged_options)
     if not args.quiet:
         print("\n".join(summarize(args.model_dir, out, time.perf_counter() - start).lines()))
 

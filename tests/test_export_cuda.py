@@ -44,7 +44,8 @@ def test_cuda_export_names_the_provider_and_carries_images(checkpoint, tmp_path)
     config = config_of(out)
     for section in ("decoder", "mtp"):
         options = config["model"][section]["session_options"]
-        assert options["provider_options"] == [{"cuda": {}}]
+        # No CUDA graphs with an MTP head: og's speculative verify steps change shape from step to step.
+        assert options["provider_options"] == [{"cuda": {"enable_cuda_graph": "0"}}]
         assert options["custom_ops_library"] == "libonnx_hybrid_ortops.so"
     images = sorted(p.name for p in (out / library.IMAGE_FOLDER).iterdir())
     assert images == ["sm80.cubin", "sm90.cubin"]
@@ -85,7 +86,8 @@ def test_com_microsoft_cuda_export_needs_no_library(checkpoint, tmp_path):
     out = export(checkpoint, tmp_path / "out", execution_provider="cuda", op_domain=contract.MS_DOMAIN, mtp=False,
                  progress=False)
     options = config_of(out)["model"]["decoder"]["session_options"]
-    assert options["provider_options"] == [{"cuda": {}}] and "custom_ops_library" not in options
+    assert options["provider_options"] == [{"cuda": {"enable_cuda_graph": "1"}}]
+    assert "custom_ops_library" not in options
     assert not (out / library.IMAGE_FOLDER).exists()
 
 
@@ -116,6 +118,40 @@ def test_validator_provider_rules_agree_with_onnxruntime_genai(checkpoint, tmp_p
     assert [f.rule for f in report.findings if f.severity == "error"] == [rule], report.format()
     with pytest.raises(Exception, match=genai_error):
         og.Model(str(out))
+
+
+def test_cuda_exports_share_kv_buffers_and_capture_by_default(checkpoint, tmp_path):
+    """-e cuda in fp16 without an MTP head: GroupQueryAttention over shared buffers and enable_cuda_graph on; fp32
+    (ORT's CUDA GroupQueryAttention has no fp32 kernel) and paged exports keep their KV layout, without graphs."""
+    def exported(name, **options):
+        out = export(checkpoint, tmp_path / name, execution_provider="cuda", cuda_archs=[90], progress=False,
+                     **options)
+        config = config_of(out)
+        nodes = onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
+        return (config["model"]["decoder"]["session_options"]["provider_options"],
+                config["search"]["past_present_share_buffer"], any(n.op_type == "GroupQueryAttention" for n in nodes))
+
+    assert exported("fp16", mtp=False) == ([{"cuda": {"enable_cuda_graph": "1"}}], True, True)
+    assert exported("no_graph", mtp=False, cuda_graph=False) == ([{"cuda": {"enable_cuda_graph": "0"}}], True, True)
+    assert exported("fp32", mtp=False, dtype="fp32") == ([{"cuda": {"enable_cuda_graph": "0"}}], False, False)
+    assert exported("paged", mtp=False, paged=True, block_size=16)[:2] == ([{"cuda": {"enable_cuda_graph": "0"}}],
+                                                                           False)
+    with pytest.raises(ExportError, match="cuda_graph .* shared"):
+        export(checkpoint, tmp_path / "refused", execution_provider="cuda", kv_cache="concat", cuda_graph=True)
+    cpu = config_of(export(checkpoint, tmp_path / "cpu", mtp=False, progress=False))
+    assert cpu["search"]["past_present_share_buffer"] is False  # the CPU default stays concat
+
+
+def test_validator_refuses_cuda_graphs_without_shared_buffers(checkpoint, tmp_path):
+    """onnxruntime-genai-cuda 0.18 fails og.Model with "Graph capture is not supported with
+    past_present_share_buffer set to false" (seen on an H100; the CPU build has no CUDA provider to load)."""
+    out = export(checkpoint, tmp_path / "out", execution_provider="cuda", cuda_archs=[90], mtp=False, progress=False)
+    assert validate(out).ok
+    config = config_of(out)
+    config["search"]["past_present_share_buffer"] = False
+    (out / "genai_config.json").write_text(json.dumps(config))
+    report = validate(out)
+    assert "x.cuda_graph" in [f.rule for f in report.errors], report.format()
 
 
 def test_validator_warns_when_a_cuda_export_lost_its_images(checkpoint, tmp_path):

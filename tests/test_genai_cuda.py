@@ -100,8 +100,9 @@ def export_for_test(checkpoint, out, eos: int, **options) -> Path:
 
 
 def genai(model: Path, mode: str, prompts, new_tokens: int = NEW_TOKENS, drafts_from=None, forced=None,
-          cuda_graph: bool = False) -> dict:
-    """Run onnxruntime-genai on ``model`` in a fresh interpreter that imports nothing of onnx_hybrid."""
+          cuda_graph: bool | None = None) -> dict:
+    """Run onnxruntime-genai on ``model`` in a fresh interpreter that imports nothing of onnx_hybrid; ``cuda_graph``
+    overrides the export's enable_cuda_graph (None keeps it)."""
     job = {"model": str(model), "mode": mode, "prompts": prompts, "new_tokens": new_tokens, "drafts_from": drafts_from,
            "forced": forced, "cuda_graph": cuda_graph}
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ONNX_HYBRID_CUDA_IMAGES")}
@@ -174,8 +175,10 @@ def test_generator_gives_transformers_tokens(layout, dtype, tmp_path):
     checkpoint, hf, want, eos = layout
     out = export_for_test(checkpoint, tmp_path / "out", eos, dtype=dtype)
     config = json.loads((out / "genai_config.json").read_text())
+    # On CUDA, fp16 exports share their KV buffers and capture decode steps in CUDA graphs by default.
+    graph = "1" if dtype == "fp16" else "0"
     assert config["model"]["decoder"]["session_options"]["provider_options"] == (
-        [{"cuda": {}}] if PROVIDER == "cuda" else [])
+        [{"cuda": {"enable_cuda_graph": graph}}] if PROVIDER == "cuda" else [])
     if dtype == "fp32":
         assert genai(out, "generator", PROMPTS)["tokens"] == want
     else:
@@ -183,17 +186,21 @@ def test_generator_gives_transformers_tokens(layout, dtype, tmp_path):
 
 
 def test_shared_kv_generator_with_cuda_graph(layout, tmp_path):
-    """--kv-cache shared in fp16 (ORT's CUDA GroupQueryAttention): its logits are transformers' within
-    FP16_REL_RMS_TOL, and on CUDA og.Generator with enable_cuda_graph (which needs the shared buffers) picks the
-    tokens it picks eagerly. The CPU dry run checks the export without the graph option."""
+    """--kv-cache shared in fp16 (ORT's CUDA GroupQueryAttention; the -e cuda default): its logits are
+    transformers' within FP16_REL_RMS_TOL, and on CUDA og.Generator with enable_cuda_graph (the default, which
+    needs the shared buffers) picks the tokens it picks eagerly, one prompt at a time and as one batch. The CPU
+    dry run checks the export without the graph option."""
     checkpoint, hf, want, eos = layout
     out = export_for_test(checkpoint, tmp_path / "out", eos, dtype="fp16", kv_cache="shared")
     assert json.loads((out / "genai_config.json").read_text())["search"]["past_present_share_buffer"] is True
     assert_fp16_logits_close(hf, out, want)
-    eager = genai(out, "generator", PROMPTS)["tokens"]
+    eager = genai(out, "generator", PROMPTS, cuda_graph=False if PROVIDER == "cuda" else None)["tokens"]
     assert [len(t) for t in eager] == [NEW_TOKENS] * len(PROMPTS)
     if PROVIDER == "cuda":
         assert genai(out, "generator", PROMPTS, cuda_graph=True)["tokens"] == eager
+        rows = [PROMPTS[0][i:i + 4] for i in range(0, 12, 4)]  # a batch of 3: og.Generator's decode at B > 1
+        assert genai(out, "batch", rows, cuda_graph=True)["tokens"] == genai(out, "batch", rows,
+                                                                             cuda_graph=False)["tokens"]
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])

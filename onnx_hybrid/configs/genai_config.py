@@ -15,6 +15,10 @@ from .state_groups import (FULL_ATTENTION, LINEAR_ATTENTION, RELEASED, DecoderSt
                            write_state_groups)
 
 
+# The CUDA provider option onnxruntime-genai reads to capture decode steps in CUDA graphs.
+CUDA_GRAPH_OPTION = "enable_cuda_graph"
+
+
 @dataclass(frozen=True)
 class DecoderIO:
     """Graph tensor names, keyed as in ``model.decoder.inputs`` / ``outputs``."""
@@ -58,6 +62,7 @@ class DecoderExport:
     manifest_format: str = RELEASED  # state_groups form: "released" (0.18) or "bindings" (#2454)
     execution_provider: str = "cpu"  # "cpu" or "cuda": session_options.provider_options
     share_kv_buffers: bool = False  # GroupQueryAttention over one past/present buffer (--kv-cache shared)
+    cuda_graph: bool = False  # the CUDA provider's enable_cuda_graph: og captures decode steps (needs shared buffers)
 
     def decoder_states(self) -> DecoderStates:
         layer_types = tuple(LINEAR_ATTENTION if i in self.linear_layer_ids else FULL_ATTENTION
@@ -68,18 +73,20 @@ class DecoderExport:
                              names=names)
 
 
-def provider_options(execution_provider: str) -> list[dict]:
+def provider_options(execution_provider: str, cuda_graph: bool = False) -> list[dict]:
     """``session_options.provider_options``: onnxruntime-genai appends the providers listed, in order, ahead of
-    its CPU fallback; an empty list runs the CPU provider alone."""
+    its CPU fallback; an empty list runs the CPU provider alone. ``enable_cuda_graph`` is written either way, as
+    onnxruntime-genai's builder does, so the file says which it is."""
     if execution_provider == "cpu":
         return []
     if execution_provider == "cuda":
-        return [{"cuda": {}}]
+        return [{"cuda": {CUDA_GRAPH_OPTION: "1" if cuda_graph else "0"}}]
     raise ValueError(f"execution_provider must be 'cpu' or 'cuda', got {execution_provider!r}")
 
 
 def genai_config(desc: DecoderExport) -> dict:
-    session_options = {"log_id": "onnxruntime-genai", "provider_options": provider_options(desc.execution_provider),
+    session_options = {"log_id": "onnxruntime-genai",
+                       "provider_options": provider_options(desc.execution_provider, desc.cuda_graph),
                        **desc.session_options}
     if desc.custom_ops_library:
         session_options["custom_ops_library"] = desc.custom_ops_library

@@ -2,9 +2,11 @@
 
 og.Config parses ``provider_options`` as a list of one-key objects (provider name -> options), every option value
 a JSON string ("Expected a string but saw a number" otherwise); og.Model then refuses a provider name it does not
-know ("Unknown provider name"). Both are checked for the decoder and the MTP head. A CUDA export whose graph uses
-our ops also needs the library's kernel images in ``onnx_hybrid_cuda/`` beside the library (or in
-$ONNX_HYBRID_CUDA_IMAGES on the host that runs it), which is a warning here: the validator may run elsewhere.
+know ("Unknown provider name"), and a CUDA provider with ``enable_cuda_graph`` "1" where the KV buffers are not
+shared ("Graph capture is not supported with past_present_share_buffer set to false"). All are checked for the
+decoder and the MTP head. A CUDA export whose graph uses our ops also needs the library's kernel images in
+``onnx_hybrid_cuda/`` beside the library (or in $ONNX_HYBRID_CUDA_IMAGES on the host that runs it), which is a
+warning here: the validator may run elsewhere.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..ops.library import IMAGE_FOLDER, image_file_name
+from .genai_config import CUDA_GRAPH_OPTION
 from .findings import PARSE, SESSION, WARNING, Finding, Report
 from .parse import json_type
 
@@ -46,6 +49,11 @@ def uses_cuda(session_options: dict) -> bool:
     return bool(CUDA_NAMES & set(providers(session_options)))
 
 
+def _shares_kv_buffers(config: dict) -> bool:
+    search = config.get("search")
+    return isinstance(search, dict) and search.get("past_present_share_buffer") is True
+
+
 def check_provider_options(config: dict, report: Report) -> None:
     """The parse and load rules of ``provider_options`` (og.Config, then og.Model)."""
     for path, options in _sections(config):
@@ -71,6 +79,13 @@ def check_provider_options(config: dict, report: Report) -> None:
                         report.add(Finding("parse.provider_options", PARSE, f"{where}.{name}.{key}",
                                            f"Expected a string but saw a {json_type(value)}", expected="string",
                                            actual=value))
+                if name in CUDA_NAMES and values.get(CUDA_GRAPH_OPTION) == "1" and not _shares_kv_buffers(config):
+                    report.add(Finding(
+                        "x.cuda_graph", SESSION, f"{where}.{name}.{CUDA_GRAPH_OPTION}",
+                        "Graph capture is not supported with past_present_share_buffer set to false (onnxruntime-"
+                        "genai captures only over shared KV buffers: re-export with --kv-cache shared, or set it "
+                        "to \"0\")", expected="search.past_present_share_buffer true",
+                        actual=values[CUDA_GRAPH_OPTION]))
                 if name not in PROVIDER_NAMES:
                     report.add(Finding("x.provider_name", SESSION, f"{where}.{name}",
                                        f"Unknown provider name '{name}'",

@@ -61,7 +61,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
            mtp: bool = True, logits_dtype: str | None = None, max_draft_tokens: int | None = None,
            execution_provider: str = "cpu", cuda_archs=None, weights: str | None = None, weight_block: int = 32,
            weight_asymmetric: bool = False, accuracy_level: int | None = None, quantize_lm_head: bool = False,
-           quantize_embedding: bool = False, kv_cache: str = CONCAT) -> Path:
+           quantize_embedding: bool = False, kv_cache: str | None = None, cuda_graph: bool | None = None) -> Path:
     """Export ``model_dir`` to ``out_dir`` (model.onnx + external data, genai_config.json, tokenizer).
 
     ``execution_provider`` (``cpu`` or ``cuda``) is written into the session options of the decoder and the
@@ -98,6 +98,11 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     ``kv_cache`` (non-paged exports): ``concat`` grows each full-attention layer's KV by a Concat per step;
     ``shared`` runs it as GroupQueryAttention over past/present buffers onnxruntime-genai shares in place
     (``search.past_present_share_buffer: true``), which its CUDA graph capture requires (the MTP head too).
+    Default: ``shared`` for a non-paged fp16/bf16 CUDA export, else ``concat``.
+
+    ``cuda_graph`` writes the CUDA provider's ``enable_cuda_graph``, so onnxruntime-genai captures decode steps
+    in CUDA graphs and replays them. Default: on for a CUDA export with shared KV buffers and no MTP head (the
+    head's verify steps change shape from step to step, which a captured graph cannot follow).
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if execution_provider not in EXECUTION_PROVIDERS:
@@ -130,6 +135,8 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
                           f"got {paged_attention!r}")
     if max_draft_tokens is not None and max_draft_tokens < 1:
         raise ExportError(f"max_draft_tokens must be positive, got {max_draft_tokens}")
+    if kv_cache is None:
+        kv_cache = SHARED if on_cuda and not paged and np_act != np.float32 else CONCAT
     if kv_cache not in KV_CACHES:
         raise ExportError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
     if paged and kv_cache == SHARED:
@@ -138,6 +145,10 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     if kv_cache == SHARED and on_cuda and np_act == np.float32:
         raise ExportError("kv_cache='shared' on CUDA needs --dtype fp16 or bf16: ONNX Runtime's CUDA "
                           "GroupQueryAttention has no fp32 kernel")
+    if cuda_graph and not (on_cuda and kv_cache == SHARED and not paged):
+        raise ExportError("cuda_graph (CUDA graph capture) needs execution_provider='cuda' (-e cuda) and the shared "
+                          "KV buffers of a non-paged export (kv_cache='shared'): onnxruntime-genai refuses to capture "
+                          "otherwise")
     check_target(out_dir, overwrite, protect=(model_dir,))  # before any work; staged_output checks again
     cfg = load_model_config(model_dir)
     checkpoint = Checkpoint(model_dir)
@@ -188,7 +199,9 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
         desc = dataclasses.replace(decoder_export(cfg, state_update_capacity, library_name, paged=paged),
                                    manifest_format=manifest_format, execution_provider=execution_provider,
                                    paged=paged_cache(block_size, num_blocks) if paged else None,
-                                   share_kv_buffers=kv_cache == SHARED)
+                                   share_kv_buffers=kv_cache == SHARED,
+                                   cuda_graph=cuda_graph if cuda_graph is not None else (
+                                       on_cuda and kv_cache == SHARED and not with_mtp))
         config = genai_config(desc)
         if with_mtp:
             draft_default = state_update_capacity if paged and state_update_capacity else 1

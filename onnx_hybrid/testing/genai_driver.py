@@ -29,6 +29,21 @@ def greedy_tokens(model: og.Model, prompt: list[int], max_new_tokens: int) -> li
     return [int(t) for t in generator.get_sequence(0)[len(prompt):]]
 
 
+def batch_greedy_tokens(model: og.Model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """The tokens one ``og.Generator`` over all ``prompts`` as a batch picks greedily, ``max_new_tokens`` per row.
+    The prompts must be of one length: onnxruntime-genai 0.18 feeds a padded batch's pad tokens as tokens (its
+    attention mask of an appended batch is all ones)."""
+    if len({len(p) for p in prompts}) != 1:
+        raise ValueError(f"batch prompts must be of one length, got lengths {[len(p) for p in prompts]}")
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, batch_size=len(prompts), max_length=len(prompts[0]) + max_new_tokens)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array(prompts, dtype=np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    return [[int(t) for t in generator.get_sequence(i)[len(prompts[0]):]] for i in range(len(prompts))]
+
+
 def forced_logits(model: og.Model, prompt: list[int], tokens: list[int]) -> list[list[float]]:
     """The logits ``og.Generator`` computes before each of ``tokens`` when they are fed one by one after ``prompt``
     (teacher forcing through its decode path): one row per token, float32 values."""
@@ -108,16 +123,18 @@ def run_engine(model, prompts: list[list[int]], new_tokens: int,
 
 
 def run_job(job: dict) -> dict:
-    """``{"model": folder, "mode": "generator" | "engine" | "forced", "prompts": [[...]], "new_tokens": n,
+    """``{"model": folder, "mode": "generator" | "batch" | "engine" | "forced", "prompts": [[...]], "new_tokens": n,
     "drafts_from": [[...]] (engine, optional), "forced": [[...]] (forced), "cuda_graph": bool (optional)}`` ->
     ``{"tokens": [[...]], ...}`` or ``{"logits": [[[...]]]}`` (forced: per prompt, per forced token).
-    ``cuda_graph`` sets the decoder's CUDA provider option ``enable_cuda_graph``."""
+    ``cuda_graph`` (true or false) overrides the decoder's CUDA provider option ``enable_cuda_graph``."""
     config = og.Config(job["model"])
-    if job.get("cuda_graph"):
-        config.set_provider_option("cuda", "enable_cuda_graph", "1")
+    if job.get("cuda_graph") is not None:
+        config.set_provider_option("cuda", "enable_cuda_graph", "1" if job["cuda_graph"] else "0")
     model = og.Model(config)
     if job["mode"] == "generator":
         return {"tokens": [greedy_tokens(model, p, job["new_tokens"]) for p in job["prompts"]]}
+    if job["mode"] == "batch":
+        return {"tokens": batch_greedy_tokens(model, job["prompts"], job["new_tokens"])}
     if job["mode"] == "forced":
         return {"logits": [forced_logits(model, p, f) for p, f in zip(job["prompts"], job["forced"])]}
     if job["mode"] == "engine":
