@@ -6,8 +6,10 @@ onnx_hybrid.testing.synthetic; a random MTP head is added for the paged exports)
 process per (export, CUDA graph on/off), so memory and CUDA state never leak from one row to the next.
 
 Exports (names used in row ids):
-  ours            export-hybrid, fp16 (fp32 on --device cpu), our GatedDeltaNet / conv kernels
+  ours            export-hybrid -e cuda, fp16 (fp32 on --device cpu), our GatedDeltaNet / conv kernels; on
+                  CUDA its defaults: GroupQueryAttention over shared KV buffers, enable_cuda_graph on
   ours-ms         the same with --op-domain com.microsoft (ONNX Runtime's own kernels)
+  ours-int4       ours with --weights int4 (MatMulNBits, block 32, symmetric)
   builder-fp16    onnxruntime-genai's builder, -p fp16 (fp32 on --device cpu)
   builder-int4    the builder, -p int4 (MatMulNBits weights)
   ours-paged      export-hybrid --paged --state-update-capacity C, with the MTP head (og.Engine)
@@ -117,7 +119,7 @@ def exports(args) -> list[Export]:
     extra = dict(kv.split("=", 1) for kv in args.builder_option)
     return [
         Export("ours", False, options=("--dtype", float_type, "--no-mtp")),
-        Export("ours-shared", False, options=("--dtype", float_type, "--no-mtp", "--kv-cache", "shared")),
+        Export("ours-int4", False, options=("--dtype", float_type, "--no-mtp", "--weights", "int4")),
         Export("ours-ms", False, options=("--dtype", float_type, "--no-mtp", "--op-domain", "com.microsoft")),
         Export(f"builder-{float_type}", True, precision=float_type, options=_kv({**extra, "exclude_mtp": "true"})),
         Export("builder-int4", True, precision="int4", options=_kv({**extra, "exclude_mtp": "true"})),
@@ -459,7 +461,7 @@ def markdown(results: dict, args) -> str:
 
 
 def _export_order(name: str) -> int:
-    order = ["ours", "ours-shared", "ours-ms", "builder-fp16", "builder-fp32", "builder-int4", "ours-paged",
+    order = ["ours", "ours-int4", "ours-ms", "builder-fp16", "builder-fp32", "builder-int4", "ours-paged",
              "builder-paged"]
     return order.index(name) if name in order else len(order)
 
@@ -592,7 +594,8 @@ def main(argv: list[str] | None = None) -> int:
             measured = [r for r in export_rows if r.graph == graph]
             if not measured:
                 continue
-            spec = {"kind": "measure", "device": args.device, "graph": graph == "graph", "package": str(package),
+            spec = {"kind": "measure", "device": args.device,
+                    "graph": graph == "graph" if args.device == "cuda" else None, "package": str(package),
                     "plain_package": str(plain) if plain else None, "threads": args.threads,
                     "vocab": GEOMETRIES[SIZES[size]].vocab, "repeats": args.repeats,
                     "decode_prompt": args.decode_prompt, "new_tokens": args.new_tokens,

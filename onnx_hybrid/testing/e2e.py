@@ -97,9 +97,10 @@ def without_mtp(package: Path, target: Path) -> Path:
     return target
 
 
-def load_model(package: Path, *, graph: bool = False, threads: int | None = None, spinning: bool = True):
-    """og.Model of ``package`` (on the execution provider its genai_config.json names). ``graph``:
-    enable_cuda_graph, which onnxruntime-genai 0.18 reads as a CUDA provider option of the decoder session.
+def load_model(package: Path, *, graph: bool | None = None, threads: int | None = None, spinning: bool = True):
+    """og.Model of ``package`` (on the execution provider its genai_config.json names). ``graph`` (true or false)
+    overrides enable_cuda_graph, which onnxruntime-genai 0.18 reads as a CUDA provider option of the decoder
+    session; None keeps what the export says.
     ``threads``: intra-op threads of the decoder and the MTP head. ``spinning=False`` turns the thread pools'
     spinning off: where a decoder and a head share the cores, one's spinning pool steals the other's time."""
     import onnxruntime_genai as og
@@ -107,8 +108,8 @@ def load_model(package: Path, *, graph: bool = False, threads: int | None = None
     package = Path(package)
     genai = json.loads((package / "genai_config.json").read_text())
     config = og.Config(str(package))
-    if graph:
-        config.set_provider_option("cuda", "enable_cuda_graph", "1")
+    if graph is not None:
+        config.set_provider_option("cuda", "enable_cuda_graph", "1" if graph else "0")
     if threads or not spinning:
         option = {"session_options": {**({"intra_op_num_threads": threads} if threads else {}),
                                       **({} if spinning else {"allow_spinning": "0"})}}
