@@ -38,6 +38,10 @@ def ensure_exports(work: Path, our_domains: list[str], weights: list[str]) -> di
             export(checkpoint, out, op_domain=domain, overwrite=True, progress=False,
                    weights=None if kind == "fp32" else kind)
             models[f"ours {kind} weights ({domain} kernels, last-token logits)"] = out
+        if kind != "fp32":  # the builder quantizes its lm_head by default; ours on request
+            out = work / f"ours_0.8b_{kind}_lm_head"
+            export(checkpoint, out, overwrite=True, progress=False, weights=kind, quantize_lm_head=True)
+            models[f"ours {kind} weights and lm_head (--quantize-lm-head)"] = out
     return models
 
 

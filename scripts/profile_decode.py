@@ -7,6 +7,8 @@ set by og.Config.overlay; the export is not touched). Every model run after the 
 per step the table gives the nodes ORT ran (by execution provider), the sum of their times and the run's wall
 time, and then the op types that took the most time.
 
+``--prompt-run`` profiles the prompt's run instead (where prefill time goes).
+
 With ``--kernels`` (a GPU and Nsight Compute's ``ncu`` on the PATH) the same process runs twice under
 ``ncu --metrics gpu__time_duration.sum`` (--steps and 2 x --steps decode steps); the difference over the extra
 steps is the CUDA kernels one decode step launches and their GPU time, by kernel name. ncu serialises every
@@ -60,12 +62,12 @@ def run_worker(job: dict, prefix: list[str] = ()) -> None:
         raise RuntimeError(f"{job['model']}: worker failed: {done.stderr[-2000:]}")
 
 
-def decode_runs(trace: list[dict]) -> list[list[dict]]:
-    """The Node events of each model run after the first (the prompt's), in order."""
+def model_runs(trace: list[dict]) -> list[list[dict]]:
+    """The Node events of each model run (the prompt's first), in order."""
     runs = sorted((e for e in trace if e.get("cat") == "Session" and e["name"] == "model_run"), key=lambda e: e["ts"])
     nodes = sorted((e for e in trace if e.get("cat") == "Node"), key=lambda e: e["ts"])
     steps = []
-    for run in runs[1:]:
+    for run in runs:
         start, end = run["ts"], run["ts"] + run["dur"]
         steps.append([dict(n, run_dur=run["dur"]) for n in nodes if start <= n["ts"] <= end])
     return steps
@@ -80,10 +82,13 @@ def node_profile(model: str, args) -> dict:
         if not files:
             raise RuntimeError(f"{model}: onnxruntime wrote no profile")
         trace = json.loads(files[0].read_text())
-    steps = [s for s in decode_runs(trace) if s]
+    runs = [s for s in model_runs(trace) if s]
+    if args.prompt_run:
+        steps = runs[:1]
+    else:  # the first decode step also allocates; later ones are the steady state
+        steps = runs[2:] or runs[1:]
     if not steps:
-        raise RuntimeError(f"{model}: no decode step in the profile")
-    steps = steps[1:] or steps  # the first decode step also allocates; later ones are the steady state
+        raise RuntimeError(f"{model}: no {'prompt' if args.prompt_run else 'decode step'} in the profile")
     per_provider, per_op_us = Counter(), defaultdict(float)
     for step in steps:
         for node in step:
@@ -133,7 +138,8 @@ def _csv_part(text: str) -> str:
 
 
 def report(results: dict[str, dict], args) -> str:
-    out = [f"decode steps profiled per export: batch {args.batch}, prompt {args.prompt}, eager (no CUDA graph)", "",
+    what = "the prompt's run" if args.prompt_run else "decode steps"
+    out = [f"{what} profiled per export: batch {args.batch}, prompt {args.prompt}, eager (no CUDA graph)", "",
            "| export | nodes/step | by provider | node time µs/step | run µs/step |" +
            (" kernels/step | kernel time µs/step |" if args.kernels else ""),
            "|---|---|---|---|---|" + ("---|---|" if args.kernels else "")]
@@ -160,6 +166,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
     parser.add_argument("--steps", type=int, default=8, help="decode steps profiled (default 8)")
+    parser.add_argument("--prompt-run", action="store_true",
+                        help="profile the prompt's run instead of the decode steps (nodes only)")
     parser.add_argument("--kernels", action="store_true", help="also count CUDA kernels per step with ncu")
     parser.add_argument("--top", type=int, default=12, help="op types / kernels listed per export")
     parser.add_argument("--json", type=Path, help="also write the numbers here")

@@ -58,6 +58,10 @@ struct CpuKernels {
   void (*scale)(const float* x, float s, float* y, int64_t n);
   // out = b * (v - e * w), each operation rounded in that order.
   void (*delta_rhs)(const float* v, const float* w, float e, float b, float* out, int64_t n);
+  // acc += a * b elementwise, the product rounded, then the sum (no FMA).
+  void (*mul_add)(const float* a, const float* b, float* acc, int64_t n);
+  // x = x * sigmoid(x) = x / (1 + e^-x) in place; each element's result depends on its value alone.
+  void (*silu)(float* x, int64_t n);
 };
 
 const CpuKernels& GenericKernels();

@@ -42,11 +42,18 @@ struct Vec {
     const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
     return _mm_cvtss_f32(_mm_add_ss(quarter, _mm_shuffle_ps(quarter, quarter, 1)));
   }
+  static Reg Min(Reg a, Reg b) { return _mm256_min_ps(a, b); }
+  static Reg Div(Reg a, Reg b) { return _mm256_div_ps(a, b); }
+  static Reg Round(Reg a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static Reg Times2ToThe(Reg a, Reg n) {  // a * 2^n for integral n in [-126, 127]: n + 127 as the exponent field
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(a, _mm256_castsi256_ps(bits));
+  }
 };
 
 #include "cpu_kernels_simd.inc"
 
-const CpuKernels kKernels = {"avx2", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs};
+const CpuKernels kKernels = {"avx2", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
 
 }  // namespace avx2
 }  // namespace onnx_hybrid

@@ -40,11 +40,15 @@ struct Vec {
   static Reg MinAbs(Reg a, Reg b) { return _mm512_range_ps(a, b, 0x0a); }  // min magnitude, sign cleared: one op
   static unsigned BelowMask(Reg a, Reg b) { return _mm512_cmp_ps_mask(a, b, _CMP_NGE_UQ); }
   static float Sum(Reg v) { return _mm512_reduce_add_ps(v); }
+  static Reg Min(Reg a, Reg b) { return _mm512_min_ps(a, b); }
+  static Reg Div(Reg a, Reg b) { return _mm512_div_ps(a, b); }
+  static Reg Round(Reg a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static Reg Times2ToThe(Reg a, Reg n) { return _mm512_scalef_ps(a, n); }  // a * 2^n, n integral
 };
 
 #include "cpu_kernels_simd.inc"
 
-const CpuKernels kKernels = {"avx512", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs};
+const CpuKernels kKernels = {"avx512", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
 
 }  // namespace avx512
 }  // namespace onnx_hybrid

@@ -74,7 +74,15 @@ void DeltaRhs(const float* v, const float* w, float e, float b, float* out, int6
   for (int64_t i = 0; i < n; ++i) out[i] = b * (v[i] - e * w[i]);
 }
 
-const CpuKernels kGeneric = {"generic", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs};
+void MulAdd(const float* a, const float* b, float* acc, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) acc[j] += a[j] * b[j];
+}
+
+void Silu(float* x, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) x[j] = x[j] / (1.0f + std::exp(-x[j]));
+}
+
+const CpuKernels kGeneric = {"generic", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
 
 const CpuKernels& Select() {
   const char* forced = std::getenv("ONNX_HYBRID_CPU_ISA");
