@@ -1,0 +1,66 @@
+"""scripts/profile_decode.py on the CPU: ORT's profile of onnxruntime-genai runs of a tiny export, read back per
+decode step and for the prompt's run; the ncu CSV it parses for kernel launches per step."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnxruntime_genai")
+
+from onnx_hybrid.exporter import export  # noqa: E402
+from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_decode.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("profile_decode", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+profile = _load_script()
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory):
+    root = tmp_path_factory.mktemp("profile")
+    checkpoint = make_tiny_checkpoint(root / "hf", "qwen3_5_text", seed=3)
+    return export(checkpoint, root / "out", mtp=False, progress=False)
+
+
+def test_decode_steps_and_prompt_run_are_profiled(tiny_export, tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    assert profile.main([f"a={tiny_export}", "--prompt", "6", "--steps", "3", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("decode steps profiled per export: batch 1, prompt 6") and "| a | " in text
+    nodes = json.loads(out.read_text())["a"]["nodes"]
+    assert nodes["steps"] == 2  # the first decode step (allocations) is left out
+    assert nodes["nodes"] > 50 and set(nodes["by_provider"]) == {"CPUExecutionProvider"}
+    assert nodes["op_count"]["GatedDeltaNet"] == nodes["op_count"]["VarlenCausalConvWithState"] > 0
+    assert 0 < nodes["node_us"] <= nodes["run_us"]
+
+    assert profile.main([f"a={tiny_export}", "--prompt", "6", "--steps", "1", "--prompt-run", "--json",
+                         str(out)]) == 0
+    assert capsys.readouterr().out.startswith("the prompt's run profiled per export")
+    assert json.loads(out.read_text())["a"]["nodes"]["steps"] == 1
+
+
+def test_kernel_counts_need_ncu(tiny_export, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="needs Nsight Compute's ncu on the PATH"):
+        profile.kernel_profile(str(tiny_export), type("Args", (), {"steps": 1, "batch": 1, "prompt": 4})())
+
+
+def test_ncu_log_keeps_only_the_csv():
+    log = '==PROF== Connected to process 7\n==PROF== Disconnected\n"ID","Kernel Name","Metric Name"\n"0","k","m"\n'
+    assert profile._csv_part(log) == '"ID","Kernel Name","Metric Name"\n"0","k","m"'
+    assert profile._csv_part("==PROF== nothing profiled\n") == ""
