@@ -1,4 +1,4 @@
-"""Build of the native custom-op library (spec/native_library.md §2, §4).
+"""Build of the native custom-op library (docs/native-library.md#build).
 
 Everything else about the package lives in pyproject.toml. The library is one shared object,
 onnx_hybrid/ops/_native/libonnx_hybrid_ortops.so, compiled from onnx_hybrid/ops/native/*.cc against

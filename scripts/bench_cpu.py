@@ -1,8 +1,8 @@
 """Our CPU kernels against their CPU peers, same inputs.
 
 GatedDeltaNet against ONNX Runtime's own com.microsoft CPU kernel, same nodes: 0.8B geometry (Hk = Hv = 16,
-Dk = Dv = 128), fp32, qwen gate, sigmoid beta, qk_l2_norm, 2 intra-op threads (spec/performance.md,
-"CPU kernels"). PagedAttention (ORT has no CPU kernel) against the plain-ONNX attention of the non-paged
+Dk = Dv = 128), fp32, qwen gate, sigmoid beta, qk_l2_norm, 2 intra-op threads (the setting of the project's
+CPU kernel goals). PagedAttention (ORT has no CPU kernel) against the plain-ONNX attention of the non-paged
 export (Transpose, MatMul, Softmax, MatMul over a dense [B, Hkv, L, D] cache, GQA by broadcasting, causal
 bias): 0.8B attention geometry (Hq 8, Hkv 2, D 256), fp32, 16-token blocks handed out in shuffled order.
 Each case first checks that both produce the same outputs, then reports the median of --runs timed runs

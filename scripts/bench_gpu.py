@@ -25,10 +25,11 @@ from onnx_hybrid.ops import contract
 
 HK, HV, D = 16, 48, 128
 L2_BYTES = 60e6
-MATMUL_RATE = 790e12  # measured bf16 dense rate on this H200 (spec/performance.md)
-CHUNK_FLOP_PER_TOKEN_HEAD = 180e3  # chunk-64 algorithm (spec/performance.md)
+MATMUL_RATE = 790e12  # dense bf16 matrix rate measured on the H200: the prefill FLOP floor's rate
+CHUNK_FLOP_PER_TOKEN_HEAD = 180e3  # FLOPs per token and value head of the chunk-64 algorithm at Dk = Dv = 128
 # A graph of one call also times the graph's own launch, about 6 us on the H200: the conv's prefill at 27B,
-# 1 x 4096 took 71.5 us per call in a graph of one call and 65.2 in a graph of four (BENCHMARKS.md session 21).
+# 1 x 4096 took 71.5 us per call in a graph of one call and 65.2 in a graph of four
+# (docs/design-notes.md#graphs-of-four-calls).
 # Calls whose inputs exceed the L2 get one input set each; they repeat it to make up these calls.
 GRAPH_CALLS = 4
 
@@ -55,7 +56,7 @@ def copy_time(nbytes: int) -> float:
     kernels are: input sets rotated past the L2, graph replays. What a plain copy reaches at a kernel's size: the
     faster of a memcpy node (``copy_``) and a copy kernel on the SMs (int32 ``bitwise_or`` with 0). Captured in a
     graph, the memcpy node reached only 39-64% of the copy rate from 8 to 400 MB in one H200 run, the kernel
-    48-98% (BENCHMARKS.md session 23)."""
+    48-98% (docs/design-notes.md#copy-reference)."""
     half = int(nbytes) // 2 // 4 * 4
     sets = [(torch.empty(half, dtype=torch.uint8, device="cuda"), torch.empty(half, dtype=torch.uint8, device="cuda"))
             for _ in range(rotated_sets(nbytes))]

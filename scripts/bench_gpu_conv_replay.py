@@ -1,6 +1,6 @@
 """VarlenCausalConvWithState and both capsule replays on the GPU, against their byte floors.
 
-spec/performance.md asks conv and replay for at least 80% of their own byte floor: the bytes each must move
+The project's goal for conv and replay is at least 80% of their own byte floor: the bytes each must move
 (inputs read, outputs written, state read and written, capsule written or read) at the device-to-device copy
 rate measured in the same run. 27B geometry: conv channels 2 Hk Dk + Hv Dv = 10240 with 4 taps, GDN state
 [Hv, Dv, Dk] = [48, 128, 128] fp32. The conv runs side by side with FLA 0.6.0's `causal_conv1d` (prefill,
@@ -22,7 +22,7 @@ from bench_gpu import (D, HK, HV, benchmark_arguments, benchmark_dtypes, best_co
 from onnx_hybrid import cuda_ops
 
 CHANNELS, TAPS = 2 * HK * D + HV * D, 4
-GDN_SLOT = HV + HK * D + HV * D  # fp32 values per captured token (spec/ops.md §2.9)
+GDN_SLOT = HV + HK * D + HV * D  # fp32 values per captured token (docs/op-contract.md#capsule-layout)
 
 CONV_CASES = [  # name, tokens per row, rows, capture capacity
     ("conv decode B=1", 1, 1, 0), ("conv decode B=32", 1, 32, 0), ("conv decode B=128", 1, 128, 0),

@@ -1,7 +1,8 @@
 """Shared pieces of the genai_config tests: the fixture folders and I/O-only graphs that match them.
 
-The graphs declare the tensors onnxruntime-genai's synthetic models declare (spec/genai_config.md §6,
-§7.2); every output is a Cast of ``input_ids``, which is all a validator that reads declared I/O needs.
+The graphs declare the tensors onnxruntime-genai's synthetic models (and its builder's exports) declare for the
+configs in fixtures/genai_configs; every output is a Cast of ``input_ids``, which is all a validator that reads
+declared I/O needs.
 """
 
 from __future__ import annotations

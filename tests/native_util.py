@@ -1,5 +1,5 @@
 """Helpers shared by the native-library tests: run a case through our kernels and compare with the
-float64 reference under the tolerances of spec/ops.md §5."""
+float64 reference under the tolerances of docs/op-contract.md#tolerances."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Lossless conversion between the released and the bindings form (genai_config.md §3.4)."""
+"""Lossless conversion between the released and the bindings forms
+(docs/genai-config.md#converting-between-the-forms)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def runtime_findings(report, *stages):
 
 
 # --------------------------------------------------------------------------------------------------
-# Config-level mutations of the 0.18.0 builder's paged config (spec/genai_config.md §2.5, §4.5)
+# Config-level mutations of the 0.18.0 builder's paged config (docs/genai-config.md#config-rules)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -295,7 +295,7 @@ def test_paged_graph_mutation_agrees_with_og_model(mutation, tmp_path):
 
 
 def test_builder_capsule_width_300_agrees_with_og_model(tmp_path):
-    """The spec's worked width: Hv 4, Hk 2, Dk = Dv 16, capacity 3 -> 3 * (4 + 32 + 64) = 300."""
+    """A worked width (S9): Hv 4, Hk 2, Dk = Dv 16, capacity 3 -> 3 * (4 + 32 + 64) = 300."""
     inputs, outputs = builder_paged_io()
     write_export(tmp_path / "ok", load_fixture("builder_paged_released"), inputs, outputs)
     assert og_model_error(tmp_path / "ok") is None and validate(tmp_path / "ok").ok

@@ -1,4 +1,5 @@
-"""The state_groups writer against the spec's examples (genai_config.md §2.5 released, §3.3 bindings)."""
+"""The state_groups writer against the example configs (fixtures/genai_configs: builder_paged_released,
+builder_paged_bindings; docs/genai-config.md#released-form, #bindings-form)."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def test_defaults_match_spec():
 
 
 def test_capsule_layout_worked_example():
-    # spec/ops.md §2.9: Qwen3.8 geometry, C = 7.
+    # The example of docs/op-contract.md#capsule-layout: 27B geometry, C = 7.
     layout = C.GdnCapsuleLayout(capacity=7, num_heads_v=48, num_heads_k=16, head_size_k=128, head_size_v=128)
     assert (layout.key_offset, layout.delta_offset, layout.width) == (336, 14672, 57680)
     row = np.arange(layout.width, dtype=np.float32)

@@ -3,8 +3,9 @@
 * Same kernels, same parameters: a session's outputs equal onnx_hybrid.cuda_ops' direct launches bit for
   bit (the C++ launcher mirrors cuda_ops/plan.py), and both agree with the float64 reference within the
   tolerances of tests/test_cuda_ops_gpu.py (whose configurations are reused here).
-* Against ORT's own com.microsoft CUDA kernels on the same node (spec/ops.md §7.2), without zero-length
-  requests (§3.9): fp32 1e-4, fp16/bf16 3e-2 (ORT's chunked tolerance), relative to max(|ref|, 1).
+* Against ORT's own com.microsoft CUDA kernels on the same node (docs/op-contract.md#onnx-runtimes-own-kernels),
+  without zero-length requests (ORT leaves their results unspecified: docs/op-contract.md#conv-offsets): fp32
+  1e-4, fp16/bf16 3e-2 (ORT's chunked tolerance), relative to max(|ref|, 1).
 * IOBinding with device inputs, initial_state and final_state bound to one buffer, CUDA-graph capture of
   a decode step, the com.microsoft alias shadowing ORT's CUDA kernel, and a tiny exported model whose
   greedy tokens equal the CPU run's.
@@ -339,8 +340,9 @@ def test_cuda_graph_replays_a_decode_step_with_new_inputs(op):
 
 
 def test_com_microsoft_alias_shadows_ort_cuda_kernel():
-    """spec/native_library.md §8: a custom CUDA kernel under com.microsoft wins over ORT's built-in one. With
-    the engine forced to 'chunked' on fp32 our kernel refuses, ORT's would run: the error proves ours ran."""
+    """docs/native-library.md#registering-under-onnx-runtimes-domain: a custom CUDA kernel under com.microsoft wins
+    over ORT's built-in one. With the engine forced to 'chunked' on fp32 our kernel refuses, ORT's would run:
+    the error proves ours ran."""
     case = random_gdn_case(np.random.default_rng(7), lengths=(4, 3))
     model = single_op.single_op_model(GDN, case.feeds, case.attributes, domain=contract.MS_DOMAIN)
     with pytest.warns(RuntimeWarning, match="CUDAExecutionProvider"):

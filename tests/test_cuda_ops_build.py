@@ -42,8 +42,8 @@ def test_every_kernel_compiles_offline(cache, arch):
 
 def test_conv_kernels_fit_their_registers_on_sm90():
     """The conv and replay kernels were tuned on the H200 for their register budgets (the output pass: 4 blocks of
-    128 threads per SM, 128 registers). A spill there cost the bf16 prefill 30% (BENCHMARKS.md session 23), so one
-    fails here, without a GPU."""
+    128 threads per SM, 128 registers). A spill there cost the bf16 prefill 30%
+    (docs/design-notes.md#conv-register-budget), so one fails here, without a GPU."""
     nv = compiler._nvrtc()
     program = nv.createProgram('#include "conv.cu"\n', "conv_registers.cu", (), ())
     nv.compileProgram(program, compiler.options(90) + ("-Xptxas=-v",))
@@ -70,8 +70,9 @@ def oldest_allowed_nvrtc() -> tuple[int, int]:
 
 def test_kernels_build_with_the_oldest_allowed_nvrtc():
     """pip gives CI the newest NVRTC 13.x, while users (and the H200 machine) may have 13.0, which rejects code
-    that later versions accept: to 13.0's JIT mode a generic lambda is a host function (session 24). So the two
-    build tests above run again, in a process that loads the oldest allowed NVRTC."""
+    that later versions accept: to 13.0's JIT mode a generic lambda is a host function
+    (docs/design-notes.md#oldest-nvrtc). So the two build tests above run again, in a process that loads the oldest
+    allowed NVRTC."""
     lib = OLDEST_NVRTC_LIB / "libnvrtc.so.13"
     assert lib.is_file(), f"{lib} is missing: `make test` fetches it"
     env = dict(os.environ, LD_PRELOAD=str(lib),

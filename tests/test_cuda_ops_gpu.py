@@ -1,4 +1,4 @@
-"""CUDA kernels on a GPU against the float64 reference (spec/ops.md §5), FLA where it applies, and the
+"""CUDA kernels on a GPU against the float64 reference (docs/op-contract.md#tolerances), FLA where it applies, and the
 bitwise rules: capsule replay, decode rows independent of the batch, malformed offsets contained.
 
 Tolerances (max |ours - ref| over max(|ref|, 1)): fp32 recurrent 1e-4 (fp32 arithmetic, accurate expf);

@@ -1,7 +1,7 @@
 """onnxruntime-genai 0.18's Engine on CPU over our paged export (issue 7, points 2-3): GDN, conv and
 PagedAttention all run on our library, four concurrent greedy requests of different prompt lengths get
 external drafts that are partly wrong, and the Engine commits partial accepts by replaying our compact
-capsules (speculative.md §1.2). The tokens must equal transformers' greedy tokens and the Engine's own
+capsules (docs/genai-config.md#mtp-drafter). The tokens must equal transformers' greedy tokens and the Engine's own
 plain (draft-free) decoding; a model whose capsules are zeroed (negative control) must diverge.
 """
 

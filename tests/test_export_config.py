@@ -1,4 +1,5 @@
-"""config.json parsing: the defaults and layer plans transformers applies (spec/model.md §2), without torch."""
+"""config.json parsing: the defaults and layer plans transformers applies, without torch
+(docs/model.md#supported-checkpoints-and-configuration)."""
 
 from __future__ import annotations
 

@@ -217,7 +217,7 @@ def test_genai_config_parses_in_onnxruntime_genai(tiny, tmp_path):
     og = pytest.importorskip("onnxruntime_genai")
     for capacity in (0, 3):
         out = export(tiny, tmp_path / f"c{capacity}", state_update_capacity=capacity, progress=False)
-        og.Config(str(out))  # raises on anything 0.18.0 rejects (genai_config.md §4.1, §4.2)
+        og.Config(str(out))  # raises on anything 0.18.0 rejects (docs/genai-config.md#parse-rules, #config-rules)
 
 
 def test_tied_embedding_is_stored_once(tiny, tmp_path):

@@ -191,7 +191,7 @@ def test_mtp_head_uses_the_shared_layout(mtp_export):
 
 def test_mtp_generator_keeps_greedy_tokens(mtp_export):
     """og.MtpGenerator drafts with the head over its shared KV buffer and rolls rejected drafts back: the
-    tokens stay those of the plain Generator (fp16 logits: speculative.md's CPU workaround)."""
+    tokens stay those of the plain Generator (fp16 logits: docs/genai-config.md#runtime-pitfalls-the-export-avoids)."""
     main = og.Model(str(mtp_export))
     head_config = og.Config(str(mtp_export))
     head_config.overlay(json.dumps(head_overlay(json.loads((mtp_export / "genai_config.json").read_text()))))

@@ -7,7 +7,7 @@ token, hidden) to the main model's next hidden). It is fitted on the first FIT_T
 prompt only, so its drafts are right in that stretch and mostly wrong after it: runs then have full,
 partial and zero accepts, and any replay or rollback error would change tokens.
 
-Numerics of the head: float64 NumPy (speculative.md §3.1) on random inputs; the head's output is
+Numerics of the head: float64 NumPy (docs/model.md#mtp-head) on random inputs; the head's output is
 O(1) and fp32 rounding is ~1e-6, so 1e-4 absolute.
 """
 
@@ -120,7 +120,7 @@ def test_config_declares_the_head_for_both_routes(random_head, tmp_path):
         assert model["mtp"]["filename"] == "mtp.onnx" and model["mtp"]["num_hidden_layers"] == 1
         assert model["mtp"]["outputs"]["hidden_states"] == "hidden_states_out"
         assert model["mtp"]["session_options"] == model["decoder"]["session_options"]
-        assert "shared_initializers" not in json.dumps(config)  # breaks CPU loading in 0.18 (§6 bug 1)
+        assert "shared_initializers" not in json.dumps(config)  # breaks CPU loading in 0.18
         assert config["speculative"]["max_draft_tokens"] == (CAPACITY if paged else 1)
         assert validate(out).ok, validate(out).format()
         og.Config(str(out))
@@ -229,8 +229,8 @@ def test_mtp_generator_keeps_greedy_tokens_with_fp16_logits(drafting, tmp_path):
 
 
 def test_mtp_generator_still_rejects_fp32_logits_on_cpu(drafting, tmp_path):
-    """onnxruntime-genai 0.18's bug (speculative.md §6 bug 2), the reason for --logits-dtype fp16: when this
-    starts failing, the workaround can go."""
+    """onnxruntime-genai 0.18's bug (docs/genai-config.md#runtime-pitfalls-the-export-avoids), the reason for
+    --logits-dtype fp16: when this starts failing, the workaround can go."""
     out = export(drafting[0], tmp_path / "out", progress=False)
     main = og.Model(str(out))
     head_config = og.Config(str(out))

@@ -1,4 +1,5 @@
-"""Our CPU VarlenCausalConvWithState against the float64 reference and against itself (spec/ops.md §5, conv)."""
+"""Our CPU VarlenCausalConvWithState against the float64 reference and against itself
+(docs/op-contract.md#tolerances)."""
 
 import numpy as np
 import pytest

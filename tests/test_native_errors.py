@@ -1,4 +1,4 @@
-"""Every rejection of spec/ops.md §4 that applies to the CPU kernels: the ORT error carries exactly the
+"""Every rejection of docs/op-contract.md#rejections that applies to the CPU kernels: the ORT error carries exactly the
 message the Python contract produces for the same input (contract.format_message via ContractError)."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Our CPU GatedDeltaNet against the float64 reference and against itself (spec/ops.md §5, GDN)."""
+"""Our CPU GatedDeltaNet against the float64 reference and against itself (docs/op-contract.md#tolerances)."""
 
 import os
 import subprocess
@@ -17,7 +17,7 @@ from onnx_hybrid.ops import contract, library, single_op
 from onnx_hybrid.ops.testing import random_gdn_case
 
 # Each entry: random_gdn_case keyword arguments. Rows of >= 32 tokens run the chunked engine, shorter
-# rows and captured rows the recurrence (spec/ops.md §2.8).
+# rows and captured rows the recurrence (docs/op-contract.md#engine-selection).
 REFERENCE_CASES = {
     # chunk boundaries
     **{f"T{n}_chunk{c}": dict(lengths=[n], chunk_size=c) for n in (63, 64, 65, 130) for c in (64, 32)},

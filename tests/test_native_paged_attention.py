@@ -1,4 +1,4 @@
-"""Our CPU PagedAttention (onnx_hybrid domain) against the float64 reference of speculative.md §4.2:
+"""Our CPU PagedAttention (onnx_hybrid domain) against the float64 reference (docs/op-contract.md#pagedattention):
 geometries, element types, the pool updated in place through one bound buffer, thread-count
 independence, and clean rejections of malformed metadata. ORT's own com.microsoft::PagedAttention has no
 CPU kernel, so the model-level peers are transformers (tests/test_configs_paged_export.py) and the Engine
@@ -63,7 +63,7 @@ def test_thread_counts_agree_bit_for_bit():
 
 @pytest.mark.parametrize("dtype", ["float", "float16"])
 def test_pool_updated_in_place_through_one_bound_buffer(dtype):
-    """onnxruntime-genai binds one pool buffer as both key_cache and key_cache_out (genai_config.md §2.4)."""
+    """onnxruntime-genai binds one pool buffer as key_cache and key_cache_out (docs/genai-config.md#state-groups)."""
     case = random_paged_attention_case(np.random.default_rng(5), [6, 1], [13, 40], dtype=dtype)
     want = reference.paged_attention(case.feeds, **case.attributes)
     session = make_session(single_op_model(OP, case.feeds, case.attributes))

@@ -1,6 +1,6 @@
 """Our kernels against ONNX Runtime 1.32's own com.microsoft CPU kernels: the same node, domain switched,
-in a plain session without our library (spec/ops.md §7.2). Independent implementations, so the check is
-within tolerance, not bitwise."""
+in a plain session without our library (docs/op-contract.md#onnx-runtimes-own-kernels). Independent
+implementations, so the check is within tolerance, not bitwise."""
 
 import numpy as np
 import onnxruntime as ort

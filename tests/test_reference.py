@@ -91,7 +91,7 @@ def test_zero_length_row_keeps_state_and_absent_state_is_zero():
 
 
 def test_capture_rules():
-    # spec/ops.md §5.4: C = 4, lengths {3, 5, 1}, capture {-1, 9, 2} => m = {0, 4, 1}.
+    # docs/op-contract.md#capture-rules: C = 4, lengths {3, 5, 1}, capture {-1, 9, 2} => m = {0, 4, 1}.
     case = random_gdn_case(np.random.default_rng(2), [3, 5, 1], capacity=4, capture=[-1, 9, 2])
     out, final, capsule = reference.gated_delta_net(case.feeds, **case.attributes)
     layout = contract.GdnCapsuleLayout(4, 4, 2, 16, 8)

@@ -2,11 +2,12 @@
 
 For every tiny layout, the paged export runs a verify step of C + 1 tokens per request with capture. For
 every accepted prefix n <= C, replaying each linear layer's conv and recurrent capsules onto the pre-step
-states (onnx_hybrid.ops.replay: the CPU rounding of spec/ops.md §2.10, the arithmetic of onnxruntime-genai's
-host replay) must equal, bit for bit:
+states (onnx_hybrid.ops.replay: the CPU rounding of docs/op-contract.md#state-update-rounding, the arithmetic
+of onnxruntime-genai's host replay) must equal, bit for bit:
 
 * the ``final_state`` of our op run on just that prefix of the inputs the layer saw in the verify step
-  (the contract's definition, spec/ops.md §2.10 and §3.7), for every layout; and
+  (the contract's definition, docs/op-contract.md#gateddeltanet-replay and #conv-capsule-and-replay), for
+  every layout; and
 * the ``present.*`` states of a model step over only the n tokens, where every other kernel of the model
   gives a token the same bits whatever the step's token count. That holds for the dense layouts. ORT's
   CPU ``com.microsoft::MoE`` does not: the same token's expert output differs by up to ~7e-7 between a

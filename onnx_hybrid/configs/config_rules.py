@@ -1,4 +1,4 @@
-"""Config-time rules: what ``og.Config`` checks once the JSON is parsed (spec/genai_config.md §4.2)."""
+"""Config-time rules: what ``og.Config`` checks once the JSON is parsed (docs/genai-config.md#config-rules)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ _TEMPLATE = re.compile(r"^[^%]*%d[^%]*$")  # exactly one %d and no other %
 
 
 class ConfigRules:
-    """ModelStateManifest::ValidateConfig (spec/genai_config.md §4.2): C1-C17, both forms."""
+    """ModelStateManifest::ValidateConfig (docs/genai-config.md#config-rules): C1-C17, both forms."""
 
     def __init__(self, report: Report, manifest: StateManifest, form: str, num_layers: int):
         self.report, self.manifest, self.form, self.num_layers = report, manifest, form, num_layers

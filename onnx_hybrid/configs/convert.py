@@ -1,6 +1,7 @@
 """Lossless conversion of `state_groups` between the released form and the bindings (#2454) form.
 
-Both forms are read into the same :class:`StateManifest` and written back (spec/genai_config.md §3.4).
+Both forms are read into the same :class:`StateManifest` and written back
+(docs/genai-config.md#converting-between-the-forms).
 Anything one form cannot express is refused with :class:`ConversionError` rather than dropped: groups of
 one kind with different templates, a decoder-level capacity that differs from the groups', V2 checkpoint
 fields (unless ``drop_checkpoints``), or a bindings-form fixed group with no update kind when no graph is

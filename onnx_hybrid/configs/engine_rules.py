@@ -1,4 +1,4 @@
-"""Engine-time rules: what ``og.Engine`` checks for dynamic batching (spec/genai_config.md §4.4)."""
+"""Engine-time rules: what ``og.Engine`` checks for dynamic batching (docs/genai-config.md#engine-rules)."""
 
 from __future__ import annotations
 

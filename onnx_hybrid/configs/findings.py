@@ -10,10 +10,10 @@ ERROR = "error"
 WARNING = "warning"
 NOTE = "note"  # no fault: what the user should know, e.g. which runtime runs the export
 
-# Stages, in the order the runtime meets them (spec/genai_config.md §4).
-PARSE = "parse"  # 4.1: JSON reading (og.Config raises while parsing)
-CONFIG = "config"  # 4.2: ModelStateManifest::ValidateConfig (og.Config)
-SESSION = "session"  # 4.3: ModelStateManifest::ValidateSession (og.Model)
+# Stages, in the order the runtime meets them (docs/genai-config.md#validation).
+PARSE = "parse"  # JSON reading (og.Config raises while parsing)
+CONFIG = "config"  # ModelStateManifest::ValidateConfig (og.Config)
+SESSION = "session"  # ModelStateManifest::ValidateSession (og.Model)
 ENGINE = "engine"  # 4.4: dynamic batching (og.Engine)
 LOAD = "load"  # og.Model creating its ONNX Runtime sessions: external data files, the custom op library
 RUNTIME = "runtime"  # which runtime runs the export (notes)
@@ -30,8 +30,8 @@ FORM_TEXT = {
 class Finding:
     """One broken (or doubtful) rule.
 
-    ``rule`` is the spec's rule id (C1..C17, S1..S9) or ours (``parse.*``, ``engine.*``, ``load.*``, ``runtime.*``
-    notes, ``x.*``);
+    ``rule`` is onnxruntime-genai's rule id (C1..C17, S1..S9; docs/genai-config.md#validation) or ours (``parse.*``,
+    ``engine.*``, ``load.*``, ``runtime.*`` notes, ``x.*``);
     ``message`` is onnxruntime-genai's message where it has one, so the two can be compared verbatim.
     """
 

@@ -2,8 +2,8 @@
 
 :func:`genai_config` is a pure function of a typed :class:`DecoderExport`; the exporter fills the
 description, and other writers (state_groups variants, the paged export) can build on the same data.
-Layout follows genai_config.md §7.4; with a state-update capacity, and always in paged exports, the
-decoder also declares its ``state_groups`` (``state_groups.py``: the released form of §2.5 by default,
+Layout: docs/genai-config.md#non-paged-export and #paged-export; with a state-update capacity, and always in
+paged exports, the decoder also declares its ``state_groups`` (``state_groups.py``: the released form by default,
 the #2454 bindings form on request) so that the capture inputs and update outputs are bound.
 """
 
@@ -29,7 +29,7 @@ class DecoderIO:
 
 @dataclass(frozen=True)
 class PagedCache:
-    """The paged KV pool of a paged export: ``engine.dynamic_batching`` (genai_config.md §7.4)."""
+    """The paged KV pool of a paged export: ``engine.dynamic_batching`` (docs/genai-config.md#pool-size)."""
 
     block_size: int
     num_blocks: int | None = None  # None: the runtime sizes the pool from gpu_utilization_factor

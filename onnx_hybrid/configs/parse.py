@@ -1,9 +1,9 @@
 """Reading `state_groups` from a genai_config decoder section, in either form, with the parse rules of
-spec/genai_config.md §4.1.
+docs/genai-config.md#parse-rules.
 
 The released-form messages are onnxruntime-genai 0.18's (the part after its ``model:decoder:...:``
 prefix), so a finding can be compared with what ``og.Config`` raises. Bindings-form messages are those of
-the #2454 parser where the spec records them.
+the #2454 parser where they are known.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Session-time rules: what ``og.Model`` checks against the decoder graph (spec/genai_config.md §4.3)."""
+"""Session-time rules: what ``og.Model`` checks against the decoder graph (docs/genai-config.md#session-rules)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _compatible(a: int, b: int) -> bool:
 
 
 class SessionRules:
-    """ModelStateManifest::ValidateSession (spec/genai_config.md §4.3): S1-S9 against the declared graph I/O,
+    """ModelStateManifest::ValidateSession (docs/genai-config.md#session-rules): S1-S9 against the declared graph I/O,
     plus x.op_capacity and x.unbound_state."""
 
     def __init__(self, report: Report, manifest: StateManifest, form: str, graph: GraphIO):

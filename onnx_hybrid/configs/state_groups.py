@@ -1,6 +1,6 @@
 """`model.decoder.state_groups` of genai_config.json: a typed model of both forms, and the writer.
 
-Two JSON forms describe the same thing (spec/genai_config.md §2, §3):
+Two JSON forms describe the same thing (docs/genai-config.md#released-form, #bindings-form):
 
 * **released** (onnxruntime-genai 0.18, the only form it parses): groups of kind ``paged_kv``,
   ``fixed_conv`` or ``fixed_recurrent``; tensor names are decoder-wide templates in
@@ -49,7 +49,8 @@ class StateNames:
     """Decoder-wide tensor names, keyed as in the released form's ``decoder.inputs`` / ``outputs``.
 
     ``%d`` stands for the layer id. The class defaults are the runtime's defaults for absent keys
-    (spec/genai_config.md §2.3), which differ from what exporters write (:data:`EXPORTER_NAMES`).
+    (docs/genai-config.md#name-templates-and-runtime-defaults), which differ from what exporters write
+    (:data:`EXPORTER_NAMES`).
     """
 
     past_key_names: str = _template("inputs", "past_key_values.%d.key")

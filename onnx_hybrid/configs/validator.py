@@ -1,8 +1,8 @@
 """Checks a genai_config.json `state_groups` manifest against onnxruntime-genai's rules and its graph.
 
-Stages (spec/genai_config.md §4): the parse rules (4.1) and ``ValidateConfig`` (4.2) that ``og.Config``
-applies, ``ValidateSession`` (4.3) that ``og.Model`` applies against the graph's declared I/O, and the
-dynamic-batching rules of ``og.Engine`` (4.4). Rule ids C*/S* and their messages are the runtime's; rules
+Stages (docs/genai-config.md#validation): the parse rules and ``ValidateConfig`` that ``og.Config`` applies,
+``ValidateSession`` that ``og.Model`` applies against the graph's declared I/O, and the dynamic-batching
+rules of ``og.Engine``. Rule ids C*/S* and their messages are the runtime's; rules
 whose id starts with ``x.`` are ours: things 0.18.0 accepts that would still break a run (a decoder-level
 capacity that differs from the groups', an update operator built for another capacity, a state input of a
 layer that no group binds).

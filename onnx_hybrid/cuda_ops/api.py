@@ -2,7 +2,8 @@
 
 ``feeds`` uses the contract's input names, like an ORT feed dict; arrays live on the GPU (CuPy, or anything
 exposing ``__cuda_array_interface__`` / ``__dlpack__``), except ``state_update_active``, which is a host value
-(spec/ops.md §2.2). Shapes are checked with ``contract.resolve_gdn`` / ``resolve_conv`` (same messages).
+(docs/op-contract.md#gateddeltanet-inputs-and-outputs). Shapes are checked with ``contract.resolve_gdn`` /
+``resolve_conv`` (same messages).
 Nothing here synchronises with the host: offsets and capture counts stay on the device.
 
 ``outputs`` may hold preallocated outputs by name (``final_state`` may be ``initial_state`` itself: the kernels
@@ -222,7 +223,8 @@ def _accepted(accepted: Any, batch: int, device: int) -> DeviceTensor:
 
 def replay_gdn(state: Any, capsule: Any, accepted: Any, capacity: int, *, out: Any = None, stream: Any = None):
     """Replay the first ``accepted[b]`` captured transitions onto the committed ``state`` [B, Hv, Dv, Dk]
-    (in place unless ``out`` is given); bit-exact to a shorter run of the recurrent kernel (spec/ops.md §2.10).
+    (in place unless ``out`` is given); bit-exact to a shorter run of the recurrent kernel
+    (docs/op-contract.md#gateddeltanet-replay).
     ``accepted`` is a device int32 [B] or a host sequence (uploaded through CuPy's current stream, so pass a
     device array when launching on another stream or inside a CUDA graph); values are clamped to [0, capacity]."""
     st = as_device_tensor(state, "state")

@@ -3,7 +3,7 @@
 Works without a GPU: :func:`compile_image` takes the architecture explicitly and calls NVRTC directly
 (``cupy.cuda.compiler.compile_using_nvrtc`` would query the current device). The cache key hashes the
 sources, the options, the NVRTC version and the architecture; writes are atomic (temporary file + rename)
-because several processes may compile at once (spec/native_library.md §9).
+because several processes may compile at once (docs/native-library.md#compiling-the-kernels).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 MAIN_SOURCE = "onnx_hybrid_kernels.cu"
 CACHE_ENV = "ONNX_HYBRID_KERNEL_CACHE"
 # No --use_fast_math: the state update's rounding is written out with __fmul_rn / __fmaf_rn, and the gate
-# and norm use accurate expf / log1pf (spec/native_library.md §9.3).
+# uses accurate expf / log1pf (the L2 norms use rsqrtf; docs/op-contract.md#state-update-rounding).
 BASE_OPTIONS = ("-std=c++17", "--device-int128")
 # Bumped when what the cache holds for the same sources changes (2: whole ELF images, see _whole_elf).
 CACHE_FORMAT = 2

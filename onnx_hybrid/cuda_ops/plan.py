@@ -65,7 +65,7 @@ REC_KEY_SIZES = (32, 64, 128, 256, 512)  # instantiations: key head size up to t
 REC_ROW_VARIANTS = {32: (1, 2, 4, 8), 64: (1, 2, 4, 8), 128: (1, 2, 4, 8), 256: (2, 4), 512: (1, 2)}
 # Default rows per warp: the most rows when the batch is large enough for several row groups per warp (by
 # rec_row_groups, which also sizes decode's batch threshold though decode then takes one group), else the
-# small-batch choice (measured on an H200, 27B geometry: BENCHMARKS.md "GPU kernels").
+# small-batch choice (measured on an H200, 27B geometry: docs/design-notes.md#rows-and-row-groups-per-warp).
 REC_ROWS_LARGE = {32: 8, 64: 8, 128: 8, 256: 4, 512: 2}
 REC_ROWS_SMALL = {32: 4, 64: 4, 128: 4, 256: 4, 512: 2}
 # Calls of at most one token per row (decode) take the `_decode` instantiation, which gives such rows a loop
@@ -76,7 +76,8 @@ REC_DECODE_TYPES = ("float16", "bfloat16")
 REC_DECODE_ROWS = {128: (4, 8)}
 # Row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks: the general kernels (verify)
 # share a block's per-token prologue over them. The decode instantiations take one group per warp, more blocks
-# in flight: 2-3% faster than 2 or 4 groups at B = 32 and 128 on the H200 (BENCHMARKS.md, session 16).
+# in flight: 2-3% faster than 2 or 4 groups at B = 32 and 128 on the H200
+# (docs/design-notes.md#decode-with-one-row-group-per-warp).
 REC_MIN_BLOCKS = 1024
 # Tokens per row whose per-token prologue a general kernel's block runs in one pass, shared by its warps
 # (gdn_recurrent.cu RecShared::kBlockTokens: two chunks). Longer rows share it chunk by chunk only where a warp has
@@ -111,7 +112,8 @@ SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run
 # Tokens per thread of the conv output pass (the kernel takes its run length from the grid's height): runs of
 # CONV_TOKENS on calls of at least CONV_LONG_TOKENS tokens, else of CONV_MEDIUM_TOKENS, which keeps more blocks in
 # flight on mid-sized calls. Of runs of 13 to 128 tokens, 16 were fastest at 27B, 1 x 3072 to 1 x 8192: shorter
-# runs re-read their window more often, longer ones leave a longer last wave (H200, BENCHMARKS.md session 23).
+# runs re-read their window more often, longer ones leave a longer last wave (H200;
+# docs/design-notes.md#conv-output-loop-and-run-length).
 CONV_THREADS, CONV_TOKENS, CONV_MEDIUM_TOKENS, CONV_LONG_TOKENS = 128, 16, 8, 2048
 # Each conv thread holds 16 bytes of channels (conv.cu kConvVec: 8 at 16-bit types, 4 at fp32).
 CONV_VECTOR_BYTES = 16
@@ -188,7 +190,7 @@ def chunk_scan_threads(vt: int, arch: int) -> int:
 
 def chunk_scan_width(geo: GdnGeometry) -> int:
     """Value columns per scan CTA: CHUNK_VT while that grid fits CHUNK_NARROW_MAX_BLOCKS CTAs, else
-    CHUNK_VT_WIDE (BENCHMARKS.md "GPU kernels", session 12)."""
+    CHUNK_VT_WIDE (docs/design-notes.md#scan-width)."""
     narrow_blocks = geo.head_size_v // CHUNK_VT * geo.num_heads_v * geo.batch
     return CHUNK_VT if narrow_blocks <= CHUNK_NARROW_MAX_BLOCKS else CHUNK_VT_WIDE
 
@@ -228,7 +230,7 @@ def gdn_uses_chunked(geo: GdnGeometry, dtype: str, params: GdnParams, *, arch: i
     """Whether ``gdn_plan`` launches the chunked kernels (which then need ``params.workspace`` to hold
     ``chunk_workspace_bytes(geo)`` bytes). ``engine``: ``auto`` takes them when the shape allows it and the
     batch averages at least 32 tokens per row (ORT's rule: T >= 32 B; on an H200 the chunked engine is the
-    faster one from 1 x 32 up, BENCHMARKS.md "GPU kernels"); ``chunked`` whatever the token count
+    faster one from 1 x 32 up, docs/design-notes.md#chunked-or-recurrent-engine); ``chunked`` whatever the token count
     (PlanError where the shape does not allow it); ``recurrent`` never."""
     if engine not in ("auto", "chunked", "recurrent"):
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")

@@ -3,7 +3,7 @@
 Only headers are read up front. Tensor data is read slice by slice through a fresh memory map that
 is closed right after, so the pages a slice touched leave the process RSS again. The header is read
 here rather than through ``safetensors.safe_open`` because its NumPy slices cannot hold bfloat16.
-Names are normalised to the text-only runtime form (spec/model.md §3.3): ``model.language_model.X``
+Names are normalised to the text-only runtime form (docs/model.md#checkpoint-names): ``model.language_model.X``
 becomes ``model.X``; the vision tower is skipped; the MTP head keeps its ``mtp.*`` names.
 """
 

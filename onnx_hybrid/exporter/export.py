@@ -87,7 +87,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     output, ``model.mtp`` and ``speculative.max_draft_tokens`` (default: the state-update capacity when
     paged, else 1) in genai_config.json. A non-paged MTP export keeps logits for every position (the
     drafts are verified). ``logits_dtype`` casts the main logits (fp16 works around onnxruntime-genai
-    0.18's MtpGenerator on CPU, which fails on fp32 logits: speculative.md §6 bug 2).
+    0.18's MtpGenerator on CPU, which fails on fp32 logits: docs/genai-config.md#runtime-pitfalls-the-export-avoids).
 
     ``weights`` ``int4`` or ``int8`` block-quantizes every linear projection (MatMulNBits) and the routed
     experts (QMoE), streamed per tensor: blocks of ``weight_block`` along the input axis, symmetric unless
@@ -215,7 +215,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
 
 def decoder_export(cfg: ModelConfig, capacity: int, custom_ops_library: str | None, *,
                    paged: bool = False) -> DecoderExport:
-    if paged:  # genai_config.md §2.5: packed-batch metadata instead of attention_mask
+    if paged:  # packed-batch metadata instead of attention_mask (docs/genai-config.md#graph-inputs-and-outputs)
         inputs = {"input_ids": io.INPUT_IDS, "position_ids": io.POSITION_IDS, "block_table": io.BLOCK_TABLE,
                   "cumulative_sequence_lengths": io.CUMULATIVE_SEQUENCE_LENGTHS,
                   "past_sequence_lengths": io.PAST_SEQUENCE_LENGTHS, "attention_metadata": io.ATTENTION_METADATA}
@@ -252,7 +252,8 @@ def _cuda_archs(requested) -> tuple[int, ...]:
 
 
 def _op_library() -> Path:
-    """Our kernel library, copied next to the model; genai_config names it by bare file name (genai_config.md §8)."""
+    """Our kernel library, copied next to the model; genai_config names it by bare file name
+    (docs/genai-config.md#custom-op-library)."""
     from ..ops import library
 
     return Path(library.library_path())

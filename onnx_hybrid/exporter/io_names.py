@@ -1,4 +1,4 @@
-"""Graph input and output names: onnxruntime-genai 0.18's conventions (genai_config.md §2.3, §7)."""
+"""Graph input and output names as onnxruntime-genai 0.18 names them (docs/genai-config.md#graph-inputs-and-outputs)."""
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
@@ -32,7 +32,7 @@ TOTAL_SEQUENCE = "total_sequence_length"
 # Shared KV buffers (--kv-cache shared): past and present are one buffer of search.max_length positions.
 KV_BUFFER_LENGTH = "max_sequence_length"
 
-# Paged export (genai_config.md §2.5, §7.2): packed tokens, the block pool and its metadata.
+# Paged export (docs/genai-config.md#paged-export): packed tokens, the block pool and its metadata.
 CUMULATIVE_SEQUENCE_LENGTHS = "cumulative_sequence_lengths"
 PAST_SEQUENCE_LENGTHS = "past_sequence_lengths"
 BLOCK_TABLE = "block_table"

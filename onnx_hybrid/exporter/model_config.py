@@ -1,7 +1,8 @@
 """Read a Hugging Face ``config.json`` of a hybrid checkpoint into a typed, layout-free description.
 
 Only JSON is read here (no transformers), and every default is the one transformers 5.23 applies
-(spec/model.md §2). Unsupported architectures and RoPE types fail here, before any tensor is touched.
+(docs/model.md#supported-checkpoints-and-configuration). Unsupported architectures and RoPE types fail here, before
+any tensor is touched.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def parse_model_config(top: dict) -> ModelConfig:
 
     rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", "mrope"):  # M-RoPE reduces to 1-D RoPE for text (model.md §6.1)
+    if rope_type not in ("default", "mrope"):  # text-only M-RoPE is 1-D RoPE (docs/model.md#gated-full-attention)
         raise ExportError(f"unsupported rope_type {rope_type!r}; supported: default (and mrope for text)")
     theta = float(rope.get("rope_theta", text.get("rope_theta", 10000.0)))
     partial = float(rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))

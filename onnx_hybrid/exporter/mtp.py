@@ -2,9 +2,9 @@
 
 The head shares the main model's embedding and lm_head. Its graph references them where the main model
 stored them, in ``model.onnx.data`` of the same folder (ORT refuses external data outside the model's
-folder, and onnxruntime-genai 0.18's ``shared_initializers`` break CPU loading, speculative.md §6 bug 1),
-so the matrices are on disk once; each ORT session still loads its own copy. The head's own weights go
-to ``mtp.onnx.data``.
+folder, and onnxruntime-genai 0.18's ``shared_initializers`` break CPU loading:
+docs/genai-config.md#runtime-pitfalls-the-export-avoids), so the matrices are on disk once; each ORT session
+still loads its own copy. The head's own weights go to ``mtp.onnx.data``.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def write_mtp_head(main: GraphContext, paged: PagedLayout | None, stage: Path) -
 
 def mtp_config(main_config: dict, *, paged: bool, max_draft_tokens: int) -> dict:
     """Add ``model.mtp``, the decoder's ``hidden_states`` output and ``speculative`` to a genai_config
-    (speculative.md §4.3); the head runs with the decoder's session options (custom op library included)."""
+    (docs/genai-config.md#mtp-drafter); the head runs with the decoder's session options (custom op library
+    included)."""
     model = main_config["model"]
     decoder = model["decoder"]
     decoder["outputs"]["hidden_states"] = io.HIDDEN_STATES
@@ -86,8 +87,8 @@ def mtp_config(main_config: dict, *, paged: bool, max_draft_tokens: int) -> dict
 
 
 def head_overlay(config: dict) -> dict:
-    """The overlay that loads ``mtp.onnx`` as a model of its own from the main folder (route A,
-    speculative.md §4.1 (b)): ``og.Config(folder)`` + ``config.overlay(json.dumps(head_overlay(...)))``."""
+    """The overlay that loads ``mtp.onnx`` as a model of its own from the main folder (og.MtpGenerator,
+    docs/genai-config.md#mtp-drafter): ``og.Config(folder)`` + ``config.overlay(json.dumps(head_overlay(...)))``."""
     mtp = config["model"]["mtp"]
     return {"model": {"decoder": {
         "filename": mtp["filename"], "num_hidden_layers": 1, "num_key_value_heads": mtp["num_key_value_heads"],

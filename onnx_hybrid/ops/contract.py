@@ -1,8 +1,8 @@
 """The operator contract of GatedDeltaNet, VarlenCausalConvWithState and PagedAttention.
 
 This module is the one place where the package states the operators' inputs, outputs, attributes,
-type constraints, shape rules, capsule layout and rejection messages (spec/ops.md; ORT 1.31.1's compact
-ABI; speculative.md §4.2 for PagedAttention). Everything else derives from it:
+type constraints, shape rules, capsule layout and rejection messages (docs/op-contract.md; ORT 1.31.1's compact
+ABI; PagedAttention is our CPU subset of ORT's CUDA op). Everything else derives from it:
 
 * the float64 reference (``reference.py``) resolves shapes with :func:`resolve_gdn` / :func:`resolve_conv` /
   :func:`resolve_paged_attention`;
@@ -87,7 +87,7 @@ def _capacity_attribute() -> Attribute:
     )
 
 
-# Update rule -> (has decay, has delta retrieval). spec/ops.md §2.6.
+# Update rule -> (has decay, has delta retrieval). docs/op-contract.md#sequential-definition.
 UPDATE_RULES: dict[str, tuple[bool, bool]] = {
     "linear": (False, False),
     "gated": (True, False),
@@ -373,7 +373,7 @@ def _check_attribute(op: OpSpec, attr: Attribute, value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------
-# Capsule layouts (spec/ops.md §2.9, §3.6)
+# Capsule layouts (docs/op-contract.md#capsule-layout, #conv-capsule-and-replay)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -480,7 +480,8 @@ def _int32_ok(*values: int) -> bool:
 
 
 def resolve_gdn(shapes: Mapping[str, Sequence[int] | None], attributes: Mapping[str, Any]) -> GdnGeometry:
-    """Check a GatedDeltaNet call's input shapes (spec/ops.md §2.4, §2.5, §4) and resolve its geometry.
+    """Check a GatedDeltaNet call's input shapes (docs/op-contract.md#gateddeltanet-layouts, #head-geometry,
+    #rejections) and resolve its geometry.
 
     ``shapes`` maps input names to shapes; missing names or None mean absent. ``attributes`` must be
     resolved (see :func:`resolve_attributes`).
@@ -664,7 +665,7 @@ class PagedAttentionGeometry:
 
 def resolve_paged_attention(shapes: Mapping[str, Sequence[int] | None],
                             attributes: Mapping[str, Any]) -> PagedAttentionGeometry:
-    """Check a PagedAttention call's input shapes (speculative.md §4.2). ``attributes`` must be resolved."""
+    """Check a PagedAttention call's input shapes (docs/op-contract.md#pagedattention); ``attributes`` resolved."""
     op = PAGED_ATTENTION.name
     shp = {p.name: tuple(int(d) for d in shapes[p.name]) for p in PAGED_ATTENTION.inputs}
     hq, hkv = attributes["num_heads"], attributes["kv_num_heads"]
@@ -733,7 +734,7 @@ class ConvGeometry:
 
 
 def resolve_conv(shapes: Mapping[str, Sequence[int] | None], attributes: Mapping[str, Any]) -> ConvGeometry:
-    """Check a VarlenCausalConvWithState call's input shapes (spec/ops.md §3, §4)."""
+    """Check a VarlenCausalConvWithState call's input shapes (docs/op-contract.md#varlencausalconvwithstate)."""
     op = VARLEN_CAUSAL_CONV.name
     shp = {p.name: (None if shapes.get(p.name) is None else tuple(int(d) for d in shapes[p.name]))
            for p in VARLEN_CAUSAL_CONV.inputs}

@@ -2,7 +2,7 @@
 
 ORT loads the library by path (``SessionOptions.register_custom_ops_library``); ctypes opens the same
 file, which gives the same loaded object, so options set here are seen by kernels in live sessions
-(spec/native_library.md §10). That is how the CUDA variants get their kernels: :func:`prepare_cuda`
+(docs/native-library.md#control-functions). That is how the CUDA variants get their kernels: :func:`prepare_cuda`
 hands the library one cubin per compute capability, compiled from ``onnx_hybrid.cuda_ops`` through CuPy
 (cached on disk) or read from a folder written by ``onnx-hybrid prepare-cuda``.
 """
@@ -124,8 +124,8 @@ def cpu_isa() -> str:
 
 
 # Execution providers whose own com.microsoft kernels our alias silently replaces, and the first stock ORT
-# version that has them (spec/native_library.md §8): the CPU kernels of onnxruntime 1.32 and the CUDA
-# kernels of onnxruntime-gpu 1.31.
+# version that has them (docs/native-library.md#registering-under-onnx-runtimes-domain): the CPU kernels of
+# onnxruntime 1.32 and the CUDA kernels of onnxruntime-gpu 1.31.
 _ORT_OWN_KERNELS = {"CPUExecutionProvider": (1, 32), "CUDAExecutionProvider": (1, 31)}
 
 

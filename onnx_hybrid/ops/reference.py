@@ -1,5 +1,5 @@
-"""float64 NumPy reference of GatedDeltaNet and VarlenCausalConvWithState (spec/ops.md §2.6, §2.7, §3.4)
-and of PagedAttention (speculative.md §4.2).
+"""float64 NumPy reference of GatedDeltaNet and VarlenCausalConvWithState, and of PagedAttention
+(docs/op-contract.md: #sequential-definition, #chunked-engine, #conv-math-and-state-layout, #pagedattention).
 
 Every function takes ``feeds`` exactly as an ONNX Runtime feed dict (the contract's input names; absent inputs
 missing or None) plus the node's attributes, checks shapes through the contract, and returns the op's three
@@ -125,7 +125,7 @@ def _expand(gate: np.ndarray) -> np.ndarray:
 
 
 def gated_delta_net(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sequential definition (spec/ops.md §2.6), token by token, float64."""
+    """Sequential definition (docs/op-contract.md#sequential-definition), token by token, float64."""
     p = _GdnProblem(feeds, attributes)
     geo = p.geo
     out = np.zeros((geo.total_tokens, geo.num_heads_v, geo.head_size_v))
@@ -156,7 +156,7 @@ def gated_delta_net(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray,
 
 
 def gated_delta_net_chunked(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The chunked formulation (spec/ops.md §2.7) in float64, chunks of ``chunk_size`` tokens per request.
+    """The chunked formulation (docs/op-contract.md#chunked-engine) in float64, ``chunk_size`` tokens a chunk.
 
     Handles scalar and per-key decay through the same algebra (the decay ratios e^{γ_t − γ_s} carry a key
     axis). The capsule's delta block is filled from the rows of U, which equal the sequential deltas in
@@ -222,7 +222,7 @@ def _as_key_axis(g: np.ndarray) -> np.ndarray:
 
 
 def varlen_causal_conv(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """spec/ops.md §3.4 and §3.6, float64."""
+    """docs/op-contract.md#conv-math-and-state-layout and #conv-capsule-and-replay, float64."""
     _reject_unknown_inputs(VARLEN_CAUSAL_CONV, feeds)
     attrs = contract.resolve_attributes(VARLEN_CAUSAL_CONV, attributes)
     geo = contract.resolve_conv(_shapes(feeds), attrs)
@@ -257,7 +257,7 @@ def varlen_causal_conv(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarr
 
 
 def paged_attention(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """speculative.md §4.2, float64: ``(output, key_cache, value_cache)``.
+    """docs/op-contract.md#pagedattention, float64: ``(output, key_cache, value_cache)``.
 
     Token j of request b (``cu[b] <= j < cu[b+1]``) sits at position ``past[b] + j - cu[b]``; its key and
     value go to slot ``pos % block_size`` of pool block ``block_table[b, pos // block_size]``, and its query

@@ -1,10 +1,11 @@
-"""Replay of accepted speculative prefixes from the compact ``state_update`` capsules (spec/ops.md §2.10, §3.7).
+"""Replay of accepted speculative prefixes from the compact ``state_update`` capsules
+(docs/op-contract.md#gateddeltanet-replay, #conv-capsule-and-replay).
 
 A runtime that verified several drafted tokens in one call and accepted only the first ``n`` of a row
 rebuilds that row's state from the **committed** state (the call's ``initial_state``) and the first ``n``
 captured transitions. Both functions work in place on NumPy arrays.
 
-The GatedDeltaNet replay uses the CPU rounding of spec/ops.md §2.10: ``S' = fl(S * decay)``,
+The GatedDeltaNet replay uses the CPU rounding (docs/op-contract.md#state-update-rounding): ``S' = fl(S * decay)``,
 ``p = fl(key * delta)``, ``S = fl(S' + p)``, each a separate float32 operation (NumPy never fuses them).
 The CPU kernels evaluate their sequential engine the same way, so the replayed state equals, bit for bit,
 the ``final_state`` of the op run on just the accepted prefix.

@@ -2,7 +2,7 @@
 
 Values follow the magnitudes of real models: unit-variance activations, decays in (0, 1], keys that are
 L2-normalised either by the op (``qk_l2_norm=1``) or here upstream (the delta rules need unit keys,
-spec/ops.md §2.6 notes).
+docs/op-contract.md#sequential-definition).
 """
 
 from __future__ import annotations

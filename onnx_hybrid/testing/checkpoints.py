@@ -1,6 +1,6 @@
 """Tiny random hybrid checkpoints in every supported layout, written by transformers' ``save_pretrained``.
 
-The geometry is chosen to be discriminating (spec/model.md §13.9): Hk != Hv (2/4), Dk != Dv (16/32),
+The geometry is chosen to be discriminating (docs/model.md#test-checkpoints): Hk != Hv (2/4), Dk != Dv (16/32),
 Hq != Hkv, partial rotary (8 of 32 dims), a non-trivial ``mrope_section``, and every norm weight,
 ``dt_bias``, ``A_log``, conv weight and linear randomised, so a wrong norm convention, a dropped
 ``dt_bias`` or a head-sharing mix-up changes the greedy tokens. Needs torch and transformers.

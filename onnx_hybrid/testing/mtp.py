@@ -10,7 +10,7 @@
   ``logits = lm_head(final_norm(fc · [norm(embed(t_{i+1})); norm(h_i)]))``. ``fc`` is then the least-squares
   map from those features to the main model's own next normalised hidden ``h_{i+1} / (1 + w_final)``: the
   head drafts what the main model would say next wherever that is linear enough in (token, hidden).
-* :func:`reference_head` is the head's math in float64 NumPy (speculative.md §3.1), dense heads, one
+* :func:`reference_head` is the head's math in float64 NumPy (docs/model.md#mtp-head), dense heads, one
   sequence, empty KV cache.
 """
 

@@ -72,8 +72,8 @@ __device__ __forceinline__ void st_global_v4(void* p, uint4 v, bool valid) {
 // A global load of a 2- or 4-byte element issued only if `valid` (zero otherwise), as one predicated load in
 // straight-line code: a conditional load in C++ becomes a branch around it where the address costs a few
 // instructions, and ptxas waited for loads in flight at such branches (the recurrent kernel's start,
-// BENCHMARKS.md session 15). `volatile` keeps it after griddepcontrol.wait (wait_for_inputs), which is too; only
-// for data the kernel does not write.
+// docs/design-notes.md#block-start-loads-issued-together). `volatile` keeps it after griddepcontrol.wait
+// (wait_for_inputs), which is too; only for data the kernel does not write.
 template <typename T>
 __device__ __forceinline__ T ld_global_if(const T* p, bool valid) {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "2- or 4-byte elements");
@@ -113,7 +113,8 @@ __device__ __forceinline__ float warp_sum(float x) {
 // in every thread, before any early return: a grid whose threads all returned without waiting could complete
 // before its predecessor, and the kernel after it would then wait on nothing. Only index arithmetic may
 // precede it. No kernel triggers its dependents early (griddepcontrol.launch_dependents); each block's exit
-// does. On the H200 decode B=1 took 5.2 us so, and 5.8 us with a trigger right after the wait (BENCHMARKS.md).
+// does. On the H200 decode B=1 took 5.2 us so, and 5.8 us with a trigger right after the wait
+// (docs/design-notes.md#programmatic-dependent-launch).
 // Under a plain launch, and below sm_90, the wait does nothing.
 __device__ __forceinline__ void wait_for_inputs() {
 #if __CUDA_ARCH__ >= 900
@@ -135,7 +136,8 @@ struct RowOffsets {
 __device__ __forceinline__ RowOffsets row_offsets(const int* cu, int b) {
   return {ld_global_if(cu + b, cu != nullptr), ld_global_if(cu + b + 1, cu != nullptr)};
 }
-// Offsets stay on the device. Malformed ones are contained, never trusted (spec/ops.md §2.12):
+// Offsets stay on the device. Malformed ones are contained, never trusted
+// (docs/op-contract.md#zero-length-requests-and-malformed-offsets):
 // start = clamp(cu[b], 0, T), end = max(start, clamp(cu[b+1], 0, T)).
 __device__ __forceinline__ RowSpan row_span(const int* cu, RowOffsets o, int uniform_len, int b, int total) {
   if (cu == nullptr) return {b * uniform_len, uniform_len};
@@ -151,7 +153,8 @@ __device__ __forceinline__ RowSpan row_span(const int* cu, int uniform_len, int 
 }  // namespace ohk
 
 
-// Rows the chunked engine leaves to the sequential one (spec/ops.md §2.8 rules 1 and 2), decided on the device.
+// Rows the chunked engine leaves to the sequential one, decided on the device (rules 1 and 2 of
+// docs/op-contract.md#engine-selection).
 #define OHK_SEQUENTIAL_MIN_TOKENS 32
 __device__ __forceinline__ bool gdn_row_is_sequential(const GdnParams& p, int b, int len) {
   const bool captured = p.capacity > 0 && p.capture_active && p.capture_count[b] > 0;
@@ -169,7 +172,7 @@ __device__ __forceinline__ int gdn_captured_prefix(const GdnParams& p, int count
   return max(0, min(count, min(p.capacity, len)));
 }
 
-// Log-space gate g of (token, value head, key column r) in fp32 (spec/ops.md §2.6).
+// Log-space gate g of (token, value head, key column r) in fp32 (docs/op-contract.md#sequential-definition).
 __device__ __forceinline__ float gdn_log_gate(const GdnParams& p, int tok, int h, int r) {
   const float x = p.decay_per_key ? p.decay[((size_t)tok * p.hv + h) * p.dk + r] : p.decay[(size_t)tok * p.hv + h];
   if (!p.gate_qwen) return x;
@@ -178,7 +181,7 @@ __device__ __forceinline__ float gdn_log_gate(const GdnParams& p, int tok, int h
   return -expf(p.a_log[h]) * softplus;
 }
 
-// Capsule block offsets inside one row (spec/ops.md §2.9).
+// Capsule block offsets inside one row (docs/op-contract.md#capsule-layout).
 __device__ __forceinline__ size_t gdn_capsule_row(const GdnParams& p) {
   return (size_t)p.capacity * (p.hv + (size_t)p.hk * p.dk + (size_t)p.hv * p.dv);
 }

@@ -1,4 +1,5 @@
-// VarlenCausalConvWithState (spec/ops.md §3) and both capsule replays (§2.10, §3.7).
+// VarlenCausalConvWithState and both capsule replays (docs/op-contract.md#varlencausalconvwithstate,
+// #gateddeltanet-replay, #conv-capsule-and-replay).
 #include "common.cuh"
 
 namespace ohk {
@@ -6,7 +7,7 @@ namespace ohk {
 constexpr int kConvThreads = 128;  // threads per block, each holding kConvVec channels (below)
 
 // SiLU with the fast intrinsics (ex2.approx, rcp.approx): the exact expf and IEEE division made the conv's output
-// pass arithmetic-bound, 48% of its byte floor against 63-72% with these (H200, BENCHMARKS.md session 20). Their
+// pass arithmetic-bound, 48% of its byte floor against 63-72% with these (docs/design-notes.md#conv-fast-silu). Their
 // relative error (a few 1e-7 here) is far below the outputs' fp16 / bf16 rounding and the fp32 tests' 1e-5.
 __device__ __forceinline__ float conv_silu(float z) { return __fdividef(z, 1.f + __expf(-z)); }
 
@@ -37,7 +38,7 @@ __device__ __forceinline__ float conv_bias(const ConvParams& p, int c) {
 // dilation 1, channel counts a multiple of 8, allocations 16-byte aligned) take a 16-byte path: one vector
 // load or store per token and 16 bytes of channels, and a window of the last three inputs in registers, so each
 // input is read once per run of tokens. Element loads and stores made the prefill's output pass read every
-// input four times, two bytes at a time (27B, 1 x 4096: 320 us, 12% of its byte floor; BENCHMARKS.md).
+// input four times, two bytes at a time (27B, 1 x 4096: 320 us; docs/design-notes.md#conv-16-byte-channel-vectors).
 // Every other shape walks the thread's channels one by one through the element path; both do the same
 // arithmetic in the same order, so the path never changes a bit.
 template <typename T>
@@ -55,8 +56,8 @@ constexpr int kConvRowsAhead = 4;
 // 16 bytes of T as four 32-bit words, narrowed to in pairs (pack2: one conversion instruction per pair). With T[8]
 // members the bf16 output pass spilled at 128 registers (62.7 against 48.3 us at 27B, 1 x 4096). Elements widen
 // through to_f32 as before: shifting the words instead took conv_decode_bf16 from 96 to 110 registers, one block
-// fewer per SM (9.1 against 8.5 us at B = 128; H200, BENCHMARKS.md session 23). Both conversions are exact or round
-// to nearest even, as to_f32 / from_f32 do, so no bit changes.
+// fewer per SM (9.1 against 8.5 us at B = 128; docs/design-notes.md#conv-register-budget). Both conversions are
+// exact or round to nearest even, as to_f32 / from_f32 do, so no bit changes.
 template <typename T>
 struct alignas(16) ConvPack {
   static constexpr int N = kConvVec<T>;
@@ -277,7 +278,8 @@ __device__ __forceinline__ void conv_state(const ConvParams& p, int b) {
 // request (malformed offsets only) are left unwritten. Reads the incoming state, writes none of it, so it runs
 // before a separate state pass when initial_state and final_state overlap. When they do not, the grid's first
 // p.state_rows rows are the state pass (row b of them: request b), which saves the second launch and its wait
-// for the whole output grid (about 10 us of a 65 us call at 27B, 1 x 4096; H200, BENCHMARKS.md session 22).
+// for the whole output grid (about 10 us of a 65 us call at 27B, 1 x 4096; H200;
+// docs/design-notes.md#conv-state-pass-in-the-output-grid).
 template <typename T>
 __device__ __forceinline__ void conv_output(const ConvParams& p) {
   if ((int)blockIdx.y < p.state_rows) {
@@ -315,8 +317,8 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   };
   // The run's first chunk and the three inputs before it have addresses that follow from the block alone. They
   // are requested before the row lookup, so a block's first inputs do not wait for its loads of the offsets
-  // (27B fp16, 1 x 8192 / 8 x 2048: 100.2 / 195.6 us before, 96.2 / 185.1 us after; H200, BENCHMARKS.md
-  // session 22).
+  // (27B fp16, 1 x 8192 / 8 x 2048: 100.2 / 195.6 us before, 96.2 / 185.1 us after; H200;
+  // docs/design-notes.md#conv-first-inputs-before-the-row-lookup).
   ConvPack<T> even[kConvChunk], before[kConvTaps - 1];
   request(even, t_begin);
 #pragma unroll
@@ -347,7 +349,7 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
     if (t_end - t_begin == 2 * kConvChunk) {
       // One pair (mid-sized calls' runs, plan.py CONV_MEDIUM_TOKENS): every token lies inside the run, so no load
       // is clamped and no store predicated as in the loop below (27B fp16, 1 x 1024 / 1 x 2000: 16.8 / 28.2 us in
-      // the loop, 16.2 / 27.5 here; H200, BENCHMARKS.md session 24).
+      // the loop, 16.2 / 27.5 here; H200; docs/design-notes.md#conv-output-loop-and-run-length).
 #pragma unroll
       for (int i = 0; i < kConvChunk; ++i)
         odd[i] = conv_load<T>(p.x, (size_t)(t_begin + kConvChunk + i) * p.channels + c0);
@@ -360,7 +362,8 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
     }
     // Two chunks in turn: one requested while the other is used. A loop, not straight-line code for runs of one
     // length: runs of any length from two chunks take it, and the plan's runs of 16 tokens (5 waves at 27B,
-    // 1 x 4096) took 47.7 us where straight-line runs of 32 took 52.0 (H200, BENCHMARKS.md session 23).
+    // 1 x 4096) took 47.7 us where straight-line runs of 32 took 52.0 (H200;
+    // docs/design-notes.md#conv-output-loop-and-run-length).
 #pragma unroll 1
     for (int t = t_begin; t < t_end; t += 2 * kConvChunk) {
       request(odd, t + kConvChunk);
@@ -373,7 +376,7 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
   // Runs that rows start or end in, and short calls' single tokens: a chunk's inputs requested at once, then
   // used token by token. The first chunk and the window before it are the ones already requested above
   // (requesting them again cost short and mid-sized calls up to 1.6 us, 1 x 200 fp16: 10.9 against 9.3 us; H200,
-  // BENCHMARKS.md session 24).
+  // docs/design-notes.md#conv-first-inputs-before-the-row-lookup).
   bool window = false;  // whether chans.win holds the inputs before the next token
   for (int t = t_begin; t < t_end; t += kConvChunk) {
     if (t != t_begin) request(even, t);
@@ -408,8 +411,8 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
 // offsets (0, 1, 2, ...) put it, token b, requested with the taps and the state. The output and the new state are
 // stored only if the offsets confirm that; else nothing is written and the caller runs the row from its offsets.
 // The offsets are requested first and looked at last, so a thread waits for memory once, not for the offsets and
-// then for the rest (27B fp16, B = 32 / 128: 4.21 / 8.65 us before, 3.94 / 8.27 us after; H200, BENCHMARKS.md
-// session 25).
+// then for the rest (27B fp16, B = 32 / 128: 4.21 / 8.65 us before, 3.94 / 8.27 us after; H200;
+// docs/design-notes.md#conv-decode-before-its-offsets).
 template <typename T>
 __device__ __forceinline__ bool conv_decode_guessed(const ConvParams& p, int b, int c0) {
   if (p.total_tokens != p.batch) return false;  // not one token per row: b may lie past the inputs
@@ -432,12 +435,14 @@ __device__ __forceinline__ bool conv_decode_guessed(const ConvParams& p, int b, 
 // to its (request, channels) state and initial_state may alias final_state. One launch instead of two is most
 // of the node's host cost at these sizes. The row's first AHEAD inputs are requested with the taps and the
 // state, so a thread waits for memory once: 1 for decode, kConvRowsAhead for verify (more registers cost
-// blocks in flight: 8 ahead took 9.9 us at decode B = 128, 1 ahead 8.7; H200, BENCHMARKS.md session 21).
+// blocks in flight: 8 ahead took 9.9 us at decode B = 128, 1 ahead 8.7; H200;
+// docs/design-notes.md#conv-short-rows-in-one-launch).
 // The verify kernel (HELD) requests the capture count with the offsets and writes each capsule slot from the
 // input it holds, as it steps that token: loaded after the state, count and inputs made a thread wait twice more
-// at its end (27B fp16, verify 4 with capture, B = 32 / 128: 6.32 / 16.29 us before, 6.03 / 15.45 us after; H200,
-// BENCHMARKS.md session 26). The decode kernel keeps conv_capture in its rare path (decode rows come through
-// conv_decode_guessed): holding inputs and count there took it from 96 to 112 registers, a block fewer per SM.
+// at its end (27B fp16, verify 4 with capture, B = 32 / 128: 6.32 / 16.29 us before, 6.03 / 15.45 us after; H200;
+// docs/design-notes.md#conv-verify-capsule-from-held-inputs). The decode kernel keeps conv_capture in its rare
+// path (decode rows come through conv_decode_guessed): holding inputs and count there took it from 96 to 112
+// registers, a block fewer per SM.
 template <typename T, int AHEAD>
 __device__ __forceinline__ void conv_rows(const ConvParams& p) {
   constexpr bool HELD = AHEAD > 1;
@@ -517,17 +522,18 @@ __device__ __forceinline__ void conv_replay(const ConvReplayParams& p) {
 
 // Warps per block of the GDN replay. Both sizes fit 16 warps per SM (117 registers), but a block's slot frees
 // only when its last warp ends: 2 warps per block took 52.4 / 198.9 us at 27B, B = 32 / 128 with 2 of 4 tokens
-// accepted, 4 warps 57.7 / 218.1 us (H200, BENCHMARKS.md session 22).
+// accepted, 4 warps 57.7 / 218.1 us (H200; docs/design-notes.md#gdn-replay-layout).
 constexpr int kReplayWarps = 2;
 constexpr int kReplayRowsPerWarp = 8;  // value rows per warp: 4 KB of state in flight per warp at Dk = 128
 constexpr int kReplayAhead = 4;        // tokens whose capsule values are requested with the state
 
-// GDN replay (spec/ops.md §2.10): a warp per kReplayRowsPerWarp value rows of (request b, head h), lanes across
+// GDN replay, docs/op-contract.md#gateddeltanet-replay.
+// A warp per kReplayRowsPerWarp value rows of (request b, head h), lanes across
 // the key axis in 16-byte pieces; CUDA rounding S = fma(key, delta, S * decay), token by token. A token's decay
 // and key row are shared by the warp's rows, its delta is one value per row. The first kReplayAhead tokens'
 // values and the rows' state are all requested before any is used, so a warp waits for memory once. A thread per
 // state element, which found its (request, head, row, column) by 64-bit divisions, took 1.3 ms at 27B, B = 128
-// (15% of the byte floor); a warp per row, 379 us (51%; H200, BENCHMARKS.md session 20).
+// (15% of the byte floor); a warp per row, 379 us (51%; H200; docs/design-notes.md#gdn-replay-layout).
 extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(const GdnReplayParams p) {
   constexpr int R = kReplayRowsPerWarp, A = kReplayAhead;
   ohk::wait_for_inputs();
@@ -624,8 +630,8 @@ extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(c
   }
 
 // The output kernel is built for 4 blocks per SM (128 registers), where no type spills
-// (tests/test_cuda_ops_build.py checks it). Session 21's bf16 kernel spilled 262 bytes there and was built for 3
-// (H200, BENCHMARKS.md sessions 21 to 23).
+// (tests/test_cuda_ops_build.py checks it). An earlier bf16 kernel spilled 262 bytes there and ran 20% slower
+// (H200; docs/design-notes.md#conv-register-budget).
 // The fp32 short-row kernel is held to 4 blocks per SM (128 registers), like the 16-bit ones, which take that many
 // on their own: left to choose, ptxas gave it 72 registers and spilled 16 bytes (CUDA 13.0, sm_90a).
 OHK_CONV(f32, float, (ohk::kConvThreads, 4))

@@ -1,4 +1,5 @@
-// GatedDeltaNet chunked engine (spec/ops.md §2.7) for Dk = Dv = 128, scalar decay, fp16/bf16 activations.
+// GatedDeltaNet chunked engine (docs/op-contract.md#chunked-engine) for Dk = Dv = 128, scalar decay, fp16/bf16
+// activations.
 //
 // A request is cut into chunks of 64 tokens counted from its first token. With gamma the inclusive
 // cumulative log decay within a chunk and S0 the state entering it:
@@ -17,8 +18,8 @@
 // accumulation (bf16 activations are converted to fp16 operands on load): on mma.sync.m16n8k16, except the
 // scan's state products in the sm_90a image, which run on wgmma with the same register layout.
 //
-// Rows that must run sequentially (captured rows, rows shorter than 32 tokens: spec/ops.md §2.8) are skipped
-// by both kernels and served by the recurrent kernel's tail pass.
+// Rows that must run sequentially (captured rows, rows shorter than 32 tokens) are skipped by both kernels and
+// served by the recurrent kernel's tail pass (docs/op-contract.md#engine-selection).
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -645,7 +646,7 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
     // The first head's vectors, by VEC0_WARP during the Gram (they were formed before the barrier above, on the
     // path every warp waited for); the Gram warps wait for them before the first head's -M and P (VEC0_BARRIER,
     // which VEC0_WARP syncs on as well after its Q stores below: an arrive would do, but racecheck does not
-    // model bar.arrive as a release, BENCHMARKS.md session 13).
+    // model bar.arrive as a release: docs/design-notes.md#scan-producer-warpgroup).
     static_assert(VEC0_WARP == 1, "VEC0_WARP is a warp without a Gram tile");
     if (warp == VEC0_WARP) prep_vectors(p, ws, h_first, next, tok0, L, lane, vecs);
 

@@ -1,4 +1,4 @@
-// GatedDeltaNet sequential engine (spec/ops.md §2.6, §2.8): decode, verify, capture, and every shape the
+// GatedDeltaNet sequential engine (docs/op-contract.md#engine-selection): decode, verify, capture, and every shape the
 // chunked engine does not serve. One warp per (request, value head, ROWS value rows); the state of the warp's
 // rows stays in registers across the request's tokens.
 //
@@ -19,11 +19,13 @@
 //
 // The decode instantiations (DECODE_LOOP) give rows of one token a loop of their own: one prologue per warp,
 // no block barrier, and the chunk bookkeeping goes. In one kernel with the general loop that made ptxas
-// recompute predicates and addresses inside the verify loop (BENCHMARKS.md), so the general instantiations
-// leave it out and plan.py picks a decode one only for calls of at most one token per row. The decode loop
-// runs the general loop's operations in the same order: a row's bits do not depend on the choice.
+// recompute predicates and addresses inside the verify loop (docs/design-notes.md#decode-only-instantiations), so
+// the general instantiations leave it out and plan.py picks a decode one only for calls of at most one token per
+// row. The decode loop runs the general loop's operations in the same order: a row's bits do not depend on the
+// choice.
 //
-// State rounding is the CUDA rule of spec/ops.md §2.10: S' = __fmul_rn(S, decay), S = __fmaf_rn(key, delta, S').
+// State rounding is the CUDA rule of docs/op-contract.md#state-update-rounding:
+// S' = __fmul_rn(S, decay), S = __fmaf_rn(key, delta, S').
 // The capsule stores exactly the decay, key and delta used here, so a replay is bit-exact.
 #include "common.cuh"
 
@@ -72,9 +74,9 @@ __device__ __forceinline__ float piece_sum(float (&x)[N]) {
 }
 
 // State rows are touched once per call: streaming (evict-first) loads and stores keep them from pushing the
-// inputs and offsets, which each call's dependent chain waits on, out of L2 (measured: decode and verify
-// 3-20% faster on the H200, BENCHMARKS.md): load_rows / store_rows' 16-byte path, which every whole, aligned
-// row takes. The per-element helpers below serve the rest (partial key rows, unaligned state).
+// inputs and offsets, which each call's dependent chain waits on, out of L2 (decode and verify 3-20% faster on
+// the H200, docs/design-notes.md#streaming-state-accesses): load_rows / store_rows' 16-byte path, which every
+// whole, aligned row takes. The per-element helpers below serve the rest (partial key rows, unaligned state).
 template <class L>
 __device__ __forceinline__ void load_state_row(const float* row, int lane, int dk, float (&s)[L::kKeys]) {
 #pragma unroll
@@ -95,7 +97,8 @@ __device__ __forceinline__ void store_state_row(float* row, int lane, int dk, co
 
 // A key vector's raw elements (zero past dk; converted where they are used), per element and predicated, in
 // straight-line code: with an 8-byte path beside this one, the branch between made ptxas convert each vector as
-// it landed, so a block's start waited for its input loads one after the other (Nsight Compute, session 15).
+// it landed, so a block's start waited for its input loads one after the other
+// (docs/design-notes.md#block-start-loads-issued-together).
 template <typename T, class L>
 __device__ __forceinline__ void load_head(const T* base, int lane, int dk, T (&x)[L::kKeys]) {
 #pragma unroll
@@ -214,10 +217,10 @@ __device__ __forceinline__ void stash_get(const float* src, int lane, float (&x)
 // is a cp.async group, not a register scoreboard. Prefetched into registers, it was waited for inside the
 // current group (ptxas, CUDA 13.0, sm_90: at a branch at the group's start in the general loop, and through a
 // scoreboard shared with the group's own loads and shuffles in the decode loop), so every group exposed one
-// full memory latency (Nsight Compute, BENCHMARKS.md session 12).
+// full memory latency (docs/design-notes.md#next-row-group-through-a-shared-memory-stage).
 // 16 bytes global -> shared, with no L2 policy. The state's other accesses stream (__ldcs, __stcs), but with an
-// evict-first policy here verify 4 with capture took 223 us at 27B, B = 128, and 217.6 us without (H200; 4% faster at
-// B = 256, 2-3% slower at B = 32; BENCHMARKS.md session 27).
+// evict-first policy here verify 4 with capture took 223 us at 27B, B = 128, and 217.6 us without (H200;
+// docs/design-notes.md#stage-copies-without-an-l2-policy).
 __device__ __forceinline__ void stage_copy16(float* dst, const float* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
@@ -290,9 +293,9 @@ __device__ __forceinline__ void unstage_rows(const RecStage<L>& stage, int lane,
 // within 48 KB of static shared memory (45 KB at K = 128, 8 rows per warp).
 // The decode kernels (DECODE) take one token at a time and share no prologue, so they hold one token per warp:
 // 23 KB at K = 128, R = 8. They load the state straight into registers, and those loads stage in the L1, which
-// gets what the blocks' shared memory leaves of the SM's 256 KB (the general kernels copy it past the L1). With
-// the general kernels' 45 KB, 4 blocks left it 60 KB, and forcing 28 KB made decode 7.5% slower; at 23 KB decode
-// measured level to 1% faster (B = 256), so 60 KB is about enough (H200, BENCHMARKS.md session 19).
+// gets what the blocks' shared memory leaves of the SM's 256 KB (the general kernels copy it past the L1): 60 KB
+// with the general kernels' 45 KB was about enough, and the 22 KB per block that decode never touched are left to a
+// kernel overlapping through programmatic launch (docs/design-notes.md#decode-kernels-shared-memory-and-the-l1).
 template <class L, bool DECODE>
 struct RecShared {
   static constexpr int kChunk = DECODE ? 1 : rec_chunk_tokens(L::NPL);
@@ -308,7 +311,8 @@ struct RecShared {
 
 // The block's warps that hold rows of a launch of `group_rows` (ROWS x row groups) rows per warp; warp 0 always
 // does (the grid is ceil(dv / rows per block)). Counted, not divided: ptxas (sm_90) put an integer division for it
-// before the first state loads, and decode measured about 1% slower with it (BENCHMARKS.md, session 13).
+// before the first state loads, and decode measured about 1% slower with it
+// (docs/design-notes.md#shared-per-token-prologue).
 __device__ __forceinline__ int rec_block_warps(const GdnParams& p, int group_rows) {
   const int c_block = blockIdx.x * kRecWarps * group_rows;
   int warps = 1;
@@ -433,13 +437,13 @@ __device__ __forceinline__ void token_values(const GdnParams& p, const TokenInpu
   tv.q_scale = q_scale;
 }
 
-// The captured decay and key of the token in slot `slot` (spec/ops.md §2.9); the key by the lanes of the
+// The captured decay and key of slot `slot`'s token (docs/op-contract.md#capsule-layout); the key by the lanes of the
 // first row (every lane group holds the whole key). The capsule is read back only by a later replay, never by the
 // next kernel, so its slots go out as streaming (evict-first) stores, like the state: as normal stores they pushed
-// the call's inputs and outputs out of the L2, and verify with capture at B = 128 measured 3% slower (H200,
-// session 18). The general loop's delta slots do the same. The decode loop's delta slots and finish_group's zeros
-// (rows that capture fewer tokens than the capacity) stay normal stores: streaming, they made ptxas spill 8-12 B in
-// the decode kernels (CUDA 13.0, sm_90a).
+// the call's inputs and outputs out of the L2, and verify with capture at B = 128 measured 3% slower (H200;
+// docs/design-notes.md#capsule-as-streaming-stores). The general loop's delta slots do the same. The decode loop's
+// delta slots and finish_group's zeros (rows that capture fewer tokens than the capacity) stay normal stores:
+// streaming, they made ptxas spill 8-12 B in the decode kernels (CUDA 13.0, sm_90a).
 template <class L>
 __device__ __forceinline__ void capture_token(const GdnParams& p, const TokenValues<L>& tv, int slot, int h,
                                               int hk, int lane, float* cap, bool capture_decay, bool capture_key) {
@@ -555,7 +559,7 @@ __device__ __forceinline__ void update_rows(RecRows<L>& S, const float (&k)[L::k
   }
 }
 
-// After a group's tokens: capsule slots beyond the captured prefix are zero (project rule, spec/ops.md §2.9;
+// After a group's tokens: slots past the captured prefix are zero (our rule, docs/op-contract.md#capture-rules;
 // the decay and key slots by the first group of the warps that capture them, the delta slots by every group),
 // the group's state goes out, and the staged next group moves in. `dk`: as in decay_rows.
 template <class L>
@@ -626,23 +630,24 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const bool vec_in = vector_rows<NPL>(p.state_in, dk);
   const bool vec_out = vector_rows<NPL>(p.state_out, dk);
 
-  // A block's start waits for its inputs, so every load whose address does not depend on the offsets goes out
-  // first and together, with no arithmetic on a loaded value and no branch until the last is issued: ptxas then
-  // waits for them once (Nsight Compute found each waited for before the next went out, 22-27% of the recurrent
-  // kernels' stall samples; BENCHMARKS.md session 15). They are the row's offsets and capture count, the gate
-  // constants, the inputs of the token this warp's prologue starts with, and this lane's value row of the
-  // chunk's tokens, the last two at the guessed row start b T / B (right when every row has the same length;
-  // what the offsets contradict is loaded again). The prologue starts with that token in decode, and with token
-  // `warp` of the row when rows may be longer (the block's warps share the prologue of short rows, from
-  // their own token). The state, needed only after the prologue, goes out after them (kStageFirst, below).
-  // The guess comes first: its 64-bit division is a call, before which ptxas waits for every load in flight.
+  // A block's start waits for its inputs, so every load whose address does not depend on the offsets goes out first
+  // and together, with no arithmetic on a loaded value and no branch until the last is issued: ptxas then waits for
+  // them once (Nsight Compute found each waited for before the next went out, 22-27% of the recurrent kernels' stall
+  // samples; docs/design-notes.md#block-start-loads-issued-together). They are the row's offsets and capture count,
+  // the gate constants, the inputs of the token this warp's prologue starts with, and this lane's value row of the
+  // chunk's tokens, the last two at the guessed row start b T / B (right when every row has the same length; what the
+  // offsets contradict is loaded again). The prologue starts with that token in decode, and with token `warp` of the
+  // row when rows may be longer (the block's warps share the prologue of short rows, from their own token). The
+  // state, needed only after the prologue, goes out after them (kStageFirst, below). The guess comes first: its
+  // 64-bit division is a call, before which ptxas waits for every load in flight.
   const int guess = p.total_tokens > 0 ? (int)((long long)b * p.total_tokens / p.batch) : -1;
   const int hk = h / (p.hv / p.hk);
   const T* qb = static_cast<const T*>(p.q) + (size_t)hk * dk;
   const T* kb = static_cast<const T*>(p.k) + (size_t)hk * dk;
   // A chunk's values come from one coalesced load per token: lane l holds row c_warp + l (the plans keep
   // ROWS * row_groups <= 32), and each group reads its rows from the warp's stash. A load per group was waited
-  // for at the group's start whatever was issued ahead (ptxas, sm_90; BENCHMARKS.md session 12).
+  // for at the group's start whatever was issued ahead (ptxas, sm_90;
+  // docs/design-notes.md#next-row-group-through-a-shared-memory-stage).
   const T* v_lane = static_cast<const T*>(p.v) + (size_t)h * p.dv + c_warp + lane;  // + token * v_stride
   const bool lane_row_ok = lane < ROWS * p.row_groups && c_warp + lane < p.dv;
   const int tok_off = DECODE_LOOP || p.total_tokens <= p.batch ? 0 : warp;
@@ -661,12 +666,12 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
                             lane_row_ok && guess >= 0 && guess + t < p.total_tokens);
 
   const size_t head_base = ((size_t)b * p.hv + h) * p.dv;
-  // The general kernels copy the first group's state into the stage: loaded into registers, it shared the
-  // inputs' scoreboards, so the gate and the prologue waited for the state's DRAM latency too (Nsight Compute,
-  // session 16: 4% of verify's samples on the gate's first instruction). The second group's copy then goes out
-  // in the first group, after its first token's decay, as every later group's does. The decode kernels keep the
-  // first group in registers (the plan gives them one group per warp; with more, the second goes to the stage):
-  // their group is one token, too short to cover a copy.
+  // The general kernels copy the first group's state into the stage: loaded into registers, it shared the inputs'
+  // scoreboards, so the gate and the prologue waited for the state's DRAM latency too (4% of verify's samples on the
+  // gate's first instruction; docs/design-notes.md#first-row-group-staged). The second group's copy then goes out in
+  // the first group, after its first token's decay, as every later group's does. The decode kernels keep the first
+  // group in registers (the plan gives them one group per warp; with more, the second goes to the stage): their group
+  // is one token, too short to cover a copy.
   constexpr bool kStageFirst = !DECODE_LOOP;
   RecRows<L> S;
   if constexpr (kStageFirst) {
@@ -686,7 +691,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   const int m = gdn_captured_prefix(p, capture_count, span.len);
   float* cap = p.capsule != nullptr ? p.capsule + (size_t)b * gdn_capsule_row(p) : nullptr;
   // The decay slot of a head is written by the warp holding row 0; the key slot of a key head by the warp
-  // holding row 0 of value head hk * group (spec/ops.md §2.9).
+  // holding row 0 of value head hk * group (docs/op-contract.md#capsule-layout).
   const bool capture_decay = c_warp == 0;
   const bool capture_key = capture_decay && (h % (p.hv / p.hk) == 0);
 
@@ -757,10 +762,10 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
   // general kernels, whose block's warps share it: warp w computes tokens w, w + block_warps, ... into the
   // block's stash, so each warp's start waits for one or two tokens' inputs and butterflies, not for every
   // token's, and the output and delta addresses step per chunk (below). Run per warp and row group, chunk by
-  // chunk, rows of 8 tokens took 2.8x the time of rows of 4 (H200, session 17). The decode kernels keep a
-  // prologue per warp and per-token addresses (their rows of more than one token are rare): with the general
-  // kernels' code their decode loop's SASS moved, and decode B=32 measured about 1% slower on the H200
-  // (BENCHMARKS.md, session 13).
+  // chunk, rows of 8 tokens took 2.8x the time of rows of 4 (H200). The decode kernels keep a prologue per warp
+  // and per-token addresses (their rows of more than one token are rare): with the general kernels' code their
+  // decode loop's SASS moved, and decode B=32 measured about 1% slower on the H200
+  // (docs/design-notes.md#shared-per-token-prologue).
   constexpr bool kSharedPrologue = !DECODE_LOOP;
   const bool one_prologue = span.len <= (kSharedPrologue ? Shared::kBlockTokens : kTokens);
   // Longer rows share each chunk's prologue in the same way where a warp has one row group (block_chunks, below;
@@ -831,7 +836,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     for (int t0 = 0; t0 < span.len; t0 += kTokens) {
       const int n = min(kTokens, span.len - t0);
       // Tested here, not held across the loop: held, it made ptxas spill 12 B in the r8 general kernels (CUDA 13.0,
-      // sm_90), and verify 4 measured 2-5% slower at B = 32 (H200, session 17).
+      // sm_90), and verify 4 measured 2-5% slower at B = 32 (H200; docs/design-notes.md#shared-per-token-prologue).
       const bool block_chunks = kSharedPrologue && !one_prologue && p.row_groups == 1;
       // The chunk's first slot in the stashes: rows of one prologue hold every token; longer rows the chunk's, in
       // the block's stash alternately in its two halves (t0 is a multiple of kTokens).
@@ -877,7 +882,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         }
       }
       // This lane's value row of each token, read in the token's step: gathered into registers here, with a
-      // branch per token, the group's start took about 120 instructions (Nsight Compute, session 16).
+      // branch per token, the group's start took about 120 instructions (docs/design-notes.md#first-row-group-staged).
       const float* v_row = &v_stash[c][rg * ROWS + my_row];
       const Token* toks = (one_prologue || block_chunks ? prologue_stash : warp_stash) + c;
 
@@ -888,8 +893,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
         decay_rows<L>(p, toks[t].vec[2], lane, toks[t].scalar[0], S);  // before k, q: fewer registers
         // Every state register is an operand of the decay, so the stage has been read: the next group's copy can
         // go out. Here rather than after the reduction, it is in flight for one reduction longer: verify with
-        // capture at B = 32 measured 1-4% faster (B = 128 level to 1%; H200, session 18), and ptxas needed fewer
-        // registers at R = 8 (124 -> 115, CUDA 13.0, sm_90a; the sm_80 build stopped spilling).
+        // capture at B = 32 measured 1-4% faster (B = 128 level to 1%; H200), and ptxas needed fewer registers at
+        // R = 8 (124 -> 115, CUDA 13.0, sm_90a; docs/design-notes.md#next-copy-after-the-first-decay).
         if (!staged) {
           stage_rows<L>(p, vec_in, head_base, c0 + ROWS, lane, stage);
           staged = true;

@@ -1,4 +1,4 @@
-"""One gated full-attention layer (spec/model.md §6) in plain ONNX ops.
+"""One gated full-attention layer (docs/model.md#gated-full-attention) in plain ONNX ops.
 
 This is the default ``--kv-cache concat`` layout: one KV concat per step, HF's left-padded masking
 reproduced exactly (also for the padded queries, which must stay finite because the next GDN layer
@@ -17,8 +17,9 @@ from .context import GraphContext
 
 
 def rotate(ctx: GraphContext, x: ir.Value, heads: int) -> ir.Value:
-    """Rotate-half RoPE (NeoX layout) on the first R dims of every head of x [N, heads, D] (model.md §6.1), as one
-    com.microsoft::RotaryEmbedding over the tokens taken as one row [1, N, heads*D] at their own positions."""
+    """Rotate-half RoPE (NeoX layout) on the first R dims of every head of x [N, heads, D]
+    (docs/model.md#gated-full-attention, step 3), as one com.microsoft::RotaryEmbedding over the tokens taken as one row
+    [1, N, heads*D] at their own positions."""
     cfg, sh = ctx.config, ctx.shared
     d = cfg.head_dim
     row = ctx.op("Reshape", x, ctx.const([1, -1, heads * d]))
@@ -42,7 +43,7 @@ def project(ctx: GraphContext, layer: int, x: ir.Value) -> tuple[ir.Value, ir.Va
                            [2 * hq * d + 2 * hkv * d, hidden])
     qg, k, v = ctx.ops("Split", ctx.linear(x, qkv_w), ctx.const([2 * hq * d, hkv * d, hkv * d]),
                        num_outputs=3, axis=-1)
-    # q_proj rows are [query | gate] interleaved per head (model.md §6 step 1).
+    # q_proj rows are [query | gate] interleaved per head (docs/model.md#gated-full-attention, step 1).
     q, gate = ctx.ops("Split", ctx.op("Reshape", qg, ctx.const([0, hq, 2 * d])), ctx.const([d, d]),
                       num_outputs=2, axis=-1)
     k = ctx.op("Reshape", k, ctx.const([0, hkv, d]))

@@ -3,7 +3,7 @@
 Activations inside the decoder are token-major 2-D ``[N, H]`` with ``N = batch * sequence``: every
 projection is then a ``Gemm(transB=1)`` straight on the checkpoint's ``[out, in]`` weight (no
 transposed copy at export, and ORT prepacks Gemm's B once), the conv op takes ``[T, C]`` as is, and
-GatedDeltaNet runs in its uniform rank-3 form ``[N, H, D]`` reached with static Reshape targets.
+GatedDeltaNet takes the conv output ``[N, q | k | v]`` whole, in its packed-QKV form.
 Only attention needs ``[B, S, ...]`` views, built from one shared shape tensor.
 """
 
@@ -27,7 +27,8 @@ EMBEDDING, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 @dataclass(frozen=True)
 class PackedInputs:
-    """Graph inputs of the paged export: requests packed on one token axis (genai_config.md §7.2)."""
+    """Graph inputs of the paged export: requests packed on one token axis
+    (docs/genai-config.md#graph-inputs-and-outputs)."""
 
     input_ids: ir.Value  # int64 [num_tokens]
     position_ids: ir.Value  # int64 [num_tokens]
@@ -188,5 +189,5 @@ class GraphContext:
 
     def norm_weight(self, name: str, source: str, size: int, *, zero_centred: bool = True) -> ir.Value:
         """RMSNorm scale in the activation type (what ORT's norm kernels take with it); zero-centred checkpoint
-        weights become 1 + w, computed in fp32 and rounded once (model.md §7)."""
+        weights become 1 + w, computed in fp32 and rounded once (docs/model.md#rmsnorm)."""
         return self.weights.tensor(name, source, [size], self.np_act, add_one=zero_centred)

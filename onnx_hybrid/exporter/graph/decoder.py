@@ -1,4 +1,4 @@
-"""The whole decoder graph: I/O, the shared preamble, the layer stack and the head (spec/model.md §8)."""
+"""The whole decoder graph: I/O, the shared preamble, the layer stack and the head (docs/model.md#decoder)."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def full_attention_mixer(ctx: GraphContext, paged: PagedLayout | None):
 
 def decoder_layer(ctx: GraphContext, index: int, hidden: ir.Value, branch: ir.Value | None, mixer
                   ) -> tuple[ir.Value, ir.Value]:
-    """hidden + mixer(norm(hidden)), then + FFN(norm(...)), the FFN dense or MoE per the config (model.md §8).
+    """hidden + mixer(norm(hidden)), then + FFN(norm(...)), the FFN dense or MoE per the config (docs/model.md#decoder).
 
     The residual stream travels as (hidden, branch): ``branch`` is the previous block's output not yet added
     (None before the first layer), so every residual add is fused into the norm that follows it
@@ -229,8 +229,9 @@ def _rotary_caches(ctx: GraphContext) -> tuple[ir.Value, ir.Value]:
 
 
 def packed_inputs() -> PackedInputs:
-    """The paged export's inputs, named as onnxruntime-genai 0.18 names them (genai_config.md §2.5, §7.2).
-    Positions are text positions [num_tokens], one of the two geometries the Engine accepts (§4.4)."""
+    """The paged export's inputs, named as onnxruntime-genai 0.18 names them
+    (docs/genai-config.md#graph-inputs-and-outputs). Positions are text positions [num_tokens], one of the two
+    geometries the Engine accepts (docs/genai-config.md#engine-rules)."""
     b = io.BATCH
     return PackedInputs(
         input_ids=graph_input(io.INPUT_IDS, INT64, [io.TOKENS]),

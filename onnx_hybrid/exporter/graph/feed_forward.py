@@ -1,4 +1,4 @@
-"""Feed-forward blocks (spec/model.md §9): dense SwiGLU MLP and the routed MoE with a gated shared expert."""
+"""Feed-forward blocks (docs/model.md#feed-forward): dense SwiGLU MLP and the routed MoE with a gated shared expert."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def dense_mlp(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
 
 def _expert_weights(ctx: GraphContext, prefix: str, spec: QuantSpec | None = None) -> tuple:
     """[E, 2F, H] gate/up with rows interleaved (g0 u0 g1 u1 ..., what ORT's CPU MoE takes) and [E, H, F]
-    down, from fused or per-expert checkpoint tensors (model.md §3.4); block-quantized per ``spec`` when given,
-    with one block per expert row when the expert sizes are not multiples of its block."""
+    down, from fused or per-expert checkpoint tensors (docs/model.md#moe-routing); block-quantized per ``spec``
+    when given, with one block per expert row when the expert sizes are not multiples of its block."""
     moe, hidden, w = ctx.config.moe, ctx.config.hidden_size, ctx.weights
     e, f = moe.num_experts, moe.expert_size
     fused_gu, fused_down = f"{prefix}experts.gate_up_proj", f"{prefix}experts.down_proj"

@@ -1,8 +1,8 @@
-"""One Gated DeltaNet layer (spec/model.md §4) wired as spec/ops.md §1.2 prescribes.
+"""One Gated DeltaNet layer (docs/model.md#gated-deltanet-layer): projections, conv, GatedDeltaNet, gated norm.
 
 The four input projections (q|k|v, z, b, a) are one fused Gemm. Qwen3-Next's packed, per-key-head
 grouped ``in_proj_qkvz`` / ``in_proj_ba`` are de-interleaved into the same row order while the weight
-is written (model.md §4.3), so both layouts share this graph.
+is written (docs/model.md#qwen3-next-packed-projections), so both layouts share this graph.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
     hv, dv = cfg.gdn_value_heads, cfg.gdn_value_dim
     vd, channels = cfg.value_dim, cfg.conv_channels
 
-    if sh.mask_column is not None:  # HF zeroes padded positions before the layer (model.md §4.1)
+    if sh.mask_column is not None:  # HF zeroes padded positions first (docs/model.md#gated-deltanet-layer)
         x = ctx.op("Mul", x, sh.mask_column)
     in_proj = ctx.projection(f"{prefix}in_proj.weight", in_projection_segments(ctx, prefix),
                              [channels + vd + 2 * hv, cfg.hidden_size])
@@ -83,7 +83,7 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
          "qk_l2_norm": 1, "state_update_capacity": ctx.capacity},
         domain=ctx.op_domain, name=f"/model/layers.{layer}/linear_attn/GatedDeltaNet"))
 
-    # Gated RMSNorm per value head: plain w (model.md §4.9), SiLU(z) gate, statistics in fp32.
+    # Gated RMSNorm per value head: plain w (docs/model.md#gated-rmsnorm), SiLU(z) gate, statistics in fp32.
     norm_w = ctx.norm_weight(f"{prefix}norm.weight", f"{prefix}norm.weight", dv, zero_centred=False)
     gate = ctx.silu(ctx.op("Reshape", z, ctx.const([0, hv, dv])))
     gated = ctx.op("Mul", ctx.rms_norm(core, norm_w), gate)

@@ -1,4 +1,5 @@
-"""The multi-token-prediction head as its own graph, ``mtp.onnx`` (speculative.md §3.1, §4; model.md §10).
+"""The multi-token-prediction head as its own graph, ``mtp.onnx`` (docs/model.md#mtp-head; its config:
+docs/genai-config.md#mtp-drafter).
 
     e      = RMSNorm(embed_tokens[input_ids]; pre_fc_norm_embedding)
     g      = RMSNorm(hidden_states;           pre_fc_norm_hidden)     # the main decoder's post-norm hidden

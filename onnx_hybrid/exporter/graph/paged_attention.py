@@ -1,5 +1,5 @@
-"""Full attention of the paged graph: PagedAttention over the engine's block pool (genai_config.md §2.4,
-§7.3 step 4; speculative.md §4.2).
+"""Full attention of the paged graph: PagedAttention over the engine's block pool (docs/genai-config.md#paged-export,
+docs/op-contract.md#pagedattention).
 
 The tokens of all requests lie on one axis ``[num_tokens, ...]``; ``cumulative_sequence_lengths`` splits
 them into requests, ``past_sequence_lengths`` gives each request's cached length and ``block_table`` maps

@@ -20,7 +20,7 @@ GENERATED = ROOT / "build" / "generated"
 # The CUDA kernels' parameter structs (params.cuh) are compiled by NVRTC and by the library's launcher.
 CUDA_KERNELS = NATIVE.parent.parent / "cuda_ops" / "kernels"
 
-# spec/native_library.md §4: no FMA contraction (the recurrence's rounding is part of the contract), no
+# docs/native-library.md#build: no FMA contraction (the recurrence's rounding is part of the contract), no
 # fast-math, hidden symbols; AVX-512 code is confined to one file by a target pragma.
 COMPILE_ARGS = ["-std=c++17", "-O2", "-g0", "-fPIC", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
                 "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Wextra", "-Wno-unused-parameter"]

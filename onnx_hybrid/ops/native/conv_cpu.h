@@ -1,5 +1,5 @@
-// VarlenCausalConvWithState on the CPU (spec/ops.md §3): fp32 accumulation rounded once to T,
-// parallel over (request, channel tile).
+// VarlenCausalConvWithState on the CPU (docs/op-contract.md#varlencausalconvwithstate): fp32 accumulation
+// rounded once to T, parallel over (request, channel tile).
 #pragma once
 
 #include <vector>

@@ -1,6 +1,7 @@
 // fp32 building blocks of the CPU engines, selected once at load time for the host's instruction set
 // (AVX-512, else AVX2 + FMA, else portable C++). Every variant obeys the same rounding rule for
-// the recurrent state update (spec/ops.md §2.10: S' = fl(S*a), p = fl(k*u), S = fl(S'+p), no FMA);
+// the recurrent state update (docs/op-contract.md#state-update-rounding: S' = fl(S*a), p = fl(k*u),
+// S = fl(S'+p), no FMA);
 // FMA is used only in dot products and matrix products, whose rounding the contract leaves free.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The CUDA driver API without CUDA headers or a link dependency (spec/native_library.md §6.4-§6.5):
+// The CUDA driver API without CUDA headers or a link dependency (docs/native-library.md#driver-api-without-headers):
 // opaque handle types, the images (cubins) Python hands over or the library finds on disk, and a launcher
 // that loads them into the context of ORT's stream and enqueues kernels there. libcuda.so.1 is dlopen'ed on
 // the first launch.

@@ -23,7 +23,7 @@ void Enqueue(cuda::Launcher& launcher, const std::vector<CudaLaunch<Params>>& la
 
 // Scratch from the EP's allocator for the duration of one Compute. Freed once the launches are enqueued, as
 // ORT's own CUDA kernels do: the arena hands the memory out again only to work enqueued later on the same
-// compute stream (spec/native_library.md §6.2).
+// compute stream (docs/native-library.md#scratch-memory).
 class Scratch {
  public:
   Scratch(OrtKernelContext* context, OrtAllocator* allocator, size_t bytes) : allocator_(allocator) {

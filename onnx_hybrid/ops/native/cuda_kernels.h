@@ -1,7 +1,7 @@
 // The CUDA variants of GatedDeltaNet and VarlenCausalConvWithState: the same validation as the CPU
 // kernels (shapes and attributes through gdn_plan / conv_plan, same messages), then the kernels of
 // onnx_hybrid.cuda_ops enqueued on ORT's compute stream. Offsets and capture counts stay on the device
-// (spec/ops.md §2.8 rule 4): nothing here reads device memory or synchronises with the host.
+// (docs/op-contract.md#engine-selection, rule 4): nothing here reads device memory or synchronises with the host.
 #pragma once
 
 #include "conv_plan.h"

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Fetch the ONNX Runtime C/C++ API headers (API 21) from Debian trixie's libonnxruntime-dev
 # 1.21.0+dfsg-1 into a git-ignored folder, without touching the host's apt state or dpkg database
-# (spec/native_library.md §2.4). setup.py runs it; usage: fetch_ort_headers.sh DEST
+# (docs/native-library.md#build). setup.py runs it; usage: fetch_ort_headers.sh DEST
 set -eu
 DEST=${1:?usage: fetch_ort_headers.sh DEST}
 PACKAGE=libonnxruntime-dev

@@ -14,7 +14,7 @@ namespace {
 
 std::atomic<EngineChoice> g_engine_choice{EngineChoice::kAuto};
 
-constexpr int64_t kSequentialBelow = 32;  // §2.8 rule 2: shorter rows run on the recurrence
+constexpr int64_t kSequentialBelow = 32;  // engine rule 2: shorter rows run on the recurrence
 constexpr int64_t kSequentialBlock = 64;  // tokens staged at a time by the sequential engine
 constexpr int64_t kSolveBlock = 16;       // rows substituted directly inside the chunk's triangular solve
 
@@ -100,7 +100,7 @@ struct WorkItem {
   void Chunked(int64_t chunk) const;
 };
 
-// §2.6 token by token. The state row of each value column c advances over a block of tokens in
+// The sequential definition token by token. The state row of each value column c advances over a block of tokens in
 // registers; the capsule records the first `captured` transitions exactly as they were applied.
 void WorkItem::Sequential() const {
   const int64_t dk = geo.head_size_k, dv = geo.head_size_v, hvs = geo.num_heads_v, hks = geo.num_heads_k;
@@ -164,7 +164,7 @@ void WorkItem::Sequential() const {
   }
 }
 
-// §2.7 with chunks of `chunk` tokens, K-major state [Dk, Dv] in scratch, matrix products on the
+// The chunked form with chunks of `chunk` tokens, K-major state [Dk, Dv] in scratch, matrix products on the
 // GEMM kernel. Only decay ratios e^(γt-γs) <= 1 are formed, never k e^(-γ).
 void WorkItem::Chunked(int64_t chunk) const {
   const int64_t dk = geo.head_size_k, dv = geo.head_size_v, bt = chunk;
@@ -279,8 +279,8 @@ void RunGdnCpu(const GdnGeometry& geo, const GdnAttributes& attrs, const std::ve
     WorkItem item{geo, attrs, t, kern, scale, b, hv, hv / geo.group(), row.start, row.length,
                   std::max<int64_t>(0, std::min<int64_t>({cc, geo.capacity, row.length}))};
     if (row.length == 0) return item.EmptyRow();
-    const bool must_recur = cc > 0 || geo.per_key_decay;  // §2.8 rule 1; per-key decay has no chunked form here
-    const bool short_row = row.length < kSequentialBelow;  // §2.8 rule 2
+    const bool must_recur = cc > 0 || geo.per_key_decay;  // engine rule 1; per-key decay has no chunked form here
+    const bool short_row = row.length < kSequentialBelow;  // engine rule 2
     bool sequential;
     switch (choice) {
       case EngineChoice::kSequential: sequential = true; break;

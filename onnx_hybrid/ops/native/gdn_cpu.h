@@ -1,5 +1,5 @@
-// GatedDeltaNet on the CPU: the sequential engine (spec/ops.md §2.6, CPU rounding of §2.10) and the
-// chunked engine (§2.7), with the engine choice of §2.8.
+// GatedDeltaNet on the CPU: the sequential engine (docs/op-contract.md#sequential-definition, with the CPU
+// rounding of #state-update-rounding) and the chunked engine (#chunked-engine), chosen per #engine-selection.
 #pragma once
 
 #include <vector>

@@ -228,7 +228,7 @@ class PagedAttentionCpuKernel {
 
 // ---------------------------------------------------------------------------------------------
 // Op declarations: the ports come from the contract; one object per (op, execution provider, element
-// type), all objects of an op under one name (spec/native_library.md §5.2).
+// type), all objects of an op under one name (docs/native-library.md#one-name-several-kernels).
 // ---------------------------------------------------------------------------------------------
 
 struct GdnSpec {

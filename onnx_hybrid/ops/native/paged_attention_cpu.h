@@ -1,4 +1,4 @@
-// PagedAttention on the CPU (speculative.md §4.2): write the new keys/values into their pool slots, then
+// PagedAttention on the CPU (docs/op-contract.md#pagedattention): write the new keys/values into their pool slots, then
 // causal GQA attention of every token over its request's positions, softmax and accumulation in fp32.
 #pragma once
 
