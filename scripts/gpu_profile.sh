@@ -1,13 +1,15 @@
 #!/bin/bash
-# Nsight Compute on bench_gpu.py cases (device machine): one report with source-level counters, a details page
-# and per-instruction samples (scripts/ncu_hotspots.py reads them), in $OUT (device tool) or ./out.
+# Nsight Compute on bench_gpu.py cases (any GPU host with the package installed, see gpu_session.sh): one report
+# with source-level counters, a details page and per-instruction samples (scripts/ncu_hotspots.py reads them), in
+# $OUT (default ./out).
 #
 #   CASES='prefill 1x8192' KERNELS='regex:gdn_chunk' NAME=prefill bash scripts/gpu_profile.sh
 #
 # CASES: bench_gpu.py --cases (substrings, comma-separated); KERNELS: ncu --kernel-name filter; COUNT: launches
 # profiled (bench_gpu.py --once runs each case twice: the first launch of each kernel also loads the module).
 # The SM clock is left free (--clock-control none), so durations read like the benchmark's, not ncu's base clock.
-source "$(dirname "$0")/gpu_env.sh"
+set -o pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
 NAME=${NAME:-profile}
 rep="$OUT/$NAME"
 timeout ${PROFILE_TIMEOUT:-300} ncu --set full --import-source yes --clock-control none \

@@ -1,13 +1,61 @@
 #!/bin/bash
-# One device-machine session: install carried wheels (FLA), GPU tests, compute-sanitizer on malformed
-# offsets, benchmarks. Logs go to $OUT (device tool) or ./out. STEPS picks steps (test,sanitize,bench,conv);
-# BENCH_ARGS is passed to scripts/bench_gpu.py through the shell (quote case names with spaces); conv runs
-# scripts/bench_gpu_conv_replay.py (the conv and both replays against their byte floors).
-source "$(dirname "$0")/gpu_env.sh"
+# The GPU checks and benchmarks of this repository, on any host with an NVIDIA GPU, after
+#   pip install -e ".[gpu,test]" onnxruntime-genai-cuda==0.18.0   (and flash-linear-attention for the FLA peer)
+# Logs go to $OUT (default ./out). STEPS picks the steps, comma-separated (default test,sanitize,bench,conv):
+#   test      tests/test_cuda_ops_gpu.py: the CUDA kernels on GPU arrays against the float64 reference and FLA
+#   sanitize  compute-sanitizer (memcheck) over every kernel on malformed offsets (scripts/gpu_check.py)
+#   bench     scripts/bench_gpu.py (BENCH_ARGS is passed through the shell: quote case names with spaces)
+#   conv      scripts/bench_gpu_conv_replay.py: the conv and both replays against their byte floors
+#   ort       tests/test_cuda_ep.py and tests/test_native_cuda_cpu.py: our CUDA nodes in onnxruntime-gpu sessions
+#   ort-bench scripts/bench_cuda_ep.py: our CUDA nodes against ORT's com.microsoft ones, in sessions
+#   genai     tests/test_genai_cuda.py: every layout exported -e cuda through onnxruntime-genai-cuda
+#   paged     the paged export on ORT's own CUDA kernels (scripts/paged_greedy.py --compare, see paged_step)
+# PYTEST_ARGS goes to every pytest step (e.g. PYTEST_ARGS="-k graph -x").
+set -o pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
 nvidia-smi -L
+python3 -c "import onnx_hybrid" || { echo "onnx_hybrid is not installed: pip install -e '.[gpu,test]'"; exit 1; }
+
+# A tiny checkpoint exported paged with ORT's com.microsoft ops (PagedAttention, GatedDeltaNet, the conv; no
+# library in the graph), non-paged fp16 the same way, and fp32 with our ops (the CPU reference): the paged
+# driver's greedy tokens must equal the non-paged export's on this GPU, its logits fp32's within fp16 tolerance.
+# ORT's verbose log (node placements: which nodes, if any, fell back to CPU) goes to paged_ort_verbose.log.
+paged_step() {
+  local dir=/tmp/paged-greedy export="python3 -m onnx_hybrid.cli export -q --overwrite"
+  python3 scripts/make_tiny_checkpoint.py "$dir/checkpoint" --seed 1 >/dev/null || return 1
+  $export "$dir/checkpoint" -o "$dir/paged_fp16" --paged --block-size 16 --op-domain com.microsoft --dtype fp16 || return 1
+  $export "$dir/checkpoint" -o "$dir/fp16" --op-domain com.microsoft --dtype fp16 || return 1
+  $export "$dir/checkpoint" -o "$dir/fp32" || return 1
+  timeout 300 python3 scripts/paged_greedy.py "$dir/paged_fp16" --provider cuda --new-tokens 10 --compare "$dir/fp16" \
+      --reference "$dir/fp32" --ort-verbose 2> "$OUT/paged_ort_verbose.log"
+  local status=$?
+  grep VerifyEachNodeIsAssignedToAnEp "$OUT/paged_ort_verbose.log" | cut -d']' -f2- | head -80
+  grep -v "^20..-..-.. " "$OUT/paged_ort_verbose.log" | tail -20  # Python errors, not ORT's log lines
+  return $status
+}
+
+pytest_step() {  # NAME FILES...
+  local name=$1; shift
+  timeout "${PYTEST_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rfEs ${PYTEST_ARGS} "$@" 2>&1 \
+      | tee "$OUT/$name.log" | tail -60
+}
+
 STEPS=${STEPS:-test,sanitize,bench,conv}
-[[ $STEPS == *test* ]] && timeout 300 python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda_ops_gpu.py 2>&1 | tee "$OUT/pytest.log" | tail -40
-[[ $STEPS == *sanitize* ]] && timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/gpu_check.py 2>&1 | tee "$OUT/sanitizer.log" | tail -8
-[[ $STEPS == *bench* ]] && eval "timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench_gpu.py ${BENCH_ARGS}" 2>&1 | tee "$OUT/bench.log"
-[[ $STEPS == *conv* ]] && timeout 200 python3 scripts/bench_gpu_conv_replay.py 2>&1 | tee "$OUT/bench_conv_replay.log"
-exit 0
+status=0
+for step in ${STEPS//,/ }; do
+  case "$step" in
+    test) pytest_step pytest tests/test_cuda_ops_gpu.py ;;
+    sanitize) timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/gpu_check.py 2>&1 \
+                  | tee "$OUT/sanitizer.log" | tail -8 ;;
+    bench) eval "timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench_gpu.py ${BENCH_ARGS}" 2>&1 | tee "$OUT/bench.log" ;;
+    conv) timeout 200 python3 scripts/bench_gpu_conv_replay.py 2>&1 | tee "$OUT/bench_conv_replay.log" ;;
+    ort) pytest_step pytest_cuda_ep tests/test_cuda_ep.py tests/test_native_cuda_cpu.py ;;
+    ort-bench) eval "timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench_cuda_ep.py ${BENCH_ARGS}" 2>&1 \
+                   | tee "$OUT/bench_cuda_ep.log" ;;
+    genai) pytest_step pytest_genai_cuda tests/test_genai_cuda.py ;;
+    paged) paged_step 2>&1 | tee "$OUT/paged_greedy.log" ;;
+    *) echo "unknown step '$step' (test, sanitize, bench, conv, ort, ort-bench, genai, paged)"; exit 2 ;;
+  esac || status=1
+done
+exit $status

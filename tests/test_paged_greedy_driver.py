@@ -1,5 +1,5 @@
 """scripts/paged_greedy.py on CPU, with our PagedAttention kernel (the GPU run swaps in ORT's com.microsoft
-kernel: scripts/gpu_ort_session.sh, STEPS=paged): the packed paged driver picks the same greedy tokens as the
+kernel: STEPS=paged bash scripts/gpu_session.sh): the packed paged driver picks the same greedy tokens as the
 non-paged export and as transformers, in fp32 and fp16, for two requests of different lengths that share a
 pool through an interleaved block table."""
 
