@@ -19,7 +19,7 @@ import warnings
 
 ABI_VERSION = 3  # 2: the CUDA image, layout and plan functions; 3: onnx_hybrid_cuda_has_image
 # ONNX_HYBRID_LIBRARY points the package at another build of the library (e.g. the AddressSanitizer
-# copy of scripts/asan_check.py).
+# copy of `make asan`).
 _LIBRARY = pathlib.Path(os.environ.get("ONNX_HYBRID_LIBRARY") or
                         pathlib.Path(__file__).resolve().parent / "_native" / "libonnx_hybrid_ortops.so").resolve()
 

@@ -1,7 +1,8 @@
 """How the native library is compiled: sources, flags, and the two generated/fetched include folders.
 
-Shared by setup.py (the package build) and scripts/asan_check.py (an AddressSanitizer copy), which load
-this file by path. Standard library only: it runs before the package's dependencies are installed.
+Shared by setup.py (the package build), which loads this file by path, and `make asan`, which runs it as a
+script to build the AddressSanitizer copy (`python build_config.py --asan OUTPUT`). Standard library only: it
+runs before the package's dependencies are installed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ LINK_ARGS = ["-Wl,--exclude-libs,ALL", "-Wl,--as-needed", f"-Wl,--version-script
 # policy), so one wheel runs beside whatever libstdc++ the host or onnxruntime brings: libstdc++ is linked in,
 # its symbols hidden by --exclude-libs. --gc-sections drops the parts of libstdc++.a nothing calls (random.o's
 # arc4random, glibc 2.36). libgcc stays shared: the static unwinder calls _dl_find_object (glibc 2.35).
-# (scripts/asan_check.py links without these: ASan intercepts the shared libstdc++'s __cxa_throw.)
+# (The AddressSanitizer copy links without these: ASan intercepts the shared libstdc++'s __cxa_throw.)
 PORTABLE_LINK_ARGS = ["-static-libstdc++", "-Wl,--gc-sections"]
 
 
@@ -83,3 +84,25 @@ def include_dirs() -> list[str]:
                               text=True).stdout
         _write_if_changed(GENERATED / header, text)
     return [str(include), str(GENERATED), str(NATIVE), str(CUDA_KERNELS)]
+
+
+# The AddressSanitizer copy (`make asan`): debug info and frame pointers for its reports, -O1 as ASan advises.
+ASAN_ARGS = ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"]
+
+
+def build_asan_library(output: pathlib.Path) -> pathlib.Path:
+    """Compile the library with AddressSanitizer into ``output`` (one g++ call over every source)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    flags = [f for f in COMPILE_ARGS if f not in ("-O2", "-g0")]
+    command = (["g++", *flags, *ASAN_ARGS, "-shared"] + [f"-I{d}" for d in include_dirs()]
+               + [str(s) for s in sources()] + LINK_ARGS + ["-o", str(output)])
+    subprocess.run(command, check=True, cwd=ROOT)
+    return output
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="build the AddressSanitizer copy of the native library")
+    parser.add_argument("--asan", type=pathlib.Path, required=True, metavar="OUTPUT", help="the .so to write")
+    build_asan_library(parser.parse_args().asan)

@@ -1,0 +1,45 @@
+"""Runs the tests marked ``asan`` (tests/test_native_asan.py) against the AddressSanitizer build of the library.
+
+    python tests/asan_runner.py [PYTEST_ARGS...]      # what `make asan` runs; e.g. -k quick
+
+Builds build/asan/libonnx_hybrid_ortops.so (onnx_hybrid/ops/native/build_config.py), then runs pytest in a child
+with libasan preloaded (and libstdc++: ASan must find its __cxa_throw to wrap when it starts, and python does not
+link libstdc++) and ONNX_HYBRID_LIBRARY naming that copy. Leak checks are off: CPython and ORT keep allocations
+alive until exit, and leaks are not what this checks. The exit status is pytest's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ASAN_LIBRARY = ROOT / "build" / "asan" / "libonnx_hybrid_ortops.so"
+
+
+def _build_config():
+    spec = importlib.util.spec_from_file_location("build_config", ROOT / "onnx_hybrid/ops/native/build_config.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _gcc_file(name: str) -> str:
+    return subprocess.run(["g++", f"-print-file-name={name}"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def run(pytest_args: list[str], **subprocess_options) -> subprocess.CompletedProcess:
+    library = _build_config().build_asan_library(ASAN_LIBRARY)
+    env = {**os.environ, "LD_PRELOAD": f"{_gcc_file('libasan.so')} {_gcc_file('libstdc++.so.6')}",
+           "ONNX_HYBRID_LIBRARY": str(library), "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:halt_on_error=1"}
+    command = [sys.executable, "-m", "pytest", "-m", "asan", "-p", "no:cacheprovider",
+               "tests/test_native_asan.py", *pytest_args]
+    return subprocess.run(command, env=env, cwd=ROOT, **subprocess_options)
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]).returncode)
