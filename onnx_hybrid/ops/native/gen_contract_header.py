@@ -63,7 +63,7 @@ def op_block(c, op, namespace: str) -> list[str]:
                 out.append(f"inline constexpr int64_t kMax{name} = {int(a.maximum)};")
         else:
             out.append(f"inline constexpr float kDefault{name} = {float(a.default)!r}f;")
-    out.append(f"inline constexpr int kInplace[][2] = {{"
+    out.append("inline constexpr int kInplace[][2] = {"
                + ", ".join(f"{{{i}, {o}}}" for i, o in op.inplace) + "};")
     out.append(f"}}  // namespace {namespace}")
     return out
