@@ -21,6 +21,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..ops.contract import MAX_STATE_UPDATE_CAPACITY
+
 PAGED_KV = "paged_kv"
 FIXED_CONV = "fixed_conv"
 FIXED_RECURRENT = "fixed_recurrent"
@@ -171,8 +173,8 @@ class DecoderStates:
         unknown = sorted(set(self.layer_types) - {LINEAR_ATTENTION, FULL_ATTENTION})
         if unknown:
             raise ValueError(f"layer_types: expected {LINEAR_ATTENTION!r} or {FULL_ATTENTION!r}, got {unknown}")
-        if not 0 <= self.capacity <= 8:
-            raise ValueError(f"state update capacity must be in [0, 8], got {self.capacity}")
+        if not 0 <= self.capacity <= MAX_STATE_UPDATE_CAPACITY:
+            raise ValueError(f"state update capacity must be in [0, {MAX_STATE_UPDATE_CAPACITY}], got {self.capacity}")
         if self.key_head_count <= 0 and LINEAR_ATTENTION in self.layer_types:
             raise ValueError(f"key_head_count must be positive, got {self.key_head_count}")
 

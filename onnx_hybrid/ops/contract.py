@@ -198,7 +198,7 @@ MESSAGES: dict[str, str] = {
     "gdn_gate_activation": "gate_activation must be one of: none, qwen; got '{0}'",
     "gdn_beta_activation": "beta_activation must be one of: none, sigmoid; got '{0}'",
     "chunk_size": "chunk_size must be positive and fit in int32, got {0}",
-    "capacity": "state_update_capacity must be in [0, 8], got {0}",
+    "capacity": f"state_update_capacity must be in [0, {MAX_STATE_UPDATE_CAPACITY}], got {{0}}",
     # GatedDeltaNet, run
     "gdn_kv_presence": "key and value must be both present or both absent; got key {0}, value {1}",
     "gdn_rank": "query, key and value must be rank 3 [total_tokens, num_heads, head_size] or rank 4 "
