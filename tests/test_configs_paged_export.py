@@ -247,19 +247,7 @@ class RotaryEmbedding(OpRun):
         return (out.reshape(b, s, width).astype(x.dtype),)
 
 
-class GatedRMSNorm(OpRun):
-    """com.microsoft's gated RMSNorm, in float64: RMSNorm over groups of len(scale) of the last axis, times the
-    scale, then times SiLU(gate)."""
-    op_domain = contract.MS_DOMAIN
-
-    def _run(self, x, scale, gate, epsilon=None):
-        groups = x.astype(np.float64).reshape(*x.shape[:-1], -1, scale.shape[0])
-        normed = groups / np.sqrt(np.mean(groups * groups, axis=-1, keepdims=True) + epsilon) * scale
-        g = gate.astype(np.float64)
-        return ((normed.reshape(x.shape) * g / (1.0 + np.exp(-g))).astype(x.dtype),)
-
-
-REFERENCE_OPS = [SkipSimplifiedLayerNormalization, RotaryEmbedding, GatedRMSNorm,
+REFERENCE_OPS = [SkipSimplifiedLayerNormalization, RotaryEmbedding,
                  _contract_op(contract.GATED_DELTA_NET, reference.gated_delta_net),
                  _contract_op(contract.VARLEN_CAUSAL_CONV, reference.varlen_causal_conv),
                  _contract_op(contract.PAGED_ATTENTION, reference.paged_attention),

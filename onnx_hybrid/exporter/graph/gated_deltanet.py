@@ -83,14 +83,9 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
          "qk_l2_norm": 1, "state_update_capacity": ctx.capacity},
         domain=ctx.op_domain, name=f"/model/layers.{layer}/linear_attn/GatedDeltaNet"))
 
-    # Gated RMSNorm per value head: plain w (docs/model.md#gated-rmsnorm), then the SiLU(z) gate, as one
-    # com.microsoft::GatedRMSNorm (ORT's CPU and CUDA kernels; groups of len(w) = Dv, statistics in fp32). Its
-    # rows are [1, N, Hv*Dv], the rank onnxruntime-genai's builder gives it.
+    # Gated RMSNorm per value head: plain w (docs/model.md#gated-rmsnorm), SiLU(z) gate, statistics in fp32.
     norm_w = ctx.norm_weight(f"{prefix}norm.weight", f"{prefix}norm.weight", dv, zero_centred=False)
-    gated = ir.Value()
-    ctx.add_node(ir.node("GatedRMSNorm", [ctx.op("Reshape", core, ctx.const([1, -1, vd])), norm_w,
-                                          ctx.op("Reshape", z, ctx.const([1, -1, vd]))],
-                         {"epsilon": cfg.rms_norm_eps}, domain=contract.MS_DOMAIN, outputs=[gated],
-                         name=f"/model/layers.{layer}/linear_attn/GatedRMSNorm"))
+    gate = ctx.silu(ctx.op("Reshape", z, ctx.const([0, hv, dv])))
+    gated = ctx.op("Mul", ctx.rms_norm(core, norm_w), gate)
     out_proj = ctx.projection_tensor(f"{prefix}out_proj.weight", f"{prefix}out_proj.weight", [cfg.hidden_size, vd])
-    return ctx.linear(ctx.op("Reshape", gated, ctx.const([-1, vd])), out_proj)
+    return ctx.linear(ctx.op("Reshape", gated, ctx.const([0, vd])), out_proj)
