@@ -10,21 +10,13 @@ alive until exit, and leaks are not what this checks. The exit status is pytest'
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import pathlib
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from file_modules import ROOT, load_file
+
 ASAN_LIBRARY = ROOT / "build" / "asan" / "libonnx_hybrid_ortops.so"
-
-
-def _build_config():
-    spec = importlib.util.spec_from_file_location("build_config", ROOT / "onnx_hybrid/ops/native/build_config.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _gcc_file(name: str) -> str:
@@ -33,7 +25,8 @@ def _gcc_file(name: str) -> str:
 
 
 def run(pytest_args: list[str], **subprocess_options) -> subprocess.CompletedProcess:
-    library = _build_config().build_asan_library(ASAN_LIBRARY)
+    build_config = load_file("onnx_hybrid/ops/native/build_config.py", "build_config")
+    library = build_config.build_asan_library(ASAN_LIBRARY)
     env = {**os.environ, "LD_PRELOAD": f"{_gcc_file('libasan.so')} {_gcc_file('libstdc++.so.6')}",
            "ONNX_HYBRID_LIBRARY": str(library), "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:halt_on_error=1"}
     command = [sys.executable, "-m", "pytest", "-m", "asan", "-p", "no:cacheprovider",

@@ -5,10 +5,7 @@ the second run reuses the export and merges its rows into the same results."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -17,18 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_hybrid.testing.e2e import weight_bytes
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_e2e_gpu.py"
+from file_modules import load_file
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("bench_e2e_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_script()
+bench = load_file("scripts/bench_e2e_gpu.py", "bench_e2e_gpu")
 
 
 def test_defaults_follow_the_device_and_lists_are_parsed(tmp_path):

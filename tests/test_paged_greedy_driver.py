@@ -5,8 +5,6 @@ pool through an interleaved block table."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -18,21 +16,16 @@ from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
 from onnx_hybrid.testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
 from onnx_hybrid.testing.packed import interleaved_block_table  # noqa: E402
+from file_modules import load_file  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "paged_greedy.py"
 NEW_TOKENS = 10
 # Seed 1 decodes varied tokens for both default prompts (seed 0 repeats one token for the long prompt).
 SEED = 1
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("paged_greedy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-paged_greedy = _load_script()
+paged_greedy = load_file("scripts/paged_greedy.py", "paged_greedy")
 PROMPTS = paged_greedy.DEFAULT_PROMPTS
 
 

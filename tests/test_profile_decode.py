@@ -3,11 +3,8 @@ decode step and for the prompt's run; the ncu CSV it parses for kernel launches 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,19 +12,11 @@ pytest.importorskip("onnxruntime_genai")
 
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_decode.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("profile_decode", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from file_modules import load_file  # noqa: E402
 
 
-profile = _load_script()
+
+profile = load_file("scripts/profile_decode.py", "profile_decode")
 
 
 @pytest.fixture(scope="module")
