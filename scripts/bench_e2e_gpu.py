@@ -18,7 +18,9 @@ Exports (names used in row ids):
 Measurements (row id SIZE/EXPORT/GRAPH/MEASURE, GRAPH = eager or graph, i.e. enable_cuda_graph off or on):
   prefill-P       og.Generator, batch 1: append_tokens of a P-token prompt (includes the first logits), ms
   decode-bB       og.Generator, batch B, a --decode-prompt-token prompt, --new-tokens greedy tokens: tokens/s
-                  of all rows together (og.Generator's batch limit is 32)
+                  of all rows together over the whole run (og.Generator's batch limit is 32), and the steady
+                  rate, B over the median step after the first decode step (with CUDA graphs onnxruntime-genai
+                  sets up each new generator's static buffers in that step: its time is first_step_ms)
   engine-R        og.Engine, R concurrent greedy requests, --new-tokens each: tokens/s (paged exports)
   engine-R-mtp    the same with the export's MTP head drafting (random head: acceptance near 0; the
                   acceptance rate is in the table)
@@ -51,6 +53,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import fnmatch
+import gc
 import json
 import os
 import shlex
@@ -252,7 +255,7 @@ def measure(model, row: dict, spec: dict) -> dict:
     if kind.startswith("decode-"):
         prompts = rng.integers(1, vocab, (params["batch"], spec["decode_prompt"]), dtype=np.int32)
         r = generator_run(model, prompts, spec["new_tokens"], spec["repeats"])
-        return {"decode_tok_s": r["decode_tok_s"]}
+        return {key: r[key] for key in ("decode_tok_s", "decode_steady_tok_s", "first_step_ms")}
     if kind.startswith("engine-"):
         prompts = rng.integers(1, vocab, (spec["engine_requests"], spec["engine_prompt"])).tolist()
         run_engine(model, prompts, 4)  # warm-up: first allocations, prepacking, graph capture
@@ -306,18 +309,19 @@ def worker(spec_path: Path) -> None:
     from onnx_hybrid.testing.e2e import load_model
 
     threads = spec["threads"] if spec["device"] == "cpu" else None
-    # spinning off: the Engine rows run a decoder and an MTP head on the same cores
-    model = load_model(Path(spec["package"]), graph=spec["graph"], threads=threads, spinning=False)
-    plain = None
+    # One model on the device at a time: at 9B two exports (the plain one and the one with the MTP head) with
+    # their Engine pools do not fit an 80 GB card together. Spinning off: the Engine rows run a decoder and an
+    # MTP head on the same cores.
+    loaded = {}
     for row in spec["rows"]:
+        plain = row["measure"].startswith("engine-") and not row["params"]["mtp"]
+        package = spec["plain_package"] if plain else spec["package"]
         try:
-            target = model
-            if row["measure"].startswith("engine-") and not row["params"]["mtp"]:
-                if plain is None:
-                    plain = load_model(Path(spec["plain_package"]), graph=spec["graph"], threads=threads,
-                                       spinning=False)
-                target = plain
-            result = measure(target, row, spec)
+            if package not in loaded:
+                loaded.clear()
+                gc.collect()
+                loaded[package] = load_model(Path(package), graph=spec["graph"], threads=threads, spinning=False)
+            result = measure(loaded[package], row, spec)
         except Exception as error:  # the row shows the error, the next row still runs
             result = {"error": _first_line(error)}
         emit(row["id"], result)
@@ -390,6 +394,14 @@ def _cell(entry: dict | None, key: str, fmt: str) -> str:
     return "" if value is None else format(value, fmt)
 
 
+def _decode_cell(entry: dict | None) -> str:
+    """The run's rate, and the steady rate in parentheses where it was measured (older results lack it)."""
+    cell = _cell(entry, "decode_tok_s", ".1f")
+    if entry and "decode_steady_tok_s" in entry:
+        cell += f" ({entry['decode_steady_tok_s']:.0f})"
+    return cell
+
+
 def _best_prefill(rows: dict, prefix: str, lengths: list[int]) -> tuple[int, float] | None:
     """(length, ms) of the longest prefill measured under ``prefix`` (SIZE/EXPORT/GRAPH/)."""
     for length in sorted(lengths, reverse=True):
@@ -438,7 +450,7 @@ def markdown(results: dict, args) -> str:
                 if export in GOALS:
                     ratio += " ✓" if speed_up >= GOALS[export] else f" (goal {GOALS[export]}x)"
             cells.append(ratio)
-        cells += [_cell(rows.get(f"{prefix}decode-b{b}"), "decode_tok_s", ".1f") for b in batches]
+        cells += [_decode_cell(rows.get(f"{prefix}decode-b{b}")) for b in batches]
         bound = ""
         if weights and "per_token" in weights and rate:
             bound = f"{rate / weights['per_token']:.0f}"
@@ -456,7 +468,10 @@ def markdown(results: dict, args) -> str:
               f"ours-ms at the longest prompt; ✓ marks a goal met. Paged rows (og.Engine) are ours-paged "
               f"(--paged, com.microsoft PagedAttention on CUDA) and builder-paged (use_paged_attention=true); "
               f"the MTP heads are random, so their acceptance is near 0 and engine-…-mtp shows the cost of "
-              f"drafting, not its gain."]
+              f"drafting, not its gain. Decode cells: tokens/s over the whole run of --new-tokens tokens a row "
+              f"(the first decode step included: with CUDA graphs onnxruntime-genai sets up each new generator's "
+              f"static buffers there, first_step_ms in the JSON), and in parentheses the steady rate, batch over the "
+              f"median step after it."]
     return "\n".join(lines) + "\n"
 
 

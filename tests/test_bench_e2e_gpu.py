@@ -131,10 +131,23 @@ def test_cuda_exports_of_ours_name_the_cuda_provider_in_the_decoder_and_the_head
 def test_a_worker_that_dies_leaves_its_reason_on_every_row_it_owed(tmp_path):
     args = bench.parse_args(["--device", "cpu", "--work", str(tmp_path), "--timeout", "60"])
     spec = {"kind": "measure", "device": "cpu", "graph": False, "package": str(tmp_path / "missing"),
-            "plain_package": None, "threads": 1, "rows": []}
-    results = bench.run_worker(spec, ["tiny/ours/eager/prefill-8"], args)
-    error = results["tiny/ours/eager/prefill-8"]["error"]
-    assert error.startswith("worker exited with status 1: ") and "missing" in error
+            "plain_package": None, "threads": 1}  # no "rows": the worker dies reading its spec
+    owed = ["tiny/ours/eager/prefill-8", "tiny/ours/eager/decode-b1"]
+    results = bench.run_worker(spec, owed, args)
+    for row_id in owed:
+        error = results[row_id]["error"]
+        assert error.startswith("worker exited with status 1: ") and "KeyError" in error, error
+
+
+def test_a_model_that_fails_to_load_fails_its_rows_not_the_worker(tmp_path):
+    args = bench.parse_args(["--device", "cpu", "--work", str(tmp_path), "--timeout", "60"])
+    rows = [{"id": f"tiny/ours/eager/prefill-{n}", "measure": f"prefill-{n}", "params": {"length": n}} for n in (8, 24)]
+    spec = {"kind": "measure", "device": "cpu", "graph": False, "package": str(tmp_path / "missing"),
+            "plain_package": None, "threads": 1, "rows": rows}
+    results = bench.run_worker(spec, [r["id"] for r in rows], args)
+    for row in rows:
+        error = results[row["id"]]["error"]
+        assert not error.startswith("worker exited") and "missing" in error, error
 
 
 def test_cpu_pipeline_for_our_export_reuses_the_export_and_merges_results(tmp_path, capsys):
@@ -158,7 +171,8 @@ def test_cpu_pipeline_for_our_export_reuses_the_export_and_merges_results(tmp_pa
     assert (rows["tiny/ours/eager/prefill-8"]["run"], rows["tiny/ours/eager/decode-b2"]["run"]) == (0, 1)
     assert results["runs"][1]["rows"] == ["tiny/ours/eager/decode-b2"]
     assert rows["tiny/ours/eager/prefill-24"]["prefill_ms"] > 0
-    assert rows["tiny/ours/eager/decode-b2"]["decode_tok_s"] > 0
+    decode = rows["tiny/ours/eager/decode-b2"]
+    assert decode["decode_tok_s"] > 0 and decode["decode_steady_tok_s"] > 0 and decode["first_step_ms"] > 0
     assert 0 < rows["tiny/ours/weights"]["per_token"] <= rows["tiny/ours/weights"]["total"]
     table = (work / "results.md").read_text()
     assert table in second and "| tiny | ours | eager |" in table

@@ -120,13 +120,16 @@ def load_model(package: Path, *, graph: bool | None = None, threads: int | None 
 
 def generator_run(model, prompts: np.ndarray, new_tokens: int, repeats: int) -> dict:
     """Greedy og.Generator runs of ``prompts`` ([batch, length] int32) for exactly ``new_tokens`` tokens each
-    (``min_length`` keeps EOS from ending a row early): the best prefill time (``append_tokens``, which
-    includes the first logits) and decode rate of ``repeats`` timed runs after a warm-up run (prepacking,
-    allocations, graph capture), and the first row's tokens. Best, not mean: interference only adds time."""
+    (``min_length`` keeps EOS from ending a row early), ``repeats`` timed runs after a warm-up run (prepacking,
+    allocations, graph capture); best, not mean, since interference only adds time. Returns the prefill time
+    (``append_tokens``, which includes the first logits), the decode rate of the whole run (``decode_tok_s``:
+    what a request of that length sees), the steady rate (``decode_steady_tok_s``: batch over the median step
+    once the first decode step has run), that first step's time (``first_step_ms``: with CUDA graphs,
+    onnxruntime-genai sets up each new generator's static buffers there), and the first row's tokens."""
     import onnxruntime_genai as og
 
     batch, length = prompts.shape
-    prefill, decode, tokens = [], [], []
+    prefill, decode, steady, first, tokens = [], [], [], [], []
     for _ in range(repeats + 1):
         params = og.GeneratorParams(model)
         params.set_search_options(do_sample=False, batch_size=batch, max_length=length + new_tokens,
@@ -136,17 +139,23 @@ def generator_run(model, prompts: np.ndarray, new_tokens: int, repeats: int) -> 
         gen.append_tokens(prompts)
         gen.get_logits()  # a copy to the host: the device has finished the prefill
         t1 = time.perf_counter()
+        steps = []
         while not gen.is_done():
-            gen.generate_next_token()
+            s0 = time.perf_counter()
+            gen.generate_next_token()  # picks a token on the host side: each call waits for its step
+            steps.append(time.perf_counter() - s0)
         produced = batch * (len(gen.get_sequence(0)) - length)  # also waits for the device
         t2 = time.perf_counter()
         prefill.append(t1 - t0)
         decode.append(produced / (t2 - t1) if t2 > t1 else float("nan"))
+        # The first call picks from the prompt's logits (no model run); the second runs the first decode step.
+        first.append(steps[1] if len(steps) > 1 else float("nan"))
+        later = steps[2:]
+        steady.append(batch / float(np.median(later)) if later else float("nan"))
         tokens = [int(t) for t in gen.get_sequence(0)][length:]
         del gen
-    return {"prefill_ms": 1e3 * min(prefill[1:]), "decode_tok_s": max(decode[1:]), "tokens": tokens}
-
-
+    return {"prefill_ms": 1e3 * min(prefill[1:]), "decode_tok_s": max(decode[1:]),
+            "decode_steady_tok_s": max(steady[1:]), "first_step_ms": 1e3 * min(first[1:]), "tokens": tokens}
 
 
 def _gathered(op_type: str, index: int) -> bool:
