@@ -389,3 +389,34 @@ def test_tiny_exported_model_generates_the_cpu_tokens(tmp_path):
     for cpu_step, gpu_step in zip(cpu.extra_outputs, gpu.extra_outputs):  # the capsules of every step
         for name, value in cpu_step.items():
             assert rel_err(gpu_step[name], value) <= 1e-4, name
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+def test_matmul_nbits_rows_do_not_depend_on_the_call(bits, accuracy_level):
+    """Why a verify call of quantized weights can be lossless on the GPU: ORT's CUDA MatMulNBits (fp16, as -e cuda
+    exports run it) must compute a row alone (M = 1, a decode step) bit for bit as among the rows of a verify call
+    (M = 4) and of a prompt (M = 40). The CPU kernel needs accuracy_level 4 for that
+    (tests/test_quantized_export.py); this says what the CUDA kernel does at the level exports write and at 0."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_hybrid.exporter.quantize import QuantSpec, quantize
+
+    rng = np.random.default_rng(bits)
+    n, k = 96, 256
+    q = quantize(rng.standard_normal((n, k)).astype(np.float32), QuantSpec(bits, 32))
+    node = helper.make_node("MatMulNBits", ["A", "B", "scales"], ["Y"], domain=contract.MS_DOMAIN, K=k, N=n,
+                            bits=bits, block_size=32, accuracy_level=accuracy_level)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT16, ["M", k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["M", n])],
+                              [numpy_helper.from_array(q.codes, "B"),
+                               numpy_helper.from_array(q.scales.astype(np.float16), "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid(contract.MS_DOMAIN, 1)])
+    session = cuda_session(model, with_library=False)
+    a = rng.standard_normal((40, k)).astype(np.float16)
+    alone = np.concatenate([session.run(None, {"A": a[i:i + 1]})[0] for i in range(len(a))])
+    for rows in (4, 40):
+        together = np.concatenate([session.run(None, {"A": a[i:i + rows]})[0] for i in range(0, len(a), rows)])
+        diff = np.abs(together.astype(np.float32) - alone.astype(np.float32)).max()
+        assert np.array_equal(together, alone), f"M={rows} against M=1: max abs difference {diff}"

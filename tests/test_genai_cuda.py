@@ -277,6 +277,34 @@ def test_external_drafts_are_lossless(dense, dtype, op_domain, prompt_set, tmp_p
     assert_partial_accepts(drafted["stats"])
 
 
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_quantized_weights_generate_and_speculate_losslessly(dense, weights, tmp_path):
+    """Quantized weights (MatMulNBits) on the GPU: the plain export generates the same tokens with CUDA graphs
+    (its default on CUDA) as without, and the paged export with capacity 3 keeps plain decoding's tokens under
+    partly wrong external drafts, through full and partial accepts (a verify call's rows must come out as
+    one-token steps do: tests/test_cuda_ep.py checks MatMulNBits itself)."""
+    checkpoint, _, eos = dense
+    prompts = SPEC_PROMPTS["long"]
+    plain_export = export_for_test(checkpoint, tmp_path / "plain", eos, weights=weights)
+    out = export_for_test(checkpoint, tmp_path / "paged", eos, weights=weights, paged=True, block_size=BLOCK_SIZE,
+                          state_update_capacity=CAPACITY)
+    for candidate in range(VOCAB - 1, 0, -1):  # an EOS the quantized model never picks: every run is full length
+        set_eos(out, candidate)
+        plain = genai(out, "engine", prompts, SPEC_TOKENS)
+        if all(len(t) == SPEC_TOKENS for t in plain["tokens"]):
+            break
+    set_eos(plain_export, candidate)
+    tokens = genai(plain_export, "generator", prompts, SPEC_TOKENS)["tokens"]
+    assert [len(t) for t in tokens] == [SPEC_TOKENS] * len(prompts)
+    if PROVIDER == "cuda":
+        assert genai(plain_export, "generator", prompts, SPEC_TOKENS, cuda_graph=False)["tokens"] == tokens
+    # Drafts from plain decoding's own tokens, one wrong on every other round (transformers' fp32 tokens may part
+    # from the quantized model's early, which would leave no partial accepts to check).
+    drafted = genai(out, "engine", prompts, SPEC_TOKENS, drafts_from=plain["tokens"])
+    assert drafted["tokens"] == plain["tokens"]
+    assert_partial_accepts(drafted["stats"])
+
+
 def test_zeroed_capsules_diverge(dense, tmp_path):
     """Negative control: the same export with its GDN capsules zeroed loads and drafts, but every partial accept
     rebuilds a zero recurrent state, so the tokens leave the reference."""
