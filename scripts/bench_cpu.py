@@ -18,10 +18,12 @@ import os
 import statistics
 import time
 
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import numpy as np
 import onnxruntime as ort
 
-from onnx_hybrid.ops import reference, single_op, testing
+from onnx_hybrid.ops import reference
+from onnx_hybrid_testing import cases, single_op
 from onnx_hybrid.ops.contract import DOMAIN, GATED_DELTA_NET, MS_DOMAIN, PAGED_ATTENTION
 
 GEOMETRY = dict(num_heads_q=16, num_heads_v=16, head_size_k=128, head_size_v=128)
@@ -74,7 +76,7 @@ def timed_in_place(session, feeds, aliases: dict[str, str], runs: int) -> tuple[
 
 def bench_case(lengths, capacity, state_scale: float, runs: int, threads: int):
     rng = np.random.default_rng(0)
-    case = testing.random_gdn_case(rng, lengths, capacity=capacity, **GEOMETRY)
+    case = cases.random_gdn_case(rng, lengths, capacity=capacity, **GEOMETRY)
     case.feeds["initial_state"] = (case.feeds["initial_state"] * np.float32(state_scale)).astype(np.float32)
     results, sessions = {}, {}
     for who, domain, library in (("ours", DOMAIN, True), ("ort", MS_DOMAIN, False)):
@@ -125,7 +127,7 @@ def dense_attention_model(batch, steps, total, hq, hkv, d):
 
 
 def bench_attention_case(lengths, past, runs: int, threads: int):
-    case = testing.random_paged_attention_case(np.random.default_rng(0), lengths, past, **ATTENTION)
+    case = cases.random_paged_attention_case(np.random.default_rng(0), lengths, past, **ATTENTION)
     hq, hkv, d, bs = (ATTENTION[k] for k in ("num_heads", "kv_num_heads", "head_size", "block_size"))
     batch, steps, total = len(lengths), lengths[0], past[0] + lengths[0]
     # The dense peer sees the same keys and values: the pool after this call's writes, gathered per request.
@@ -159,7 +161,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     from onnx_hybrid.ops.library import cpu_isa
-    from onnx_hybrid.testing.e2e import cpu_model
+    from onnx_hybrid_testing.e2e import cpu_model
 
     print(f"onnxruntime {ort.__version__}, {args.threads} intra-op threads, kernels: {cpu_isa()}, "
           f"median of {args.runs} runs")

@@ -28,13 +28,15 @@ import statistics
 import tempfile
 import time
 
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import cupy
 import numpy as np
 import onnxruntime as ort
 
 from onnx_hybrid import cuda_ops
-from onnx_hybrid.ops import contract, library, single_op
-from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case
+from onnx_hybrid.ops import contract, library
+from onnx_hybrid_testing import single_op
+from onnx_hybrid_testing.cases import random_conv_case, random_gdn_case
 
 HK, HV, D, KERNEL = 16, 48, 128, 4
 CONV_CH = 2 * HK * D + HV * D

@@ -2,7 +2,7 @@
 """End-to-end CPU speed through onnxruntime-genai: our export against onnxruntime-genai's builder export.
 
 Both models come from the same synthetic checkpoint (real Qwen3.5-0.8B geometry, random bf16 weights,
-see onnx_hybrid.testing.synthetic) and run in the same process, one after the other, with
+see onnx_hybrid_testing.synthetic) and run in the same process, one after the other, with
 ``intra_op_num_threads`` set in session_options. Measured: prefill of a P-token prompt (append_tokens,
 which includes the first logits) and greedy decode of N tokens, best of R runs after a warm-up run.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import numpy as np
 
 from onnx_hybrid.ops import contract
@@ -23,8 +24,8 @@ def ensure_exports(work: Path, our_domains: list[str], weights: list[str]) -> di
     """The builder's fp32 export first (the baseline of the ratios), then its exports and ours with each of
     ``weights`` (fp32, int8, int4; ours with fp32 weights once per kernel domain)."""
     from onnx_hybrid.exporter import export
-    from onnx_hybrid.testing.e2e import builder_export, synthetic_checkpoint
-    from onnx_hybrid.testing.synthetic import QWEN3_5_0_8B
+    from onnx_hybrid_testing.e2e import builder_export, synthetic_checkpoint
+    from onnx_hybrid_testing.synthetic import QWEN3_5_0_8B
 
     checkpoint = synthetic_checkpoint(work / "checkpoint_0.8b", QWEN3_5_0_8B)
     models = {"builder fp32 (LinearAttention, all logits)":
@@ -46,7 +47,7 @@ def ensure_exports(work: Path, our_domains: list[str], weights: list[str]) -> di
 
 
 def run_model(path: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
-    from onnx_hybrid.testing.e2e import generator_run, load_model
+    from onnx_hybrid_testing.e2e import generator_run, load_model
 
     prompt = np.random.default_rng(0).integers(1000, 200000, (1, prompt_len), dtype=np.int32)
     return generator_run(load_model(path, threads=threads), prompt, new_tokens, repeats)
@@ -63,7 +64,7 @@ def main() -> None:
     parser.add_argument("--weights", nargs="+", default=["fp32"], choices=["fp32", "int8", "int4"],
                         help="weight types to compare (int4/int8: MatMulNBits exports of both exporters)")
     args = parser.parse_args()
-    from onnx_hybrid.testing.e2e import cpu_model
+    from onnx_hybrid_testing.e2e import cpu_model
 
     print(f"CPU: {cpu_model()}; {args.threads} intra-op threads, prompt {args.prompt}, {args.new_tokens} new tokens, "
           f"best of {args.repeats}", flush=True)

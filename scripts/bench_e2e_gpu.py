@@ -2,7 +2,7 @@
 """End-to-end speed on one GPU through onnxruntime-genai: our exports against onnxruntime-genai's builder.
 
 Every export comes from the same synthetic checkpoint (real Qwen3.5 geometry, random bf16 weights, see
-onnx_hybrid.testing.synthetic; a random MTP head is added for the paged exports) and is measured in a fresh
+onnx_hybrid_testing.synthetic; a random MTP head is added for the paged exports) and is measured in a fresh
 process per (export, CUDA graph on/off), so memory and CUDA state never leak from one row to the next.
 
 Exports (names used in row ids):
@@ -65,15 +65,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import _checkout  # the test helpers beside the package are not installed
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+from onnx_hybrid_testing.e2e import cpu_model
+
 # This script, its workers and the export processes all use the package of the repository it is in.
-sys.path.insert(0, str(REPO))
-from onnx_hybrid.testing.e2e import cpu_model  # noqa: E402
+REPO = _checkout.ROOT
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-SIZES = {"0.8B": "0.8b", "9B": "9b", "tiny": "tiny"}  # --sizes name: onnx_hybrid.testing.synthetic geometry
+SIZES = {"0.8B": "0.8b", "9B": "9b", "tiny": "tiny"}  # --sizes name: onnx_hybrid_testing.synthetic geometry
 # The prefill speed-up of ours wanted over each export, at the longest prompt.
 GOALS = {"builder-fp16": 2.0, "builder-fp32": 2.0, "builder-int4": 2.0, "ours-ms": 1.5}
 # Defaults per device: the GPU run is the benchmark, the CPU run a smoke test of the whole pipeline.
@@ -167,7 +168,7 @@ def select(rows: list[Row], only: list[str], skip: list[str]) -> list[Row]:
 # ---------------------------------------------------------------------------------------------------- exports
 
 def export_command(e: Export, checkpoint: Path, out: Path, args) -> list[str]:
-    from onnx_hybrid.testing.e2e import builder_command
+    from onnx_hybrid_testing.e2e import builder_command
 
     if e.builder:
         provider = "cuda" if args.device == "cuda" else "cpu"
@@ -181,8 +182,8 @@ def export_command(e: Export, checkpoint: Path, out: Path, args) -> list[str]:
 
 
 def checkpoint_for(size: str, mtp: bool, args) -> Path:
-    from onnx_hybrid.testing.e2e import synthetic_checkpoint, with_mtp_head
-    from onnx_hybrid.testing.synthetic import GEOMETRIES
+    from onnx_hybrid_testing.e2e import synthetic_checkpoint, with_mtp_head
+    from onnx_hybrid_testing.synthetic import GEOMETRIES
 
     base = args.work / f"checkpoint_{size}"
     if not (base / "config.json").is_file():
@@ -242,8 +243,8 @@ def _last_error(text: str) -> str:
 # ----------------------------------------------------------------------------------------- worker processes
 
 def measure(model, row: dict, spec: dict) -> dict:
-    from onnx_hybrid.testing.e2e import generator_run
-    from onnx_hybrid.testing.genai_driver import run_engine
+    from onnx_hybrid_testing.e2e import generator_run
+    from onnx_hybrid_testing.genai_driver import run_engine
 
     rng = np.random.default_rng(0)
     vocab = spec["vocab"]
@@ -306,7 +307,7 @@ def worker(spec_path: Path) -> None:
     if spec["kind"] == "copy":
         emit("copy-rate", copy_rate(spec["device"]))
         return
-    from onnx_hybrid.testing.e2e import load_model
+    from onnx_hybrid_testing.e2e import load_model
 
     threads = spec["threads"] if spec["device"] == "cpu" else None
     # One model on the device at a time: at 9B two exports (the plain one and the one with the MTP head) with
@@ -562,8 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         worker(Path(argv[1]))
         return 0
     args = parse_args(argv)
-    from onnx_hybrid.testing.e2e import weight_bytes, without_mtp
-    from onnx_hybrid.testing.synthetic import GEOMETRIES
+    from onnx_hybrid_testing.e2e import weight_bytes, without_mtp
+    from onnx_hybrid_testing.synthetic import GEOMETRIES
 
     rows = select(all_rows(args), args.only, args.skip)
     if args.list:

@@ -2,7 +2,7 @@
 """Export time and peak RSS: our exporter against onnxruntime-genai 0.18's builder, same checkpoint.
 
 Each exporter runs in its own process under ``/usr/bin/time -v`` (wall time, maximum resident set size).
-The checkpoint is synthetic (onnx_hybrid.testing.synthetic: real geometry, random bf16 weights) and is
+The checkpoint is synthetic (onnx_hybrid_testing.synthetic: real geometry, random bf16 weights) and is
 read once before timing so both exporters start from a warm page cache.
 
     python scripts/bench_export.py --geometry 0.8b --work /tmp/bench              # ours and the builder
@@ -18,7 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import _checkout  # the test helpers beside the package are not installed
+
+REPO = _checkout.ROOT
 GNU_TIME = "/usr/bin/time"  # its -v prints the peak RSS; the shell keyword does not
 
 
@@ -40,7 +42,7 @@ def dir_gb(path: Path) -> float:
 
 
 def main() -> None:
-    from onnx_hybrid.testing.synthetic import GEOMETRIES, tensor_shapes, write_checkpoint
+    from onnx_hybrid_testing.synthetic import GEOMETRIES, tensor_shapes, write_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--geometry", choices=list(GEOMETRIES), default="0.8b")

@@ -2,9 +2,9 @@
 """Speculative decoding on CPU through onnxruntime-genai's Engine: our paged export with its MTP head drafting,
 against the same export without the head, on a checkpoint with the real Qwen3.5-0.8B geometry.
 
-The checkpoint is synthetic (random bf16 weights, onnx_hybrid.testing.synthetic) with an MTP head added. A
+The checkpoint is synthetic (random bf16 weights, onnx_hybrid_testing.synthetic) with an MTP head added. A
 random head never drafts right, so the head is fitted to the main model's own greedy runs through our ORT
-export (onnx_hybrid.testing.mtp.fit_drafting_head): on the first ``--fit-tokens`` greedy tokens of each
+export (onnx_hybrid_testing.mtp.fit_drafting_head): on the first ``--fit-tokens`` greedy tokens of each
 benchmark prompt and of as many other prompts. The runs generate ``--new-tokens`` > ``--fit-tokens``, so
 the head drafts well early and worse later; the acceptance reported is that of this head, not of a
 trained one. Both runs use one package (C = ``--capacity``), ``intra_op_num_threads`` in the session
@@ -24,14 +24,15 @@ import shutil
 import time
 from pathlib import Path
 
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import numpy as np
 
 
 def mtp_checkpoint(work: Path) -> Path:
     """The synthetic 0.8B checkpoint (shared with bench_e2e_cpu.py, left untouched) plus a random MTP head in
     a folder of its own whose shards are links."""
-    from onnx_hybrid.testing.e2e import synthetic_checkpoint, with_mtp_head
-    from onnx_hybrid.testing.synthetic import QWEN3_5_0_8B
+    from onnx_hybrid_testing.e2e import synthetic_checkpoint, with_mtp_head
+    from onnx_hybrid_testing.synthetic import QWEN3_5_0_8B
 
     return with_mtp_head(synthetic_checkpoint(work / "checkpoint_0.8b", QWEN3_5_0_8B), work / "checkpoint_0.8b_mtp")
 
@@ -39,7 +40,7 @@ def mtp_checkpoint(work: Path) -> Path:
 def fit_head(checkpoint: Path, work: Path, prompts: list[list[int]], fit_tokens: int, threads: int) -> None:
     from onnx_hybrid.exporter import export
     from onnx_hybrid.ops import contract
-    from onnx_hybrid.testing.mtp import add_mtp_head, fit_drafting_head, greedy_runs
+    from onnx_hybrid_testing.mtp import add_mtp_head, fit_drafting_head, greedy_runs
 
     out = export(checkpoint, work / "fit_0.8b", overwrite=True, progress=False)
     t0 = time.perf_counter()
@@ -53,7 +54,7 @@ def fit_head(checkpoint: Path, work: Path, prompts: list[list[int]], fit_tokens:
 def packages(checkpoint: Path, work: Path, capacity: int, max_draft: int, num_blocks: int, block_size: int
              ) -> dict[str, Path]:
     from onnx_hybrid.exporter import export
-    from onnx_hybrid.testing.e2e import without_mtp
+    from onnx_hybrid_testing.e2e import without_mtp
 
     spec = export(checkpoint, work / "paged_0.8b_mtp", paged=True, state_update_capacity=capacity,
                   block_size=block_size, num_blocks=num_blocks, max_draft_tokens=max_draft, overwrite=True,
@@ -66,7 +67,7 @@ def best_runs(models: dict, prompts: list[list[int]], new_tokens: int, repeats: 
     """Per model, the best of ``repeats`` timed runs (``testing.engine.EngineRun``), the models taking turns,
     after a warm-up run each (prepacking, first allocations): the box is shared, and interference only ever
     adds time."""
-    from onnx_hybrid.testing.genai_driver import run_engine
+    from onnx_hybrid_testing.genai_driver import run_engine
 
     for model in models.values():
         run_engine(model, prompts, 4)
@@ -115,7 +116,7 @@ def main() -> None:
         fit_head(checkpoint, args.work, prompts + others, args.fit_tokens, args.threads)
     runs = packages(checkpoint, args.work, args.capacity, args.max_draft_tokens, num_blocks=256, block_size=16)
 
-    from onnx_hybrid.testing.e2e import load_model
+    from onnx_hybrid_testing.e2e import load_model
 
     models = {label: load_model(package, threads=args.threads, spinning=False) for label, package in runs.items()}
     for batch in (prompts[:1], prompts):

@@ -4,10 +4,10 @@ For GatedDeltaNet and VarlenCausalConvWithState, each implementation and dtype, 
 several concurrent requests (each with its own initial state): a verify call of C + 1 tokens per request with
 capture against C + 1 plain one-token steps (outputs, final state, capsule replay for every accepted prefix), and
 the probes that locate a difference (token count per row, chunk_size, capture on/off, the request alone or next to
-a long prefill row, the capsule's contents against one-token steps'). See onnx_hybrid/testing/lossless.py.
+a long prefill row, the capsule's contents against one-token steps'). See onnx_hybrid_testing/lossless.py.
 
-    PYTHONPATH=$PWD python scripts/check_lossless.py --provider cpu --json /tmp/lossless_cpu.json
-    PYTHONPATH=$PWD python scripts/check_lossless.py --provider cuda --dtypes fp32,fp16,bf16 --json lossless_cuda.json
+    python scripts/check_lossless.py --provider cpu --json /tmp/lossless_cpu.json
+    python scripts/check_lossless.py --provider cuda --dtypes fp32,fp16,bf16 --json lossless_cuda.json
 
 Prints one line per (op, implementation, dtype, check): bitwise-equal items / items, the largest absolute
 difference, that relative to the tensor's largest magnitude, the largest ulp distance, the largest fraction of an
@@ -26,8 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from onnx_hybrid.testing import lossless
-from onnx_hybrid.testing.e2e import cpu_model  # noqa: E402
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
+from onnx_hybrid_testing import lossless
+from onnx_hybrid_testing.e2e import cpu_model
 
 
 def environment(provider: str) -> dict:

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import numpy as np
 
 PRECISIONS = ("fp32", "int8", "int4")
@@ -31,11 +32,11 @@ PRECISIONS = ("fp32", "int8", "int4")
 def checkpoint(work: Path, synthetic: str | None) -> Path:
     """The builder reads the multimodal wrapper layout only, so both checkpoints use it."""
     if synthetic:
-        from onnx_hybrid.testing.e2e import synthetic_checkpoint
-        from onnx_hybrid.testing.synthetic import GEOMETRIES
+        from onnx_hybrid_testing.e2e import synthetic_checkpoint
+        from onnx_hybrid_testing.synthetic import GEOMETRIES
 
         return synthetic_checkpoint(work / f"checkpoint_{synthetic}", GEOMETRIES[synthetic])
-    from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint
+    from onnx_hybrid_testing.checkpoints import make_tiny_checkpoint
 
     path = work / "checkpoint_tiny"
     if not (path / "config.json").is_file():
@@ -53,7 +54,7 @@ def ours(source: Path, out: Path, precision: str, block: int, asymmetric: bool) 
 
 
 def builder(source: Path, out: Path, precision: str, block: int, asymmetric: bool, cache: Path) -> float:
-    from onnx_hybrid.testing.e2e import builder_command
+    from onnx_hybrid_testing.e2e import builder_command
 
     shutil.rmtree(out, ignore_errors=True)
     extra = {"block_size": block, "is_symmetric": str(not asymmetric).lower(), "accuracy_level": 4}
@@ -69,7 +70,7 @@ def prefill_logits(model_dir: Path, prompt: list[int], threads: int) -> np.ndarr
     """float64 [P, V]: the logits of every prompt position from one og.Generator prefill."""
     import onnxruntime_genai as og
 
-    from onnx_hybrid.testing.e2e import load_model
+    from onnx_hybrid_testing.e2e import load_model
 
     model = load_model(model_dir, threads=threads)
     params = og.GeneratorParams(model)

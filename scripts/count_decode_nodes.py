@@ -11,10 +11,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 from onnx_hybrid.exporter import export
-from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint
-from onnx_hybrid.testing.e2e import builder_export
-from onnx_hybrid.testing.graph_count import decode_step_nodes
+from onnx_hybrid_testing.checkpoints import make_tiny_checkpoint
+from onnx_hybrid_testing.e2e import builder_export
+from onnx_hybrid_testing.graph_count import decode_step_nodes
 
 
 def main(work: Path) -> None:

@@ -19,11 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 from onnx_hybrid.cli import export_main, main as onnx_hybrid_main
 from onnx_hybrid.ops import contract
-from onnx_hybrid.testing.checkpoints import LAYOUTS, load_reference, make_tiny_checkpoint
-from onnx_hybrid.testing.greedy import GreedyDriver, make_session
-from onnx_hybrid.testing.genai_driver import greedy_tokens  # noqa: E402
+from onnx_hybrid_testing.checkpoints import LAYOUTS, load_reference, make_tiny_checkpoint
+from onnx_hybrid_testing.greedy import GreedyDriver, make_session
+from onnx_hybrid_testing.genai_driver import greedy_tokens  # noqa: E402
 
 PROMPT = [5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150]
 

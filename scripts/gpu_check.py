@@ -2,11 +2,12 @@
 malformed offsets (negative, decreasing, beyond T, cu[0] != 0, cu[B] != T) and on a normal mixed batch,
 then synchronises. A memory fault shows up as a sanitizer error or a CUDA error here."""
 
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import numpy as np
 import torch
 
 from onnx_hybrid import cuda_ops
-from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case
+from onnx_hybrid_testing.cases import random_conv_case, random_gdn_case
 
 MALFORMED = [[0, 6, 12], [0, 5, 3, 12], [-4, 6, 12], [0, 40, 12], [3, 6, 12], [0, 6, 9], [0, 2**30, -2**30, 12]]
 D128 = dict(num_heads_q=2, num_heads_v=4, head_size_k=128, head_size_v=128)

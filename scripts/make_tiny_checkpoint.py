@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Write a tiny random hybrid checkpoint with transformers' save_pretrained (see onnx_hybrid.testing.checkpoints)."""
+"""Write a tiny random hybrid checkpoint with transformers' save_pretrained (see onnx_hybrid_testing.checkpoints)."""
 
 import argparse
 
-from onnx_hybrid.testing.checkpoints import LAYOUTS, make_tiny_checkpoint
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
+from onnx_hybrid_testing.checkpoints import LAYOUTS, make_tiny_checkpoint
 
 
 def main() -> None:

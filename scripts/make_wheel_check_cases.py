@@ -10,9 +10,10 @@ import argparse
 import json
 from pathlib import Path
 
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import torch
 
-from onnx_hybrid.testing.checkpoints import load_reference, make_tiny_checkpoint
+from onnx_hybrid_testing.checkpoints import load_reference, make_tiny_checkpoint
 
 LAYOUTS = {"dense": ("qwen3_5_text", {}), "multimodal": ("qwen3_5_multimodal", {}), "moe": ("qwen3_5_moe_text", {}),
            "moe_fused": ("qwen3_5_moe_text", {"fused_experts": True}), "next": ("qwen3_next", {})}

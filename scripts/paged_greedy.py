@@ -3,7 +3,7 @@
 Engine packs them: KV pools [num_blocks, block_size, Hkv, D] addressed through a non-identity block table and
 bound in place on the session's device (input and output one buffer, as ORT's CUDA PagedAttention requires),
 fixed conv/recurrent states per request, one packed prefill step for all prompts, then one token per request
-per step (onnx_hybrid.testing.packed.paged_greedy).
+per step (onnx_hybrid_testing.packed.paged_greedy).
 
 --compare also runs the non-paged export of the same checkpoint through testing.greedy.GreedyDriver on the
 same provider and checks that the tokens are equal and that the paged export's first-step logits (each
@@ -20,12 +20,13 @@ import argparse
 import sys
 from pathlib import Path
 
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import numpy as np
 import onnx
 
 from onnx_hybrid.ops import contract
-from onnx_hybrid.testing.greedy import PROVIDERS, GreedyDriver, make_session
-from onnx_hybrid.testing.packed import paged_greedy
+from onnx_hybrid_testing.greedy import PROVIDERS, GreedyDriver, make_session
+from onnx_hybrid_testing.packed import paged_greedy
 
 # Two requests of different lengths; the first spans two 16-token blocks after a few decode steps.
 DEFAULT_PROMPTS = ([5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150, 8, 21, 40, 77, 90, 13, 101], [44, 3, 150, 12, 9])

@@ -11,6 +11,7 @@ substrings of case names to leave out (e.g. decode128, whose states are 400 MB e
 
 import sys
 
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import numpy as np
 
 G27 = dict(num_heads_q=16, num_heads_v=48, head_size_k=128, head_size_v=128)
@@ -49,7 +50,7 @@ def dump(path, skip=()):
 
     from onnx_hybrid import cuda_ops
     from onnx_hybrid.ops import contract
-    from onnx_hybrid.ops.testing import random_gdn_case
+    from onnx_hybrid_testing.cases import random_gdn_case
 
     def to_gpu(x):
         x = np.ascontiguousarray(x)

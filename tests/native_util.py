@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from onnx_hybrid.ops import contract, reference, replay
-from onnx_hybrid.ops.single_op import make_session, run_session, run_single_op, single_op_model, to_ort_value
-from onnx_hybrid.ops.testing import random_gdn_case
+from onnx_hybrid_testing.single_op import make_session, run_session, run_single_op, single_op_model, to_ort_value
+from onnx_hybrid_testing.cases import random_gdn_case
 
 # fp32: the project rule (≤ 1e-5 against float64). fp16/bf16: ORT's chunked GDN calibration (3e-2),
 # which also covers bf16's coarser output rounding (2^-9 relative) for unit-scale outputs.

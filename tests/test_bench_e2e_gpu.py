@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_hybrid.testing.e2e import weight_bytes
+from onnx_hybrid_testing.e2e import weight_bytes
 
 from file_modules import load_file
 

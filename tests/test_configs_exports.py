@@ -15,7 +15,7 @@ from onnx_hybrid.cli import main as cli_main  # noqa: E402
 from onnx_hybrid.configs import convert_config, validate  # noqa: E402
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
-from onnx_hybrid.testing.checkpoints import LAYOUTS, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.checkpoints import LAYOUTS, make_tiny_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")

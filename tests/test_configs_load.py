@@ -31,9 +31,9 @@ from onnx_hybrid.cli import export_main  # noqa: E402
 from onnx_hybrid.configs import op_library, validate  # noqa: E402
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
-from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.genai_driver import run_engine  # noqa: E402
-from onnx_hybrid.testing.greedy import GreedyDriver, make_session  # noqa: E402
+from onnx_hybrid_testing.checkpoints import make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.genai_driver import run_engine  # noqa: E402
+from onnx_hybrid_testing.greedy import GreedyDriver, make_session  # noqa: E402
 
 LIBRARY = "libonnx_hybrid_ortops.so"
 PROMPT = [5, 17, 33, 2, 99]

@@ -37,9 +37,9 @@ from onnx_hybrid.exporter.kv_pool import GPU_KV_CACHE_FRACTION  # noqa: E402
 from onnx_hybrid.exporter.kv_pool import DEFAULT_POOL_BYTES, DEFAULT_POOL_REQUESTS, pool_num_blocks  # noqa: E402
 from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
 from onnx_hybrid.ops import contract, reference  # noqa: E402
-from onnx_hybrid.testing import packed as testing_packed  # noqa: E402
-from onnx_hybrid.testing.checkpoints import GDN_HEADS, LAYOUTS, TEXT, load_reference, make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.greedy import make_session  # noqa: E402
+from onnx_hybrid_testing import packed as testing_packed  # noqa: E402
+from onnx_hybrid_testing.checkpoints import GDN_HEADS, LAYOUTS, TEXT, load_reference, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.greedy import make_session  # noqa: E402
 
 BLOCK_SIZE, NUM_BLOCKS, CAPACITY = 16, 4, 3
 PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150, 8, 21, 40, 77, 90, 13, 101], [44, 3, 150, 12, 9]]

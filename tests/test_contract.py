@@ -238,7 +238,7 @@ def test_ir_node_builder_checks_the_types_its_values_carry():
 
 def test_single_op_model_rejects_mixed_types_before_onnx_runtime():
     """ORT's own answer to fp16 query with fp32 key is `no kernel def matches node`, naming no tensor."""
-    from onnx_hybrid.ops.single_op import single_op_model
+    from onnx_hybrid_testing.single_op import single_op_model
 
     f16, f32 = np.float16, np.float32
     feeds = {"query": np.zeros((1, 2, 2, 4), f16), "key": np.zeros((1, 2, 2, 4), f32),

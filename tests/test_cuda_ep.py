@@ -19,8 +19,9 @@ import sys
 import numpy as np
 import pytest
 
-from onnx_hybrid.ops import contract, library, reference, single_op
-from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case
+from onnx_hybrid.ops import contract, library, reference
+from onnx_hybrid_testing import single_op
+from onnx_hybrid_testing.cases import random_conv_case, random_gdn_case
 
 GDN = contract.GATED_DELTA_NET.name
 CONV = contract.VARLEN_CAUSAL_CONV.name
@@ -363,8 +364,8 @@ def test_com_microsoft_alias_shadows_ort_cuda_kernel():
 def test_tiny_exported_model_generates_the_cpu_tokens(tmp_path):
     pytest.importorskip("transformers")
     from onnx_hybrid.exporter import export
-    from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint
-    from onnx_hybrid.testing.greedy import GreedyDriver, make_session
+    from onnx_hybrid_testing.checkpoints import make_tiny_checkpoint
+    from onnx_hybrid_testing.greedy import GreedyDriver, make_session
 
     prompts = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150], [44, 3, 150, 12, 9]]
     model_dir = make_tiny_checkpoint(tmp_path / "hf", "qwen3_5_text", seed=1)

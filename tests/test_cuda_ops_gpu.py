@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from onnx_hybrid.ops import contract, reference
-from onnx_hybrid.ops.testing import offsets, random_conv_case, random_gdn_case
+from onnx_hybrid_testing.cases import offsets, random_conv_case, random_gdn_case
 
 
 def _cuda_ready() -> bool:

@@ -19,9 +19,9 @@ from onnx_hybrid.cli import export_main  # noqa: E402
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.exporter.kv_pool import DEFAULT_POOL_REQUESTS  # noqa: E402
 from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
-from onnx_hybrid.testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.engine import set_eos, tamper_capsules  # noqa: E402
-from onnx_hybrid.testing.genai_driver import run_engine  # noqa: E402
+from onnx_hybrid_testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.engine import set_eos, tamper_capsules  # noqa: E402
+from onnx_hybrid_testing.genai_driver import run_engine  # noqa: E402
 
 LAYOUT = "qwen3_5_text"
 PROMPT_LENGTHS = (12, 4, 25, 1)

@@ -18,7 +18,7 @@ from onnx_hybrid.configs.validator import validate
 from onnx_hybrid.exporter import ExportError, export
 from onnx_hybrid.exporter.kv_pool import GPU_KV_CACHE_FRACTION
 from onnx_hybrid.ops import contract, library
-from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint
+from onnx_hybrid_testing.checkpoints import make_tiny_checkpoint
 
 og = pytest.importorskip("onnxruntime_genai")
 

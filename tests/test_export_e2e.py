@@ -22,9 +22,9 @@ pytest.importorskip("transformers")
 
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
-from onnx_hybrid.testing.checkpoints import GDN_HEADS, load_reference, make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.greedy import GreedyDriver, make_session  # noqa: E402
-from onnx_hybrid.testing.genai_driver import greedy_tokens  # noqa: E402
+from onnx_hybrid_testing.checkpoints import GDN_HEADS, load_reference, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.greedy import GreedyDriver, make_session  # noqa: E402
+from onnx_hybrid_testing.genai_driver import greedy_tokens  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150], [44, 3, 150, 12, 9]]
 NEW_TOKENS = 16

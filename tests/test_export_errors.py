@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 
 from onnx_hybrid.cli import export_main
 from onnx_hybrid.exporter import SUPPORTED_ARCHITECTURES, ExportError, export
-from onnx_hybrid.testing.checkpoints import TEXT
+from onnx_hybrid_testing.checkpoints import TEXT
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ def test_exporter_imports_neither_torch_nor_transformers():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     pytest.importorskip("transformers")
-    from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint
+    from onnx_hybrid_testing.checkpoints import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("ck") / "hf", "qwen3_5_text", tied=True)
 

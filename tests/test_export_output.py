@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     pytest.importorskip("transformers")
-    from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint
+    from onnx_hybrid_testing.checkpoints import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("ck") / "hf", "qwen3_5_text", tied=True)
 

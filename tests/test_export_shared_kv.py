@@ -23,11 +23,11 @@ from onnx_hybrid.exporter import ExportError, export  # noqa: E402
 from onnx_hybrid.exporter.model_config import FULL, load_model_config  # noqa: E402
 from onnx_hybrid.exporter.mtp import head_overlay  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
-from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.engine import set_eos  # noqa: E402
-from onnx_hybrid.testing.graph_count import decode_step_nodes  # noqa: E402
-from onnx_hybrid.testing.greedy import GreedyDriver, make_session  # noqa: E402
-from onnx_hybrid.testing.genai_driver import greedy_tokens  # noqa: E402
+from onnx_hybrid_testing.checkpoints import make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.engine import set_eos  # noqa: E402
+from onnx_hybrid_testing.graph_count import decode_step_nodes  # noqa: E402
+from onnx_hybrid_testing.greedy import GreedyDriver, make_session  # noqa: E402
+from onnx_hybrid_testing.genai_driver import greedy_tokens  # noqa: E402
 from test_export_e2e import LOGITS_TOL, NEW_TOKENS, PROMPTS, Reference  # noqa: E402
 
 CASES = {

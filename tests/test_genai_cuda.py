@@ -30,10 +30,10 @@ og = pytest.importorskip("onnxruntime_genai")
 
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
-from onnx_hybrid.testing import genai_driver  # noqa: E402
-from onnx_hybrid.testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.engine import set_eos, tamper_capsules  # noqa: E402
-from onnx_hybrid.testing.mtp import add_mtp_head, fit_drafting_head, greedy_runs  # noqa: E402
+from onnx_hybrid_testing import genai_driver  # noqa: E402
+from onnx_hybrid_testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.engine import set_eos, tamper_capsules  # noqa: E402
+from onnx_hybrid_testing.mtp import add_mtp_head, fit_drafting_head, greedy_runs  # noqa: E402
 
 PROVIDER = os.environ.get("ONNX_HYBRID_GENAI_TEST_PROVIDER", "cuda")
 # fp16 exports are held to logits, not tokens: the tiny random checkpoints have steps where fp16 rounding alone moves

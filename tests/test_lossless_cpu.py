@@ -1,4 +1,4 @@
-"""Speculative decoding through the state ops is lossless on CPU (onnx_hybrid.testing.lossless, small geometry).
+"""Speculative decoding through the state ops is lossless on CPU (onnx_hybrid_testing.lossless, small geometry).
 
 Our CPU kernels: a verify call of C + 1 tokens per request gives, bit for bit, the output rows and final state of
 C + 1 plain one-token steps; the capsule replay (onnx_hybrid.ops.replay, the unfused rounding that
@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from onnx_hybrid.testing import lossless
+from onnx_hybrid_testing import lossless
 
 ORT_HAS_OWN_KERNELS = tuple(int(x) for x in ort.__version__.split(".")[:2]) >= (1, 32)
 FUSED = "replay (fused fma, CUDA rule) vs plain state"

@@ -26,11 +26,11 @@ from onnx_hybrid.configs import validate  # noqa: E402
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.exporter.mtp import head_overlay  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
-from onnx_hybrid.testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.engine import set_eos  # noqa: E402
-from onnx_hybrid.testing.genai_driver import run_engine  # noqa: E402
-from onnx_hybrid.testing.greedy import make_session  # noqa: E402
-from onnx_hybrid.testing.mtp import add_mtp_head, fit_drafting_head, greedy_runs, reference_head  # noqa: E402
+from onnx_hybrid_testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.engine import set_eos  # noqa: E402
+from onnx_hybrid_testing.genai_driver import run_engine  # noqa: E402
+from onnx_hybrid_testing.greedy import make_session  # noqa: E402
+from onnx_hybrid_testing.mtp import add_mtp_head, fit_drafting_head, greedy_runs, reference_head  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150, 8], [44, 3, 150, 12],
            [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 150, 1], [77]]

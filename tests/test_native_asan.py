@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from onnx_hybrid.ops import library
-from onnx_hybrid.ops.single_op import run_single_op
-from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case, random_paged_attention_case
+from onnx_hybrid_testing.single_op import run_single_op
+from onnx_hybrid_testing.cases import random_conv_case, random_gdn_case, random_paged_attention_case
 
 import test_native_errors as errors
 

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from native_util import CONV, check_conv, check_state_aliasing, run_conv
-from onnx_hybrid.ops import replay, single_op
-from onnx_hybrid.ops.testing import random_conv_case
+from onnx_hybrid.ops import replay
+from onnx_hybrid_testing import single_op
+from onnx_hybrid_testing.cases import random_conv_case
 
 
 @pytest.mark.parametrize("kernel", [1, 2, 3, 4, 5, 7])

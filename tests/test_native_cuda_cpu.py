@@ -13,8 +13,9 @@ import pytest
 from native_util import GDN, check_gdn
 from onnx_hybrid import cli
 from onnx_hybrid.cuda_ops import plan
-from onnx_hybrid.ops import contract, library, single_op
-from onnx_hybrid.ops.testing import random_gdn_case
+from onnx_hybrid.ops import contract, library
+from onnx_hybrid_testing import single_op
+from onnx_hybrid_testing.cases import random_gdn_case
 
 # (arch, opt-in shared memory per block): H100/H200, A100, RTX 30xx/40xx (too little for the chunked
 # kernel), Turing (too old for it).

@@ -6,8 +6,8 @@ import pytest
 
 from native_util import CONV, GDN
 from onnx_hybrid.ops import contract, reference
-from onnx_hybrid.ops.single_op import make_session, run_single_op, single_op_model
-from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case, random_paged_attention_case
+from onnx_hybrid_testing.single_op import make_session, run_single_op, single_op_model
+from onnx_hybrid_testing.cases import random_conv_case, random_gdn_case, random_paged_attention_case
 
 
 def gdn_base(**kw):

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from native_util import (GDN, check_capsule_replay, check_decode_equals_verify, check_gdn, check_state_aliasing,
                          check_subnormal_gdn, is_subnormal,
                          run_gdn, subnormal_gdn_case)
-from onnx_hybrid.ops import contract, library, single_op
-from onnx_hybrid.ops.testing import random_gdn_case
+from onnx_hybrid.ops import contract, library
+from onnx_hybrid_testing import single_op
+from onnx_hybrid_testing.cases import random_gdn_case
 
 # Each entry: random_gdn_case keyword arguments. Rows of >= 32 tokens run the chunked engine, shorter
 # rows and captured rows the recurrence (docs/op-contract.md#engine-selection).
@@ -269,7 +270,7 @@ def test_narrower_isa_matches_reference(isa):
         "sys.path.insert(0, 'tests')\n"
         "from native_util import check_conv, check_gdn\n"
         "from onnx_hybrid.ops import library\n"
-        "from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case\n"
+        "from onnx_hybrid_testing.cases import random_conv_case, random_gdn_case\n"
         f"assert library.cpu_isa() == '{isa}', library.cpu_isa()\n"
         "for i, (lengths, dk, dv) in enumerate([([1, 70, 5], 128, 24), ([65, 33], 64, 64), ([40, 2], 37, 5)]):\n"
         "    check_gdn(random_gdn_case(np.random.default_rng(i), lengths, head_size_k=dk, head_size_v=dv,"

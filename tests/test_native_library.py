@@ -12,9 +12,10 @@ import onnxruntime as ort
 import pytest
 
 from native_util import GDN, run_gdn
-from onnx_hybrid.ops import library, library_path, register, single_op
+from onnx_hybrid.ops import library, library_path, register
+from onnx_hybrid_testing import single_op
 from onnx_hybrid.ops.contract import MS_DOMAIN
-from onnx_hybrid.ops.testing import random_gdn_case
+from onnx_hybrid_testing.cases import random_gdn_case
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -122,8 +123,8 @@ def test_com_microsoft_alias_is_opt_in_and_runs_our_kernels():
 
 def test_com_microsoft_alias_from_the_environment():
     code = ("import numpy as np\n"
-            "from onnx_hybrid.ops import single_op\n"
-            "from onnx_hybrid.ops.testing import random_gdn_case\n"
+            "from onnx_hybrid_testing import single_op\n"
+            "from onnx_hybrid_testing.cases import random_gdn_case\n"
             "c = random_gdn_case(np.random.default_rng(2), [4, 1])\n"
             "a = single_op.run_single_op('GatedDeltaNet', c.feeds, c.attributes, domain='com.microsoft')\n"
             "b = single_op.run_single_op('GatedDeltaNet', c.feeds, c.attributes)\n"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from onnx_hybrid.ops import contract, reference
-from onnx_hybrid.ops.single_op import make_session, run_single_op, single_op_model, to_ort_value
-from onnx_hybrid.ops.testing import random_paged_attention_case
+from onnx_hybrid_testing.single_op import make_session, run_single_op, single_op_model, to_ort_value
+from onnx_hybrid_testing.cases import random_paged_attention_case
 
 OP = contract.PAGED_ATTENTION.name
 OUTPUTS = [p.name for p in contract.PAGED_ATTENTION.outputs]

@@ -8,8 +8,8 @@ import pytest
 
 from native_util import CONV, GDN
 from onnx_hybrid.ops.contract import MS_DOMAIN
-from onnx_hybrid.ops.single_op import run_single_op
-from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case
+from onnx_hybrid_testing.single_op import run_single_op
+from onnx_hybrid_testing.cases import random_conv_case, random_gdn_case
 
 pytestmark = pytest.mark.skipif(tuple(int(x) for x in ort.__version__.split(".")[:2]) < (1, 32),
                                 reason="ORT's own CPU kernels for these ops arrived in onnxruntime 1.32")

@@ -14,8 +14,8 @@ pytest.importorskip("onnxruntime")
 
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
-from onnx_hybrid.testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.packed import interleaved_block_table  # noqa: E402
+from onnx_hybrid_testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.packed import interleaved_block_table  # noqa: E402
 from file_modules import load_file  # noqa: E402
 
 NEW_TOKENS = 10

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("onnxruntime_genai")
 
 from onnx_hybrid.exporter import export  # noqa: E402
-from onnx_hybrid.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.checkpoints import make_tiny_checkpoint  # noqa: E402
 from file_modules import load_file  # noqa: E402
 
 

@@ -30,10 +30,10 @@ from onnx_hybrid.exporter import ExportError, export  # noqa: E402
 from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
 from onnx_hybrid.exporter.quantize import QuantSpec, dequantize, quantize  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
-from onnx_hybrid.testing.checkpoints import MOE, TEXT, make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.engine import set_eos  # noqa: E402
-from onnx_hybrid.testing.greedy import GreedyDriver, make_session  # noqa: E402
-from onnx_hybrid.testing.genai_driver import greedy_tokens, run_engine  # noqa: E402
+from onnx_hybrid_testing.checkpoints import MOE, TEXT, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.engine import set_eos  # noqa: E402
+from onnx_hybrid_testing.greedy import GreedyDriver, make_session  # noqa: E402
+from onnx_hybrid_testing.genai_driver import greedy_tokens, run_engine  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 9, 100, 3], [7, 8, 9]]
 NEW_TOKENS = 16

@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from onnx_hybrid.ops import contract, reference, replay
-from onnx_hybrid.ops.testing import random_conv_case, random_gdn_case
+from onnx_hybrid_testing.cases import random_conv_case, random_gdn_case
 
 # float64 throughout: disagreement beyond ~1e-12 means an algebra error, not rounding.
 F64_TOL = 1e-10

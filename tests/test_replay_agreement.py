@@ -30,10 +30,10 @@ pytest.importorskip("transformers")
 from onnx_hybrid.exporter import export  # noqa: E402
 from onnx_hybrid.exporter import io_names as io  # noqa: E402
 from onnx_hybrid.ops import contract, replay  # noqa: E402
-from onnx_hybrid.ops.single_op import run_single_op  # noqa: E402
-from onnx_hybrid.testing.checkpoints import LAYOUTS, make_tiny_checkpoint  # noqa: E402
-from onnx_hybrid.testing.greedy import make_session  # noqa: E402
-from onnx_hybrid.testing.packed import packed_feeds  # noqa: E402
+from onnx_hybrid_testing.single_op import run_single_op  # noqa: E402
+from onnx_hybrid_testing.checkpoints import LAYOUTS, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.greedy import make_session  # noqa: E402
+from onnx_hybrid_testing.packed import packed_feeds  # noqa: E402
 
 CAPACITY = 4
 BLOCK_SIZE, NUM_BLOCKS = 16, 6

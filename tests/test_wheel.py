@@ -22,9 +22,10 @@ import onnx
 import pytest
 
 from native_util import CONV, check_conv
-from onnx_hybrid.ops import library, library_path, single_op
+from onnx_hybrid.ops import library, library_path
+from onnx_hybrid_testing import single_op
 from onnx_hybrid.ops.native import wheel
-from onnx_hybrid.ops.testing import random_conv_case
+from onnx_hybrid_testing.cases import random_conv_case
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LIBRARY_IN_WHEEL = "onnx_hybrid/ops/_native/libonnx_hybrid_ortops.so"

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CASES or not og.is_cuda_av
 
 
 def run_genai(model: Path, mode: str, case: dict) -> list[list[int]]:
-    from onnx_hybrid.testing import genai_driver
+    from onnx_hybrid_testing import genai_driver
 
     job = {"model": str(model), "mode": mode, "prompts": case["prompts"], "new_tokens": len(case["tokens"][0])}
     done = subprocess.run([sys.executable, genai_driver.__file__], input=json.dumps(job), capture_output=True,
@@ -44,7 +44,7 @@ def test_installed_wheel_exports_and_runs_on_the_gpu(case, paged, tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     from onnx_hybrid.ops import library
-    from onnx_hybrid.testing.engine import set_eos
+    from onnx_hybrid_testing.engine import set_eos
 
     images = sorted(p.name for p in (out / library.IMAGE_FOLDER).iterdir())
     assert images == sorted(library.image_file_name(a) for a in library.DEFAULT_CUDA_ARCHS)

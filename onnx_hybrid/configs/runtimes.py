@@ -31,6 +31,6 @@ def note_runtimes(config: dict, manifest: StateManifest | None, report: Report) 
         report.add(Finding(
             "runtime.plain_ort", RUNTIME, "model.decoder.state_groups",
             f"state-update capacity {capacity} without --paged: plain ONNX Runtime runs it, feeding '{capture}' "
-            "(e.g. onnx_hybrid.testing.greedy); onnxruntime-genai 0.18's og.Generator does not feed the capture "
+            "(e.g. onnx_hybrid_testing.greedy); onnxruntime-genai 0.18's og.Generator does not feed the capture "
             "inputs and fails at the first token, and og.Engine needs a --paged export. Export with capacity 0 "
             "for og.Generator", severity=NOTE))

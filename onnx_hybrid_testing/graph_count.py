@@ -13,7 +13,7 @@ import onnxruntime as ort
 def decode_step_nodes(model_path, optimized_path) -> dict:
     """``{"graph": n, "optimized": m, "optimized_ops": Counter}`` of ``model_path``; the optimized graph is written
     to ``optimized_path`` (its initializers beside it), with our kernel library registered when the graph uses it."""
-    from ..ops import contract, library
+    from onnx_hybrid.ops import contract, library
 
     model_path, optimized_path = Path(model_path), Path(optimized_path)
     graph = onnx.load(str(model_path), load_external_data=False).graph

@@ -26,8 +26,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..ops import contract, replay
-from ..ops.testing import random_conv_case, random_gdn_case
+from onnx_hybrid.ops import contract, replay
+from .cases import random_conv_case, random_gdn_case
 
 GDN = contract.GATED_DELTA_NET.name
 CONV = contract.VARLEN_CAUSAL_CONV.name
@@ -137,7 +137,8 @@ class Runner:
     def _session(self, op: str, feeds: dict, attrs: dict):
         import onnxruntime as ort
 
-        from ..ops import library, single_op
+        from onnx_hybrid.ops import library
+        from . import single_op
 
         model = single_op.single_op_model(op, feeds, attrs, domain=self.domain)
         options = ort.SessionOptions()
@@ -155,7 +156,7 @@ class Runner:
         return session
 
     def __call__(self, op: str, feeds: dict, attrs: dict) -> dict:
-        from ..ops import single_op
+        from . import single_op
 
         feeds = {k: v for k, v in feeds.items() if v is not None}
         key = (op, tuple(sorted(attrs.items())), tuple((k, v.dtype.str, v.shape) for k, v in sorted(feeds.items())))

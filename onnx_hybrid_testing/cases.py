@@ -13,7 +13,7 @@ from typing import Sequence
 import ml_dtypes
 import numpy as np
 
-from .contract import UPDATE_RULES
+from onnx_hybrid.ops.contract import UPDATE_RULES
 
 DTYPES = {"float": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 

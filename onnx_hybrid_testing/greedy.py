@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..exporter import io_names as io
-from ..ops import contract
+from onnx_hybrid.exporter import io_names as io
+from onnx_hybrid.ops import contract
 
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
           "tensor(int32)": np.int32}
@@ -34,7 +34,7 @@ def make_session(model_dir, op_domain: str, threads: int = 2, provider: str = "c
     if provider == "cuda" and hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from the nvidia-* wheels, if there
         ort.preload_dlls()
     if op_domain == contract.DOMAIN:
-        from ..ops import library
+        from onnx_hybrid.ops import library
         library.register(options)
     return ort.InferenceSession(str(Path(model_dir) / filename), options, providers=[PROVIDERS[provider]])
 

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .contract import DOMAIN, MS_DOMAIN, OPS, OPSET_VERSION
+from onnx_hybrid.ops.contract import DOMAIN, MS_DOMAIN, OPS, OPSET_VERSION
 
 AI_ONNX_OPSET = 21
 IR_VERSION = 10  # ORT >= 1.20 reads it
@@ -54,7 +54,7 @@ def single_op_model(op_name: str, feeds: Mapping[str, np.ndarray | None], attrib
 
 
 def _node(op_name, present, wanted, attributes, domain):
-    from .contract import make_onnx_node
+    from onnx_hybrid.ops.contract import make_onnx_node
 
     op = OPS[op_name]
     types = {name: TensorProto.DataType.Name(helper.np_dtype_to_tensor_dtype(value.dtype)).lower()
@@ -77,7 +77,7 @@ def _unchecked_node(op_name, present, wanted, attributes, domain):
 def make_session(model: onnx.ModelProto, with_library: bool = True, intra_op_threads: int | None = None):
     import onnxruntime as ort
 
-    from .library import register
+    from onnx_hybrid.ops.library import register
 
     so = ort.SessionOptions()
     if intra_op_threads is not None:

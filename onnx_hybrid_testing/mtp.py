@@ -24,8 +24,8 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from ..exporter.checkpoint import Checkpoint
-from ..exporter.model_config import FULL, load_model_config
+from onnx_hybrid.exporter.checkpoint import Checkpoint
+from onnx_hybrid.exporter.model_config import FULL, load_model_config
 
 MTP_FILE = "model-mtp.safetensors"
 _ZEROED = re.compile(r"(self_attn\.o_proj|down_proj)")  # residual-branch outputs of the head's layer
@@ -83,7 +83,7 @@ def greedy_runs(export_dir, prompts: list[list[int]], new_tokens: int, op_domain
                 ) -> list[tuple[list[int], np.ndarray]]:
     """(prompt + greedy tokens, post-norm hidden per fed position) of each prompt, through the ORT export
     (which must output ``hidden_states``: an MTP export)."""
-    from ..exporter import io_names as io
+    from onnx_hybrid.exporter import io_names as io
     from .greedy import GreedyDriver, make_session
 
     driver = GreedyDriver(make_session(export_dir, op_domain, threads))

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..ops import contract
+from onnx_hybrid.ops import contract
 
 
 def set_eos(package: Path, token: int) -> None:

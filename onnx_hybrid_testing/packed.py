@@ -12,7 +12,7 @@ from typing import Collection, Sequence
 import numpy as np
 import onnx
 
-from ..exporter import io_names as io
+from onnx_hybrid.exporter import io_names as io
 
 
 def packed_feeds(graph: onnx.GraphProto, steps: Sequence[Sequence[int]], past: Sequence[int], state: dict | None, *,
