@@ -7,7 +7,7 @@ onnxruntime-genai's builder (issue 30, point 2).
 
 from __future__ import annotations
 
-import sys
+import argparse
 import tempfile
 from pathlib import Path
 
@@ -33,8 +33,11 @@ def main(work: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        main(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("work", nargs="?", type=Path, help="folder for the checkpoint and exports (default: temporary)")
+    args = parser.parse_args()
+    if args.work:
+        main(args.work)
     else:
         with tempfile.TemporaryDirectory() as work:
             main(Path(work))
