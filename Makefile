@@ -14,8 +14,8 @@ OLDEST_NVRTC_DIR := build/oldest-nvrtc
 # the native library's sources (contract.py and the CUDA plan generate its headers). `rm build/setup.stamp`
 # forces it.
 SETUP_STAMP := build/setup.stamp
-NATIVE_SOURCES := $(wildcard onnx_hybrid/ops/native/*) onnx_hybrid/ops/contract.py onnx_hybrid/cuda_ops/plan.py \
-	onnx_hybrid/cuda_ops/kernels/params.cuh
+NATIVE_SOURCES := $(wildcard onnx_hybrid/ops/native/* onnx_hybrid/ops/native/*/* onnx_hybrid/ops/native/cuda/kernels/*) \
+	onnx_hybrid/ops/contract.py onnx_hybrid/cuda_ops/plan.py
 
 # The stamp only counts while this Python has the package (another virtual environment may not).
 setup:

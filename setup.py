@@ -1,12 +1,12 @@
 """Build of the native custom-op library (docs/native-library.md#build).
 
 Everything else about the package lives in pyproject.toml. The library is one shared object,
-onnx_hybrid/ops/_native/libonnx_hybrid_ortops.so, compiled from onnx_hybrid/ops/native/*.cc against
+onnx_hybrid/ops/_native/libonnx_hybrid_ortops.so, compiled from onnx_hybrid/ops/native/**/*.cc against
 ONNX Runtime API 21 headers: $ONNX_HYBRID_ORT_INCLUDE if set, otherwise Debian trixie's
 libonnxruntime-dev 1.21.0+dfsg-1 fetched into build/ort-headers (cached, git-ignored). Sources, flags and
-include folders are in onnx_hybrid/ops/native/build_config.py.
+include folders are in onnx_hybrid/ops/native/build/build_config.py.
 
-Wheels (`make wheel`) are tagged py3-none-manylinux_<glibc>_<arch> (onnx_hybrid/ops/native/wheel.py) and carry the
+Wheels (`make wheel`) are tagged py3-none-manylinux_<glibc>_<arch> (onnx_hybrid/ops/native/build/wheel.py) and carry the
 CUDA kernel images of library.DEFAULT_CUDA_ARCHS from $ONNX_HYBRID_WHEEL_CUDA_IMAGES, beside the library.
 """
 
@@ -36,8 +36,8 @@ def load(relative: str):
     return module
 
 
-config = load("onnx_hybrid/ops/native/build_config.py")
-wheel = load("onnx_hybrid/ops/native/wheel.py")
+config = load("onnx_hybrid/ops/native/build/build_config.py")
+wheel = load("onnx_hybrid/ops/native/build/wheel.py")
 library = load("onnx_hybrid/ops/library.py")
 
 

@@ -2,7 +2,7 @@
 
     python tests/asan_runner.py [PYTEST_ARGS...]      # what `make asan` runs; e.g. -k quick
 
-Builds build/asan/libonnx_hybrid_ortops.so (onnx_hybrid/ops/native/build_config.py), then runs pytest in a child
+Builds build/asan/libonnx_hybrid_ortops.so (onnx_hybrid/ops/native/build/build_config.py), then runs pytest in a child
 with libasan preloaded (and libstdc++: ASan must find its __cxa_throw to wrap when it starts, and python does not
 link libstdc++) and ONNX_HYBRID_LIBRARY naming that copy. Leak checks are off: CPython and ORT keep allocations
 alive until exit, and leaks are not what this checks. The exit status is pytest's.
@@ -25,7 +25,7 @@ def _gcc_file(name: str) -> str:
 
 
 def run(pytest_args: list[str], **subprocess_options) -> subprocess.CompletedProcess:
-    build_config = load_file("onnx_hybrid/ops/native/build_config.py", "build_config")
+    build_config = load_file("onnx_hybrid/ops/native/build/build_config.py", "build_config")
     library = build_config.build_asan_library(ASAN_LIBRARY)
     env = {**os.environ, "LD_PRELOAD": f"{_gcc_file('libasan.so')} {_gcc_file('libstdc++.so.6')}",
            "ONNX_HYBRID_LIBRARY": str(library), "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:halt_on_error=1"}

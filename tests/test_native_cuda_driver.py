@@ -1,4 +1,4 @@
-"""The library's driver-API launcher (ops/native/cuda_driver.cc) against a stand-in libcuda.so.1, on a
+"""The library's driver-API launcher (ops/native/cuda/driver.cc) against a stand-in libcuda.so.1, on a
 host without a GPU: a small C++ program drives cuda::Launcher the way a CUDA Compute does, and the stub
 driver prints every call it receives. Checked: the lazy dlopen and its error, context push/pop balanced
 on every path, one module load per context, the image chosen by compute capability (same major, minor not
@@ -97,7 +97,7 @@ HARNESS = r"""
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
-#include "cuda_driver.h"
+#include "cuda/driver.h"
 using namespace onnx_hybrid::cuda;
 
 static void Attempt(unsigned long stream, const char* kernel, int smem, unsigned gx = 2, unsigned gz = 4) {
@@ -152,7 +152,7 @@ def programs(tmp_path_factory):
         subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(drivers[name] / "libcuda.so.1"), str(folder / "stub.c"),
                         *extra], check=True)
     subprocess.run(["g++", "-std=c++17", "-O1", f"-I{NATIVE}", str(folder / "harness.cc"),
-                    os.path.join(NATIVE, "cuda_driver.cc"), "-ldl", "-o", str(folder / "harness")], check=True)
+                    os.path.join(NATIVE, "cuda", "driver.cc"), "-ldl", "-o", str(folder / "harness")], check=True)
     return folder / "harness", drivers
 
 

@@ -1,4 +1,4 @@
-"""Lane-level model of the recurrent kernel's layouts (kernels/gdn_recurrent.cu, RecLayout).
+"""Lane-level model of the recurrent kernel's layouts (ops/native/cuda/kernels/gdn_recurrent.cu, RecLayout).
 
 The kernel holds a value row on 8, 16 or 32 lanes (kLanes) and claims that every layout adds a row's dot
 products in the same pairing as a 32-lane butterfly over one piece of NPL key columns per lane, so a row's bits

@@ -1,6 +1,6 @@
 """The wheel (`make wheel`): its platform tag, what it carries, and that an installed copy runs the ops.
 
-The tag and image-staging logic (onnx_hybrid/ops/native/wheel.py) is checked on every run against readelf and the
+The tag and image-staging logic (onnx_hybrid/ops/native/build/wheel.py) is checked on every run against readelf and the
 library built here. The built wheel itself is checked when `make wheel` has left one in dist/: its tag against
 auditwheel's verdict, its library and CUDA images, and a CPU session through its library installed into a fresh
 virtual environment (scripts/check_wheel_gpu.sh does the same on a GPU host, for CUDA sessions).
@@ -24,7 +24,7 @@ import pytest
 from native_util import CONV, check_conv
 from onnx_hybrid.ops import library, library_path
 from onnx_hybrid_testing import single_op
-from onnx_hybrid.ops.native import wheel
+from onnx_hybrid.ops.native.build import wheel
 from onnx_hybrid_testing.cases import random_conv_case
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

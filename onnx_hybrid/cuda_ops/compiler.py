@@ -15,7 +15,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-KERNEL_DIR = Path(__file__).parent / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "ops" / "native" / "cuda" / "kernels"
 MAIN_SOURCE = "onnx_hybrid_kernels.cu"
 CACHE_ENV = "ONNX_HYBRID_KERNEL_CACHE"
 # No --use_fast_math: the state update's rounding is written out with __fmul_rn / __fmaf_rn, and the gate
@@ -61,7 +61,7 @@ def cuda_include_dir() -> str:
 
 
 # Architectures whose image is built for the architecture-specific target (sm_90a): it enables wgmma, which
-# the chunked scan uses there (kernels/gdn_chunked.cu). Such a cubin runs only on devices of exactly that
+# the chunked scan uses there (ops/native/cuda/kernels/gdn_chunked.cu). Such a cubin runs only on devices of exactly that
 # compute capability, which is how images are picked anyway (one per architecture).
 ARCH_SPECIFIC = frozenset({90})
 

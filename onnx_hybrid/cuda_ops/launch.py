@@ -7,7 +7,7 @@ same ABI.
 Programmatic dependent launch: on sm_90+ with a driver that can capture it into graphs (CUDA >= 12.3), each
 launch carries ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``, so its blocks may start while the
 kernel before it in the stream finishes; every kernel waits for its predecessor before it touches memory
-(``ohk::wait_for_inputs`` in kernels/common.cuh). ``set_programmatic_launch(False)`` turns it off.
+(``ohk::wait_for_inputs`` in ops/native/cuda/kernels/common.cuh). ``set_programmatic_launch(False)`` turns it off.
 """
 
 from __future__ import annotations

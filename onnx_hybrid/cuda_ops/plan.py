@@ -1,7 +1,7 @@
 """Launch plans: which kernels run, with what grid, block, dynamic shared memory and parameters.
 
-This is the one place that states the launch configuration of every kernel in ``kernels/``. The parameter
-structs below mirror ``kernels/params.cuh`` field for field; the C++ launcher of the custom-op library
+This is the one place that states the launch configuration of every kernel in ``ops/native/cuda/kernels/``. The parameter
+structs below mirror ``params.cuh`` there field for field; the C++ launcher of the custom-op library
 mirrors both. Nothing here touches a device: a plan is computed from the geometry alone, so it can be
 checked (and mirrored) without a GPU.
 """

@@ -7,7 +7,7 @@ ABI; PagedAttention is our CPU subset of ORT's CUDA op). Everything else derives
 * the float64 reference (``reference.py``) resolves shapes with :func:`resolve_gdn` / :func:`resolve_conv` /
   :func:`resolve_paged_attention`;
 * the C++ kernels get indices, defaults and message templates through a header generated from this
-  module at build time (``native/gen_contract_header.py``);
+  module at build time (``native/build/gen_contract_header.py``);
 * the exporter emits nodes through :func:`make_onnx_node` / :func:`make_ir_node`;
 * the config validator computes capsule widths with :func:`gdn_capsule_width` / :func:`conv_capsule_shape`.
 

@@ -13,7 +13,7 @@ the ``final_state`` of the op run on just the accepted prefix.
 Values below the normal fp32 range (subnormals) follow IEEE gradual underflow here, as in onnxruntime-genai's
 host replay. The CPU kernels flush subnormals while they run (Intel cores are many times slower on them), yet
 store the recurrent state exactly as IEEE arithmetic gives it and never record a subnormal decay, key or
-delta in the capsule (native/cpu_kernels.h, ``kExactStateAbove``); so no flushing is needed here.
+delta in the capsule (native/cpu/cpu_kernels.h, ``kExactStateAbove``); so no flushing is needed here.
 """
 
 from __future__ import annotations

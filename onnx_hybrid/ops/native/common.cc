@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "ort_api.h"
+#include "ort/ort_api.h"
 
 namespace onnx_hybrid {
 

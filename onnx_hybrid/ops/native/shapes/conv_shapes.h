@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "common.h"
-#include "gdn_plan.h"  // RequestRow
+#include "shapes/gdn_shapes.h"  // RequestRow
 
 namespace onnx_hybrid {
 

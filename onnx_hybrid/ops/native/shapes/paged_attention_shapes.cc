@@ -1,4 +1,4 @@
-#include "paged_attention_plan.h"
+#include "shapes/paged_attention_shapes.h"
 
 #include <cmath>
 

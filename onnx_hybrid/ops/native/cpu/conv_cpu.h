@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "common.h"
-#include "conv_plan.h"
+#include "shapes/conv_shapes.h"
 
 namespace onnx_hybrid {
 

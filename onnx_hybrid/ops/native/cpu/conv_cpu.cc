@@ -1,10 +1,10 @@
-#include "conv_cpu.h"
+#include "cpu/conv_cpu.h"
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
 
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 
 namespace onnx_hybrid {
 namespace {

@@ -93,7 +93,7 @@ def manylinux_platform(path) -> str:
     foreign = [name for name in so.needed if name not in ALLOWED_LIBRARIES]
     if foreign:
         raise WheelError(f"{path} needs {foreign}; a wheel's library may need only {sorted(ALLOWED_LIBRARIES)} "
-                         "(link the C++ runtime in: onnx_hybrid/ops/native/build_config.py PORTABLE_LINK_ARGS)")
+                         "(link the C++ runtime in: onnx_hybrid/ops/native/build/build_config.py PORTABLE_LINK_ARGS)")
     newest = OLDEST_GLIBC
     for library, names in so.versions.items():
         for name in names:

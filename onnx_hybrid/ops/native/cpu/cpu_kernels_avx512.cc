@@ -5,7 +5,7 @@
 #include <cstring>
 #include <utility>
 
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -46,7 +46,7 @@ struct Vec {
   static Reg Times2ToThe(Reg a, Reg n) { return _mm512_scalef_ps(a, n); }  // a * 2^n, n integral
 };
 
-#include "cpu_kernels_simd.inc"
+#include "cpu/cpu_kernels_simd.inc"
 
 const CpuKernels kKernels = {"avx512", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
 

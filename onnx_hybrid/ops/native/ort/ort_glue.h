@@ -6,9 +6,9 @@
 #include <string>
 
 #include "common.h"
-#include "conv_plan.h"
-#include "gdn_plan.h"
-#include "ort_api.h"
+#include "shapes/conv_shapes.h"
+#include "shapes/gdn_shapes.h"
+#include "ort/ort_api.h"
 
 namespace onnx_hybrid {
 

@@ -1,11 +1,11 @@
-#include "cuda_kernels.h"
+#include "cuda/ort_kernels.h"
 
 #include <cmath>
 #include <optional>
 
-#include "cuda_driver.h"
-#include "cuda_plan.h"
-#include "ort_glue.h"
+#include "cuda/driver.h"
+#include "cuda/launch_plan.h"
+#include "ort/ort_glue.h"
 
 namespace onnx_hybrid {
 namespace {

@@ -1,4 +1,4 @@
-#include "cuda_plan.h"
+#include "cuda/launch_plan.h"
 
 #include <algorithm>
 #include <atomic>

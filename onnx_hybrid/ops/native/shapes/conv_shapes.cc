@@ -1,4 +1,4 @@
-#include "conv_plan.h"
+#include "shapes/conv_shapes.h"
 
 namespace onnx_hybrid {
 namespace {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "common.h"
-#include "paged_attention_plan.h"
+#include "shapes/paged_attention_shapes.h"
 
 namespace onnx_hybrid {
 

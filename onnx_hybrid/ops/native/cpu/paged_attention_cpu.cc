@@ -1,4 +1,4 @@
-#include "paged_attention_cpu.h"
+#include "cpu/paged_attention_cpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <limits>
 #include <memory>
 
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 
 namespace onnx_hybrid {
 namespace {

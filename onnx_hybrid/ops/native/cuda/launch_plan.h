@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "conv_plan.h"
-#include "cuda_driver.h"
-#include "gdn_plan.h"
-#include "params.cuh"
+#include "shapes/conv_shapes.h"
+#include "cuda/driver.h"
+#include "shapes/gdn_shapes.h"
+#include "cuda/kernels/params.cuh"
 
 namespace onnx_hybrid {
 

@@ -14,7 +14,7 @@ import json
 import pathlib
 import sys
 
-CONTRACT_PATH = pathlib.Path(__file__).resolve().parent.parent / "contract.py"
+CONTRACT_PATH = pathlib.Path(__file__).resolve().parents[2] / "contract.py"
 
 
 def load_contract():

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <utility>
 
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -51,7 +51,7 @@ struct Vec {
   }
 };
 
-#include "cpu_kernels_simd.inc"
+#include "cpu/cpu_kernels_simd.inc"
 
 const CpuKernels kKernels = {"avx2", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
 

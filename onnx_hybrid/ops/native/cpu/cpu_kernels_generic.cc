@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 
 namespace onnx_hybrid {
 namespace {

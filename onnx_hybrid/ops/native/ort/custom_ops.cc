@@ -13,16 +13,16 @@
 #include <string>
 #include <vector>
 
-#include "conv_cpu.h"
-#include "cpu_kernels.h"
-#include "cuda_driver.h"
-#include "cuda_kernels.h"
-#include "cuda_plan.h"
-#include "float_mode.h"
-#include "gdn_cpu.h"
-#include "paged_attention_cpu.h"
-#include "ort_api.h"
-#include "ort_glue.h"
+#include "cpu/conv_cpu.h"
+#include "cpu/cpu_kernels.h"
+#include "cuda/driver.h"
+#include "cuda/ort_kernels.h"
+#include "cuda/launch_plan.h"
+#include "cpu/float_mode.h"
+#include "cpu/gdn_cpu.h"
+#include "cpu/paged_attention_cpu.h"
+#include "ort/ort_api.h"
+#include "ort/ort_glue.h"
 
 #define ONNX_HYBRID_STR_(x) #x
 #define ONNX_HYBRID_STR(x) ONNX_HYBRID_STR_(x)

@@ -13,19 +13,20 @@ import re
 import subprocess
 import sys
 
-NATIVE = pathlib.Path(__file__).resolve().parent
+BUILD = pathlib.Path(__file__).resolve().parent
+NATIVE = BUILD.parent  # common.*, ort/, shapes/, cpu/, cuda/ (with the kernels NVRTC compiles)
 ROOT = NATIVE.parent.parent.parent
 ORT_API_VERSION = 21
 HEADER_CACHE = ROOT / "build" / "ort-headers"
 GENERATED = ROOT / "build" / "generated"
 # The CUDA kernels' parameter structs (params.cuh) are compiled by NVRTC and by the library's launcher.
-CUDA_KERNELS = NATIVE.parent.parent / "cuda_ops" / "kernels"
+CUDA_KERNELS = NATIVE / "cuda" / "kernels"
 
 # docs/native-library.md#build: no FMA contraction (the recurrence's rounding is part of the contract), no
 # fast-math, hidden symbols; AVX-512 code is confined to one file by a target pragma.
 COMPILE_ARGS = ["-std=c++17", "-O2", "-g0", "-fPIC", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
                 "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Wextra", "-Wno-unused-parameter"]
-LINK_ARGS = ["-Wl,--exclude-libs,ALL", "-Wl,--as-needed", f"-Wl,--version-script={NATIVE / 'exports.map'}"]
+LINK_ARGS = ["-Wl,--exclude-libs,ALL", "-Wl,--as-needed", f"-Wl,--version-script={BUILD / 'exports.map'}"]
 # The package's library needs only glibc and libgcc_s (both on every Linux host, and allowed by every manylinux
 # policy), so one wheel runs beside whatever libstdc++ the host or onnxruntime brings: libstdc++ is linked in,
 # its symbols hidden by --exclude-libs. --gc-sections drops the parts of libstdc++.a nothing calls (random.o's
@@ -35,13 +36,13 @@ PORTABLE_LINK_ARGS = ["-static-libstdc++", "-Wl,--gc-sections"]
 
 
 def sources() -> list[pathlib.Path]:
-    return sorted(NATIVE.glob("*.cc"))
+    return sorted(NATIVE.rglob("*.cc"))
 
 
 def header_dependencies() -> list[pathlib.Path]:
     """The headers the sources include: ours, the CUDA parameter structs, and the two generated headers
     (which may not exist yet; include_dirs() writes them before the compiler runs)."""
-    return [*sorted(NATIVE.glob("*.h")), *sorted(NATIVE.glob("*.inc")), CUDA_KERNELS / "params.cuh",
+    return [*sorted(NATIVE.rglob("*.h")), *sorted(NATIVE.rglob("*.inc")), CUDA_KERNELS / "params.cuh",
             GENERATED / "contract_generated.h", GENERATED / "cuda_plan_generated.h"]
 
 
@@ -55,7 +56,7 @@ def ort_include_dir() -> pathlib.Path:
     include = pathlib.Path(given) if given else HEADER_CACHE
     if not given and not (include / "onnxruntime_c_api.h").exists():
         # Unchecked: the script prints why it failed, and the missing header below ends the build with a hint.
-        subprocess.run(["sh", str(NATIVE / "fetch_ort_headers.sh"), str(include)], check=False)
+        subprocess.run(["sh", str(BUILD / "fetch_ort_headers.sh"), str(include)], check=False)
     header = include / "onnxruntime_c_api.h"
     if not header.exists():
         raise BuildConfigError(f"{header} not found; set ONNX_HYBRID_ORT_INCLUDE to a folder with the ONNX Runtime "
@@ -80,10 +81,10 @@ def include_dirs() -> list[str]:
     include = ort_include_dir()
     for script, header in (("gen_contract_header.py", "contract_generated.h"),
                            ("gen_cuda_plan_header.py", "cuda_plan_generated.h")):
-        text = subprocess.run([sys.executable, str(NATIVE / script)], check=True, stdout=subprocess.PIPE,
+        text = subprocess.run([sys.executable, str(BUILD / script)], check=True, stdout=subprocess.PIPE,
                               text=True).stdout
         _write_if_changed(GENERATED / header, text)
-    return [str(include), str(GENERATED), str(NATIVE), str(CUDA_KERNELS)]
+    return [str(include), str(GENERATED), str(NATIVE)]
 
 
 # The AddressSanitizer copy (`make asan`): debug info and frame pointers for its reports, -O1 as ASan advises.

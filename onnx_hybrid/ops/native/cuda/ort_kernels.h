@@ -1,12 +1,12 @@
 // The CUDA variants of GatedDeltaNet and VarlenCausalConvWithState: the same validation as the CPU
-// kernels (shapes and attributes through gdn_plan / conv_plan, same messages), then the kernels of
+// kernels (shapes and attributes through shapes/gdn_shapes and shapes/conv_shapes, same messages), then the kernels of
 // onnx_hybrid.cuda_ops enqueued on ORT's compute stream. Offsets and capture counts stay on the device
 // (docs/op-contract.md#engine-selection, rule 4): nothing here reads device memory or synchronises with the host.
 #pragma once
 
-#include "conv_plan.h"
-#include "gdn_plan.h"
-#include "ort_api.h"
+#include "shapes/conv_shapes.h"
+#include "shapes/gdn_shapes.h"
+#include "ort/ort_api.h"
 
 namespace onnx_hybrid {
 

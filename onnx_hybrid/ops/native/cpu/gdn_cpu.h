@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "common.h"
-#include "gdn_plan.h"
+#include "shapes/gdn_shapes.h"
 
 namespace onnx_hybrid {
 

@@ -4,7 +4,7 @@ plan.py is the one place that states block sizes, shared memory and which kernel
 library's C++ launcher must not restate them, so the build reads the module-level constants out of plan.py
 (``ast.literal_eval``: plan.py imports the package, which is not installed yet at build time) and the
 launcher includes the result. The parameter structs themselves are shared as a header
-(cuda_ops/kernels/params.cuh); tests/test_native_cuda_cpu.py checks the launcher's plans against plan.py's.
+(ops/native/cuda/kernels/params.cuh); tests/test_native_cuda_cpu.py checks the launcher's plans against plan.py's.
 
 Usage: python gen_cuda_plan_header.py > HEADER   (the build writes it only when it changed)
 """
@@ -15,7 +15,7 @@ import ast
 import pathlib
 import sys
 
-PLAN_PATH = pathlib.Path(__file__).resolve().parent.parent.parent / "cuda_ops" / "plan.py"
+PLAN_PATH = pathlib.Path(__file__).resolve().parents[3] / "cuda_ops" / "plan.py"
 # plan.TYPE_SUFFIX keys in the order of the library's ElemType enum (kFloat, kFloat16, kBFloat16).
 ELEM_TYPES = ("float32", "float16", "bfloat16")
 

@@ -1,4 +1,4 @@
-#include "gdn_cpu.h"
+#include "cpu/gdn_cpu.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,7 +7,7 @@
 #include <limits>
 #include <memory>
 
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 
 namespace onnx_hybrid {
 namespace {

@@ -1,4 +1,4 @@
-#include "gdn_plan.h"
+#include "shapes/gdn_shapes.h"
 
 #include <cstring>
 
