@@ -6,7 +6,7 @@ PIP := $(PYTHON) -m pip
 .PHONY: setup demo test asan bench-cpu wheel
 
 # The oldest NVRTC that pyproject.toml allows, the GPU machine's: pip resolves the newest 13.x for the package, and
-# tests/test_cuda_ops_build.py builds every kernel with this one too (13.0 rejects code that later ones accept).
+# tests/cuda/test_cuda_ops_build.py builds every kernel with this one too (13.0 rejects code that later ones accept).
 OLDEST_NVRTC := 13.0.88
 OLDEST_NVRTC_DIR := build/oldest-nvrtc
 
@@ -44,9 +44,9 @@ demo: setup
 test: setup $(OLDEST_NVRTC_DIR)/$(OLDEST_NVRTC).stamp
 	$(PYTHON) -m pytest -q
 
-# The native library built with AddressSanitizer, and the tests marked asan run against it (tests/asan_runner.py).
+# The native library built with AddressSanitizer, and the tests marked asan run against it (tests/native/asan_runner.py).
 asan: setup
-	$(PYTHON) tests/asan_runner.py -q
+	$(PYTHON) tests/native/asan_runner.py -q
 
 bench-cpu: setup
 	$(PYTHON) scripts/bench_cpu.py

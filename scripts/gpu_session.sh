@@ -2,13 +2,13 @@
 # The GPU checks and benchmarks of this repository, on any host with an NVIDIA GPU, after
 #   pip install -e ".[gpu,test]" onnxruntime-genai-cuda==0.18.0   (and flash-linear-attention for the FLA peer)
 # Logs go to $OUT (default ./out). STEPS picks the steps, comma-separated (default test,sanitize,bench,conv):
-#   test      tests/test_cuda_ops_gpu.py: the CUDA kernels on GPU arrays against the float64 reference and FLA
+#   test      tests/cuda/test_cuda_ops_gpu.py: the CUDA kernels on GPU arrays against the float64 reference and FLA
 #   sanitize  compute-sanitizer (memcheck) over every kernel on malformed offsets (scripts/gpu_check.py)
 #   bench     scripts/bench_gpu.py (BENCH_ARGS is passed through the shell: quote case names with spaces)
 #   conv      scripts/bench_gpu_conv_replay.py: the conv and both replays against their byte floors
-#   ort       tests/test_cuda_ep.py and tests/test_native_cuda_cpu.py: our CUDA nodes in onnxruntime-gpu sessions
+#   ort       tests/cuda/test_cuda_ep.py and tests/cuda/test_native_cuda_cpu.py: our CUDA nodes in onnxruntime-gpu sessions
 #   ort-bench scripts/bench_cuda_ep.py: our CUDA nodes against ORT's com.microsoft ones, in sessions
-#   genai     tests/test_genai_cuda.py: every layout exported -e cuda through onnxruntime-genai-cuda
+#   genai     tests/genai/test_genai_cuda.py: every layout exported -e cuda through onnxruntime-genai-cuda
 #   paged     the paged export on ORT's own CUDA kernels (scripts/paged_greedy.py --compare, see paged_step)
 # PYTEST_ARGS goes to every pytest step (e.g. PYTEST_ARGS="-k graph -x").
 set -o pipefail
@@ -45,15 +45,15 @@ STEPS=${STEPS:-test,sanitize,bench,conv}
 status=0
 for step in ${STEPS//,/ }; do
   case "$step" in
-    test) pytest_step pytest tests/test_cuda_ops_gpu.py ;;
+    test) pytest_step pytest tests/cuda/test_cuda_ops_gpu.py ;;
     sanitize) timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/gpu_check.py 2>&1 \
                   | tee "$OUT/sanitizer.log" | tail -8 ;;
     bench) eval "timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench_gpu.py ${BENCH_ARGS}" 2>&1 | tee "$OUT/bench.log" ;;
     conv) timeout 200 python3 scripts/bench_gpu_conv_replay.py 2>&1 | tee "$OUT/bench_conv_replay.log" ;;
-    ort) pytest_step pytest_cuda_ep tests/test_cuda_ep.py tests/test_native_cuda_cpu.py ;;
+    ort) pytest_step pytest_cuda_ep tests/cuda/test_cuda_ep.py tests/cuda/test_native_cuda_cpu.py ;;
     ort-bench) eval "timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench_cuda_ep.py ${BENCH_ARGS}" 2>&1 \
                    | tee "$OUT/bench_cuda_ep.log" ;;
-    genai) pytest_step pytest_genai_cuda tests/test_genai_cuda.py ;;
+    genai) pytest_step pytest_genai_cuda tests/genai/test_genai_cuda.py ;;
     paged) paged_step 2>&1 | tee "$OUT/paged_greedy.log" ;;
     *) echo "unknown step '$step' (test, sanitize, bench, conv, ort, ort-bench, genai, paged)"; exit 2 ;;
   esac || status=1

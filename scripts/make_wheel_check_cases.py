@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Tiny checkpoints and transformers' greedy tokens for tests/test_wheel_gpu.py, written where torch and
+"""Tiny checkpoints and transformers' greedy tokens for tests/native/test_wheel_gpu.py, written where torch and
 transformers are installed, so the installed wheel's check needs neither (nor CuPy, nor a compiler).
 
     python scripts/make_wheel_check_cases.py CASES_DIR
-    ONNX_HYBRID_WHEEL_CASES=CASES_DIR/cases.json scripts/check_wheel_gpu.sh WHEEL WHEELHOUSE tests/test_wheel_gpu.py
+    ONNX_HYBRID_WHEEL_CASES=CASES_DIR/cases.json scripts/check_wheel_gpu.sh WHEEL WHEELHOUSE tests/native/test_wheel_gpu.py
 """
 
 import argparse

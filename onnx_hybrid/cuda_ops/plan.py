@@ -218,7 +218,7 @@ def chunked_supported(geo: GdnGeometry, dtype: str, arch: int, smem_optin: int) 
 def chunked_aligned(params: GdnParams) -> bool:
     """The chunked kernels' vector accesses: 8-byte q/k/v; 16-byte output and state rows (the sm_90a scan
     stores the output 16 bytes at a time and copies U~ from it so; the state is accessed 8 bytes at a time),
-    as cuda_plan.cc has it."""
+    as the library's cuda/launch_plan.cc has it."""
     def ok(ptr, n):
         return ptr is None or ptr % n == 0
     return (ok(params.q, 8) and ok(params.k, 8) and ok(params.v, 8) and ok(params.out, 16)

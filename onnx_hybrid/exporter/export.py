@@ -41,7 +41,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "generation_config.json")
 TOKENIZER_NEEDED = ("tokenizer.json", "tokenizer_config.json")  # what og.Tokenizer reads
 # genai model.type per family. 0.18 has no qwen3_next type; the decoder I/O is that of qwen3_5_moe_text,
-# and genai feeds these types the 2-D position_ids the graph declares (tests/test_export_e2e.py).
+# and genai feeds these types the 2-D position_ids the graph declares (tests/exporter/test_export_e2e.py).
 GENAI_MODEL_TYPES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_5_moe_text"}
 
 

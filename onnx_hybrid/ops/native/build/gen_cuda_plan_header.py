@@ -4,7 +4,7 @@ plan.py is the one place that states block sizes, shared memory and which kernel
 library's C++ launcher must not restate them, so the build reads the module-level constants out of plan.py
 (``ast.literal_eval``: plan.py imports the package, which is not installed yet at build time) and the
 launcher includes the result. The parameter structs themselves are shared as a header
-(ops/native/cuda/kernels/params.cuh); tests/test_native_cuda_cpu.py checks the launcher's plans against plan.py's.
+(ops/native/cuda/kernels/params.cuh); tests/cuda/test_native_cuda_cpu.py checks the launcher's plans against plan.py's.
 
 Usage: python gen_cuda_plan_header.py > HEADER   (the build writes it only when it changed)
 """

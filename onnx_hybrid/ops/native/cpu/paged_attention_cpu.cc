@@ -90,7 +90,7 @@ void RunPagedAttentionCpu(const PagedAttentionGeometry& geo, const std::vector<P
     // scores = q K^T, one key block at a time (the pool's rows as they lie). Every score is one dot product
     // and every output element of the PV product below one FMA chain in a fixed order, whatever M is, so a
     // token gets the same bits in a verify step as in a one-token step: speculative decoding then
-    // reproduces plain decoding exactly (tests/test_replay_agreement.py).
+    // reproduces plain decoding exactly (tests/contract/test_replay_agreement.py).
     int64_t stride = 0;
     for (int64_t first = 0; first < span; first += bs) {
       const int64_t n = std::min(bs, span - first);

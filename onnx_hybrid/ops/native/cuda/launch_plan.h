@@ -1,7 +1,7 @@
 // Launch plans of the CUDA variants: which kernels of the image run, with what grid, block, dynamic
 // shared memory and parameters. A C++ mirror of onnx_hybrid/cuda_ops/plan.py (gdn_plan, conv_plan) built
 // on that file's own constants (cuda_plan_generated.h) and the kernels' parameter structs (params.cuh);
-// tests/test_native_cuda_cpu.py compares the two plans on many geometries.
+// tests/cuda/test_native_cuda_cpu.py compares the two plans on many geometries.
 #pragma once
 
 #include <cstdint>

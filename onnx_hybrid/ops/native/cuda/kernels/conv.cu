@@ -630,7 +630,7 @@ extern "C" __global__ void __launch_bounds__(kReplayWarps * 32) gdn_replay_f32(c
   }
 
 // The output kernel is built for 4 blocks per SM (128 registers), where no type spills
-// (tests/test_cuda_ops_build.py checks it). An earlier bf16 kernel spilled 262 bytes there and ran 20% slower
+// (tests/cuda/test_cuda_ops_build.py checks it). An earlier bf16 kernel spilled 262 bytes there and ran 20% slower
 // (H200; docs/design-notes.md#conv-register-budget).
 // The fp32 short-row kernel is held to 4 blocks per SM (128 registers), like the 16-bit ones, which take that many
 // on their own: left to choose, ptxas gave it 72 registers and spilled 16 bytes (CUDA 13.0, sm_90a).

@@ -16,6 +16,7 @@ from native_util import (GDN, check_capsule_replay, check_decode_equals_verify, 
 from onnx_hybrid.ops import contract, library
 from onnx_hybrid_testing import single_op
 from onnx_hybrid_testing.cases import random_gdn_case
+from file_modules import ROOT
 
 # Each entry: random_gdn_case keyword arguments. Rows of >= 32 tokens run the chunked engine, shorter
 # rows and captured rows the recurrence (docs/op-contract.md#engine-selection).
@@ -281,4 +282,4 @@ def test_narrower_isa_matches_reference(isa):
         "    check_subnormal_gdn(dk, seed=dk)\n"
     )
     env = {**os.environ, "ONNX_HYBRID_CPU_ISA": isa}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT)

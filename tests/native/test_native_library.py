@@ -16,8 +16,8 @@ from onnx_hybrid.ops import library, library_path, register
 from onnx_hybrid_testing import single_op
 from onnx_hybrid.ops.contract import MS_DOMAIN
 from onnx_hybrid_testing.cases import random_gdn_case
+from file_modules import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tool_output(*command):

@@ -26,8 +26,8 @@ from onnx_hybrid.ops import library, library_path
 from onnx_hybrid_testing import single_op
 from onnx_hybrid.ops.native.build import wheel
 from onnx_hybrid_testing.cases import random_conv_case
+from file_modules import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 LIBRARY_IN_WHEEL = "onnx_hybrid/ops/_native/libonnx_hybrid_ortops.so"
 IMAGES_IN_WHEEL = f"onnx_hybrid/ops/_native/{library.IMAGE_FOLDER}"
 EM_CUDA = 190

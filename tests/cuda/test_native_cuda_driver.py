@@ -19,8 +19,9 @@ import subprocess
 import pytest
 
 from onnx_hybrid.cuda_ops import launch as py_launch
+from file_modules import ROOT
 
-NATIVE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "onnx_hybrid", "ops", "native")
+NATIVE = str(ROOT / "onnx_hybrid" / "ops" / "native")
 CUDA_INCLUDE = next((d for d in (os.path.join(os.environ.get("CUDA_PATH", "/nonexistent"), "include"),
                                  "/usr/local/cuda/include") if os.path.isfile(os.path.join(d, "cuda.h"))), None)
 

@@ -3,7 +3,7 @@
 The provider in genai_config.json (decoder and MTP head) in the form onnxruntime-genai 0.18 parses, fp16 by
 default, the library's kernel images for the requested architectures in onnx_hybrid_cuda/ beside its copy of the
 library, ORT's CUDA PagedAttention in the paged graph, and the validator's provider rules, each checked against
-onnxruntime-genai's CPU build where it has an opinion. The GPU run itself is tests/test_genai_cuda.py.
+onnxruntime-genai's CPU build where it has an opinion. The GPU run itself is tests/genai/test_genai_cuda.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def fake_images(monkeypatch):
-    """Stand-in images: compiling real ones takes about a minute per architecture (tests/test_cuda_ops_build.py
+    """Stand-in images: compiling real ones takes about a minute per architecture (tests/cuda/test_cuda_ops_build.py
     builds them); here only their placement matters."""
     monkeypatch.setattr(library, "cuda_image", lambda arch: b"\x7fELF stand-in sm%d" % arch)
 

@@ -1,7 +1,7 @@
 """The library's CUDA variants, checked without a GPU: the launcher's parameter structs and launch plans
 agree with onnx_hybrid.cuda_ops.plan (what the kernels were tested with), images are handed over by copy
 and never replaced, prepare_cuda compiles offline or loads a prepared folder, and a CUDA session request
-on a CPU-only ORT still runs our CPU kernels. The GPU half is tests/test_cuda_ep.py."""
+on a CPU-only ORT still runs our CPU kernels. The GPU half is tests/cuda/test_cuda_ep.py."""
 
 import ctypes
 import itertools
@@ -216,7 +216,7 @@ def test_cuda_programmatic_launch_option():
 def test_cuda_session_request_falls_back_to_our_cpu_kernels():
     """On a CPU-only ORT the CUDA variants are registered but never chosen; the CPU kernels run."""
     if "CUDAExecutionProvider" in ort.get_available_providers() and library._visible_cuda_archs():
-        pytest.skip("a usable CUDA EP is present: tests/test_cuda_ep.py covers this host")
+        pytest.skip("a usable CUDA EP is present: tests/cuda/test_cuda_ep.py covers this host")
     case = random_gdn_case(np.random.default_rng(3), [5, 1, 40])
     model = single_op.single_op_model(GDN, case.feeds, case.attributes).SerializeToString()
     so = ort.SessionOptions()

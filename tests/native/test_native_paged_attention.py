@@ -1,8 +1,8 @@
 """Our CPU PagedAttention (onnx_hybrid domain) against the float64 reference (docs/op-contract.md#pagedattention):
 geometries, element types, the pool updated in place through one bound buffer, thread-count
 independence, and clean rejections of malformed metadata. ORT's own com.microsoft::PagedAttention has no
-CPU kernel, so the model-level peers are transformers (tests/test_configs_paged_export.py) and the Engine
-(tests/test_engine_speculative_cpu.py)."""
+CPU kernel, so the model-level peers are transformers (tests/configs/test_configs_paged_export.py) and the Engine
+(tests/genai/test_engine_speculative_cpu.py)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from file_modules import ROOT
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
 
@@ -58,7 +59,6 @@ def test_conv_kernels_fit_their_registers_on_sm90():
     assert not spills, f"kernels that spill on sm_90a: {spills}"
 
 
-ROOT = Path(__file__).resolve().parents[1]
 OLDEST_NVRTC_LIB = ROOT / "build" / "oldest-nvrtc" / "nvidia" / "cu13" / "lib"  # fetched by `make test`
 
 

@@ -1,6 +1,6 @@
-"""Runs the tests marked ``asan`` (tests/test_native_asan.py) against the AddressSanitizer build of the library.
+"""Runs the tests marked ``asan`` (tests/native/test_native_asan.py) against the AddressSanitizer build of the library.
 
-    python tests/asan_runner.py [PYTEST_ARGS...]      # what `make asan` runs; e.g. -k quick
+    python tests/native/asan_runner.py [PYTEST_ARGS...]      # what `make asan` runs; e.g. -k quick
 
 Builds build/asan/libonnx_hybrid_ortops.so (onnx_hybrid/ops/native/build/build_config.py), then runs pytest in a child
 with libasan preloaded (and libstdc++: ASan must find its __cxa_throw to wrap when it starts, and python does not
@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from file_modules import ROOT, load_file
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests/ for file_modules
+from file_modules import ROOT, load_file  # noqa: E402
 
 ASAN_LIBRARY = ROOT / "build" / "asan" / "libonnx_hybrid_ortops.so"
 
@@ -30,7 +32,7 @@ def run(pytest_args: list[str], **subprocess_options) -> subprocess.CompletedPro
     env = {**os.environ, "LD_PRELOAD": f"{_gcc_file('libasan.so')} {_gcc_file('libstdc++.so.6')}",
            "ONNX_HYBRID_LIBRARY": str(library), "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:halt_on_error=1"}
     command = [sys.executable, "-m", "pytest", "-m", "asan", "-p", "no:cacheprovider",
-               "tests/test_native_asan.py", *pytest_args]
+               "tests/native/test_native_asan.py", *pytest_args]
     return subprocess.run(command, env=env, cwd=ROOT, **subprocess_options)
 
 

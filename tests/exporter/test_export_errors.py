@@ -15,14 +15,14 @@ from safetensors.numpy import load_file, save_file
 from onnx_hybrid.cli import export_main
 from onnx_hybrid.exporter import SUPPORTED_ARCHITECTURES, ExportError, export
 from onnx_hybrid_testing.checkpoints import TEXT
+from file_modules import ROOT
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_exporter_imports_neither_torch_nor_transformers():
     code = ("import sys, onnx_hybrid.exporter, onnx_hybrid.cli; "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
@@ -179,7 +179,7 @@ def test_tokenizer_files_are_copied(tiny, tmp_path):
 def test_cli_user_error_exits_2_without_traceback(tmp_path):
     code = "import sys; from onnx_hybrid.cli import export_main; sys.exit(export_main(sys.argv[1:]))"
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "missing"), "-o", str(tmp_path / "o")],
-                          cwd=REPO, capture_output=True, text=True)
+                          cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.startswith("export-hybrid: error:") and "Traceback" not in proc.stderr
     assert export_main([str(tmp_path), "-o", str(tmp_path / "o"), "--state-update-capacity", "9"]) == 2

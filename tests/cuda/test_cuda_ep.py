@@ -2,7 +2,7 @@
 
 * Same kernels, same parameters: a session's outputs equal onnx_hybrid.cuda_ops' direct launches bit for
   bit (the C++ launcher mirrors cuda_ops/plan.py), and both agree with the float64 reference within the
-  tolerances of tests/test_cuda_ops_gpu.py (whose configurations are reused here).
+  tolerances of tests/cuda/test_cuda_ops_gpu.py (whose configurations are reused here).
 * Against ORT's own com.microsoft CUDA kernels on the same node (docs/op-contract.md#onnx-runtimes-own-kernels),
   without zero-length requests (ORT leaves their results unspecified: docs/op-contract.md#conv-offsets): fp32
   1e-4, fp16/bf16 3e-2 (ORT's chunked tolerance), relative to max(|ref|, 1).
@@ -398,7 +398,7 @@ def test_matmul_nbits_rows_do_not_depend_on_the_call(bits, accuracy_level):
     """Why a verify call of quantized weights can be lossless on the GPU: ORT's CUDA MatMulNBits (fp16, as -e cuda
     exports run it) must compute a row alone (M = 1, a decode step) bit for bit as among the rows of a verify call
     (M = 4) and of a prompt (M = 40). The CPU kernel needs accuracy_level 4 for that
-    (tests/test_quantized_export.py); this says what the CUDA kernel does at the level exports write and at 0."""
+    (tests/exporter/test_quantized_export.py); this says what the CUDA kernel does at the level exports write and at 0."""
     from onnx import TensorProto, helper, numpy_helper
 
     from onnx_hybrid.exporter.quantize import QuantSpec, quantize

@@ -6,7 +6,7 @@ process with libasan preloaded and ONNX_HYBRID_LIBRARY naming that copy: every m
 state ops, PagedAttention's malformed metadata, and valid calls at the edges of each engine (ragged with
 zero-length rows, capture, chunk tails, wide and deep convs, pools in every element type). An out-of-bounds
 access aborts the process with an ASan report; a rejection must come back as an ORT error naming the op.
-Without that set-up (a plain ``pytest`` run) the marker deselects them; tests/test_native_library.py runs the
+Without that set-up (a plain ``pytest`` run) the marker deselects them; tests/native/test_native_library.py runs the
 ``quick`` ones this way in the normal suite.
 """
 

@@ -230,7 +230,7 @@ def spec_prompts(*lengths):
 SPEC_PROMPTS = {"short": spec_prompts(12, 4, 25, 1), "long": spec_prompts(40, 7, 70, 1)}
 SPEC_TOKENS = 30
 CAPACITY = 3
-# The prompts tests/test_mtp_export.py fits its head on: with them its drafts end in full, partial and zero accepts.
+# The prompts tests/exporter/test_mtp_export.py fits its head on: with them its drafts end in full, partial and zero accepts.
 MTP_PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150, 8], [44, 3, 150, 12],
                [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 150, 1], [77]]
 
@@ -282,7 +282,7 @@ def test_quantized_weights_generate_and_speculate_losslessly(dense, weights, tmp
     """Quantized weights (MatMulNBits) on the GPU: the plain export generates the same tokens with CUDA graphs
     (its default on CUDA) as without, and the paged export with capacity 3 keeps plain decoding's tokens under
     partly wrong external drafts, through full and partial accepts (a verify call's rows must come out as
-    one-token steps do: tests/test_cuda_ep.py checks MatMulNBits itself)."""
+    one-token steps do: tests/cuda/test_cuda_ep.py checks MatMulNBits itself)."""
     checkpoint, _, eos = dense
     prompts = SPEC_PROMPTS["long"]
     plain_export = export_for_test(checkpoint, tmp_path / "plain", eos, weights=weights)

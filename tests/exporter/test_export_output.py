@@ -21,8 +21,8 @@ from onnx_hybrid.cli import export_main, main
 from onnx_hybrid.exporter import ExportError, export
 from onnx_hybrid.exporter.output_dir import MARKER, remove_leftovers
 from onnx_hybrid.exporter.summary import ExportSummary, summarize
+from file_modules import ROOT
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -146,8 +146,8 @@ sys.exit(export_main(sys.argv[1:]))
 
 
 def _export_and_signal(model_dir: Path, out: Path, signum: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", _SLOW_EXPORT, str(model_dir), "-o", str(out), "-q"], cwd=REPO,
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_EXPORT, str(model_dir), "-o", str(out), "-q"], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "weights written\n"
@@ -264,4 +264,4 @@ def test_version(entry, prog, capsys):
         entry(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out == f"{prog} {__version__}\n"
-    assert __version__ == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert __version__ == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
