@@ -15,12 +15,14 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from ..ops.contract import SEQUENTIAL_MIN_TOKENS
+
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "ops" / "native" / "cuda" / "kernels"
 MAIN_SOURCE = "onnx_hybrid_kernels.cu"
 CACHE_ENV = "ONNX_HYBRID_KERNEL_CACHE"
 # No --use_fast_math: the state update's rounding is written out with __fmul_rn / __fmaf_rn, and the gate
 # uses accurate expf / log1pf (the L2 norms use rsqrtf; docs/op-contract.md#state-update-rounding).
-BASE_OPTIONS = ("-std=c++17", "--device-int128")
+BASE_OPTIONS = ("-std=c++17", "--device-int128", f"-DOHK_SEQUENTIAL_MIN_TOKENS={SEQUENTIAL_MIN_TOKENS}")
 # Bumped when what the cache holds for the same sources changes (2: whole ELF images, see _whole_elf).
 CACHE_FORMAT = 2
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from ..ops.contract import ConvGeometry, GdnGeometry
+from ..ops.contract import SEQUENTIAL_MIN_TOKENS, ConvGeometry, GdnGeometry
 from .tensors import ELEMENT_SIZE
 
 _p = ctypes.c_void_p
@@ -108,7 +108,6 @@ CHUNK_PREP_SMEM_BYTES = 115200
 # products once for the group) while that grid keeps at least this many blocks: two per SM on an H200's 132
 # SMs. Below it, one value head per block: more blocks in flight for short calls.
 CHUNK_PREP_SHARED_MIN_BLOCKS = 264
-SEQUENTIAL_MIN_TOKENS = 32  # OHK_SEQUENTIAL_MIN_TOKENS: shorter rows always run on the recurrent kernel
 # Tokens per thread of the conv output pass (the kernel takes its run length from the grid's height): runs of
 # CONV_TOKENS on calls of at least CONV_LONG_TOKENS tokens, else of CONV_MEDIUM_TOKENS, which keeps more blocks in
 # flight on mid-sized calls. Of runs of 13 to 128 tokens, 16 were fastest at 27B, 1 x 3072 to 1 x 8192: shorter

@@ -9,7 +9,14 @@ ABI; PagedAttention is our CPU subset of ORT's CUDA op). Everything else derives
 * the C++ kernels get indices, defaults and message templates through a header generated from this
   module at build time (``native/build/gen_contract_header.py``);
 * the exporter emits nodes through :func:`make_onnx_node` / :func:`make_ir_node`;
-* the config validator computes capsule widths with :func:`gdn_capsule_width` / :func:`conv_capsule_shape`.
+* the config validator computes capsule widths with :func:`gdn_capsule_width` / :func:`conv_capsule_shape`;
+* the engine threshold (:data:`SEQUENTIAL_MIN_TOKENS`) reaches the CPU kernel and the CUDA launch plan through
+  that header and the CUDA kernels as an NVRTC define (``cuda_ops/compiler.py``).
+
+Python is the source because every consumer can read it: the build generates C++ from it before compiling,
+and the exporter, validator and reference need no compiled code. One part is still written twice: the shape and
+presence checks (``resolve_*`` here, ``native/shapes/*.cc`` in the library, which checks ORT's inputs without
+calling back into Python); ``tests/native/test_native_errors.py`` holds the two to the same verdicts and messages.
 
 The module depends on nothing outside the standard library, so that the build can import it.
 """
@@ -27,6 +34,10 @@ MAX_STATE_UPDATE_CAPACITY = 8
 L2_NORM_EPS = 1e-12
 SOFTPLUS_THRESHOLD = 20.0
 INT32_MAX = 2**31 - 1
+# Engine rule 2 (docs/op-contract.md#engine-selection): a request of fewer tokens runs on the sequential engine.
+# The CPU kernel and the CUDA launch plan read it from the generated header, the CUDA kernels from the
+# -DOHK_SEQUENTIAL_MIN_TOKENS that cuda_ops/compiler.py passes NVRTC.
+SEQUENTIAL_MIN_TOKENS = 32
 
 # Element types by ONNX name. "T" is the activation type of an op; the others are fixed.
 ACTIVATION_TYPES = ("float", "float16", "bfloat16")

@@ -86,6 +86,7 @@ def render(c) -> str:
         f"inline constexpr char kMsDomain[] = {c_string(c.MS_DOMAIN)};",
         f"inline constexpr int kOpsetVersion = {c.OPSET_VERSION};",
         f"inline constexpr int kMaxStateUpdateCapacity = {c.MAX_STATE_UPDATE_CAPACITY};",
+        f"inline constexpr int kSequentialMinTokens = {c.SEQUENTIAL_MIN_TOKENS};",
         f"inline constexpr float kL2NormEps = {c.L2_NORM_EPS!r}f;",
         f"inline constexpr float kSoftplusThreshold = {c.SOFTPLUS_THRESHOLD!r}f;",
         f"inline constexpr int64_t kInt32Max = {c.INT32_MAX};",

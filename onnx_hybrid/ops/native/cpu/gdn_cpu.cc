@@ -14,7 +14,6 @@ namespace {
 
 std::atomic<EngineChoice> g_engine_choice{EngineChoice::kAuto};
 
-constexpr int64_t kSequentialBelow = 32;  // engine rule 2: shorter rows run on the recurrence
 constexpr int64_t kSequentialBlock = 64;  // tokens staged at a time by the sequential engine
 constexpr int64_t kSolveBlock = 16;       // rows substituted directly inside the chunk's triangular solve
 
@@ -280,7 +279,7 @@ void RunGdnCpu(const GdnGeometry& geo, const GdnAttributes& attrs, const std::ve
                   std::max<int64_t>(0, std::min<int64_t>({cc, geo.capacity, row.length}))};
     if (row.length == 0) return item.EmptyRow();
     const bool must_recur = cc > 0 || geo.per_key_decay;  // engine rule 1; per-key decay has no chunked form here
-    const bool short_row = row.length < kSequentialBelow;  // engine rule 2
+    const bool short_row = row.length < contract::kSequentialMinTokens;  // engine rule 2
     bool sequential;
     switch (choice) {
       case EngineChoice::kSequential: sequential = true; break;

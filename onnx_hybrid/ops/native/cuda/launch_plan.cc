@@ -113,7 +113,7 @@ bool GdnUsesChunked(const GdnGeometry& geo, ElemType type, const GdnParams& para
         std::to_string(smem_optin) + " B of opt-in shared memory (needs " + std::to_string(ChunkSmemNeeded(arch)) +
         "), aligned inputs " + (aligned ? "True" : "False"));
   return chunked && (engine == GdnCudaEngine::kChunked ||
-                     (engine == GdnCudaEngine::kAuto && geo.total_tokens >= cp::kSequentialMinTokens * geo.batch));
+                     (engine == GdnCudaEngine::kAuto && geo.total_tokens >= int64_t(contract::kSequentialMinTokens) * geo.batch));
 }
 
 std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type, const GdnParams& params, int arch,

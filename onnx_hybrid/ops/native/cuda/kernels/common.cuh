@@ -155,7 +155,9 @@ __device__ __forceinline__ RowSpan row_span(const int* cu, int uniform_len, int 
 
 // Rows the chunked engine leaves to the sequential one, decided on the device (rules 1 and 2 of
 // docs/op-contract.md#engine-selection).
-#define OHK_SEQUENTIAL_MIN_TOKENS 32
+#ifndef OHK_SEQUENTIAL_MIN_TOKENS  // the contract's SEQUENTIAL_MIN_TOKENS, passed by cuda_ops/compiler.py
+#error "compile with -DOHK_SEQUENTIAL_MIN_TOKENS=<onnx_hybrid.ops.contract.SEQUENTIAL_MIN_TOKENS>"
+#endif
 __device__ __forceinline__ bool gdn_row_is_sequential(const GdnParams& p, int b, int len) {
   const bool captured = p.capacity > 0 && p.capture_active && p.capture_count[b] > 0;
   return captured || len < OHK_SEQUENTIAL_MIN_TOKENS;
