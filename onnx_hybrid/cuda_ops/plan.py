@@ -123,7 +123,7 @@ CONV_SHORT_TOKENS = 256
 # per (request, 16 bytes of channels) doing its row's outputs and then its state (conv_rows; conv_decode at
 # one token per request on average, which requests fewer inputs ahead).
 CONV_ROW_TOKENS = 8
-REPLAY_WARPS, REPLAY_ROWS = 2, 8  # GDN replay: warps per block, value rows per warp (conv.cu kReplay*)
+REPLAY_WARPS, REPLAY_ROWS = 2, 8  # GDN replay: warps per block, value rows per warp (gdn_replay.cu kReplay*)
 
 TYPE_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
@@ -337,7 +337,7 @@ def conv_plan(geo: ConvGeometry, dtype: str, params: ConvParams) -> list[Launch]
 
 
 def gdn_replay_plan(params: GdnReplayParams) -> list[Launch]:
-    """REPLAY_WARPS warps per block, each on REPLAY_ROWS value rows of one (request, head) (conv.cu gdn_replay_f32)."""
+    """REPLAY_WARPS warps per block, each on REPLAY_ROWS value rows of one (request, head) (gdn_replay.cu gdn_replay_f32)."""
     return [Launch("gdn_replay_f32", (_ceil(params.dv, REPLAY_WARPS * REPLAY_ROWS), params.hv, params.batch),
                    (REPLAY_WARPS * 32, 1, 1), 0, params)]
 

@@ -46,7 +46,7 @@ def test_conv_kernels_fit_their_registers_on_sm90():
     128 threads per SM, 128 registers). A spill there cost the bf16 prefill 30%
     (docs/design-notes.md#conv-register-budget), so one fails here, without a GPU."""
     nv = compiler._nvrtc()
-    program = nv.createProgram('#include "conv.cu"\n', "conv_registers.cu", (), ())
+    program = nv.createProgram('#include "conv.cu"\n#include "gdn_replay.cu"\n', "conv_registers.cu", (), ())
     nv.compileProgram(program, compiler.options(90) + ("-Xptxas=-v",))
     kernel, spills, compiled = None, [], []
     for line in nv.getProgramLog(program).splitlines():
@@ -243,7 +243,7 @@ def test_plan_grids_follow_the_geometry():
 
 
 def test_conv_and_replay_grids_follow_the_kernels_constants():
-    source = (compiler.KERNEL_DIR / "conv.cu").read_text()
+    source = "".join((compiler.KERNEL_DIR / name).read_text() for name in ("conv.cu", "gdn_replay.cu"))
     kernel = {name: int(v) for name, v in re.findall(r"constexpr int (k\w+) = (\d+);", source)}
     assert kernel["kConvThreads"] == plan.CONV_THREADS
     # the output kernel streams runs in pairs of chunks: the plan's runs are whole pairs (no idle last half)

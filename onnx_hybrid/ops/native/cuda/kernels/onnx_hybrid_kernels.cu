@@ -3,3 +3,4 @@
 #include "gdn_recurrent.cu"
 #include "gdn_chunked.cu"
 #include "conv.cu"
+#include "gdn_replay.cu"
