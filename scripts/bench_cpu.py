@@ -17,6 +17,7 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
 
 import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import numpy as np
@@ -159,9 +160,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the rows here (with date, commit, CPU, command)")
     args = parser.parse_args()
     from onnx_hybrid.ops.library import cpu_isa
     from onnx_hybrid_testing.e2e import cpu_model
+    from onnx_hybrid_testing.results import write_json
+
+    rows = []
 
     print(f"onnxruntime {ort.__version__}, {args.threads} intra-op threads, kernels: {cpu_isa()}, "
           f"median of {args.runs} runs")
@@ -175,6 +180,8 @@ def main() -> None:
         mark = "met" if ratio >= goal else f"missed ({ratio / goal:.0%} of goal)"
         print(f"| {name} | {ours * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {ratio:.2f}x | {ours_cpu * 1e3:.3f} ms | "
               f"{theirs_cpu * 1e3:.3f} ms | {theirs_cpu / ours_cpu:.2f}x | >= {goal:.0f}x: {mark} |", flush=True)
+        rows.append({"case": name, "peer": "ORT com.microsoft", "ours_s": ours, "peer_s": theirs, "ours_cpu_s": ours_cpu,
+                     "peer_cpu_s": theirs_cpu, "goal": goal})
     print()
     print("| PagedAttention case | ours (paged pool) | plain-ONNX dense attention | peer / ours | ours CPU | peer CPU "
           "| CPU ratio |")
@@ -183,6 +190,10 @@ def main() -> None:
         (ours, ours_cpu), (theirs, theirs_cpu) = bench_attention_case(lengths, past, args.runs, args.threads)
         print(f"| {name} | {ours * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {theirs / ours:.2f}x | "
               f"{ours_cpu * 1e3:.3f} ms | {theirs_cpu * 1e3:.3f} ms | {theirs_cpu / ours_cpu:.2f}x |", flush=True)
+        rows.append({"case": name, "peer": "plain-ONNX dense attention", "ours_s": ours, "peer_s": theirs,
+                     "ours_cpu_s": ours_cpu, "peer_cpu_s": theirs_cpu})
+    write_json(args.json, "bench_cpu", cpu_model(), rows, onnxruntime=ort.__version__, threads=args.threads,
+               kernels=cpu_isa(), runs=args.runs)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import cupy
@@ -37,6 +38,7 @@ from onnx_hybrid import cuda_ops
 from onnx_hybrid.ops import contract, library
 from onnx_hybrid_testing import single_op
 from onnx_hybrid_testing.cases import random_conv_case, random_gdn_case
+from onnx_hybrid_testing.results import write_json
 
 HK, HV, D, KERNEL = 16, 48, 128, 4
 CONV_CH = 2 * HK * D + HV * D
@@ -182,6 +184,7 @@ def main() -> None:
     ap.add_argument("--cases", default="", help="comma-separated substrings of case names to run")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5, help="back-to-back profiled pairs per case for the node time")
+    ap.add_argument("--json", type=Path, help="also write the rows here (with date, commit, GPU, command)")
     args = ap.parse_args()
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
@@ -192,6 +195,7 @@ def main() -> None:
     print(f"{'case':24s} {'kernel':>7s} | {'ours run':>8s} {'graph':>7s} {'r-g':>6s} {'node':>6s} | "
           f"{'ORT run':>8s} {'graph':>7s} {'r-g':>6s} {'node':>6s} | "
           f"{'run ratio':>9s} {'node diff':>9s} {'diff range':>13s}")
+    rows = []
     for name, op, lengths, capacity in CASES:
         if args.cases and not any(c in name for c in args.cases.split(",")):
             continue
@@ -220,8 +224,14 @@ def main() -> None:
         ratio = row[contract.MS_DOMAIN, "run"] / row[contract.DOMAIN, "run"]
         print(f"{name:24s} {k * 1e6:7.1f} | {cells[0]} | {cells[1]} | {ratio:9.2f} {diff * 1e6:+8.1f} "
               f"[{low * 1e6:+.1f}, {high * 1e6:+.1f}] {verdict}", flush=True)
+        rows.append({"case": name, "kernel_us": k * 1e6, "node_diff_us": diff * 1e6,
+                     "diff_range_us": [low * 1e6, high * 1e6],
+                     **{f"{'ours' if domain == contract.DOMAIN else 'ort'}_{mode}_us": row[domain, mode] * 1e6
+                        for domain in (contract.DOMAIN, contract.MS_DOMAIN) for mode in ("run", "graph", "node")}})
         del outs
         cupy.get_default_memory_pool().free_all_blocks()
+    write_json(args.json, "bench_cuda_ep", cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), rows,
+               onnxruntime=ort.__version__, reps=args.reps)
 
 
 if __name__ == "__main__":

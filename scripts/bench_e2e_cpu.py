@@ -63,8 +63,10 @@ def main() -> None:
     parser.add_argument("--domains", nargs="+", default=[contract.DOMAIN, contract.MS_DOMAIN])
     parser.add_argument("--weights", nargs="+", default=["fp32"], choices=["fp32", "int8", "int4"],
                         help="weight types to compare (int4/int8: MatMulNBits exports of both exporters)")
+    parser.add_argument("--json", type=Path, help="also write the rows here (with date, commit, CPU, command)")
     args = parser.parse_args()
     from onnx_hybrid_testing.e2e import cpu_model
+    from onnx_hybrid_testing.results import write_json
 
     print(f"CPU: {cpu_model()}; {args.threads} intra-op threads, prompt {args.prompt}, {args.new_tokens} new tokens, "
           f"best of {args.repeats}", flush=True)
@@ -75,11 +77,20 @@ def main() -> None:
         r = results[label]
         print(f"{label}: prefill {args.prompt} tokens {r['prefill_ms']:.0f} ms, decode {r['decode_tok_s']:.2f} tok/s",
               flush=True)
-    base = results[next(iter(models))]
-    for label, r in list(results.items())[1:]:
+    base_label = next(iter(models))
+    base = results[base_label]
+    print(f"\n| export | prefill {args.prompt} tokens ms | decode tok/s | prefill vs {base_label} | decode vs "
+          f"{base_label} | first greedy tokens equal to its |\n|---|---|---|---|---|---|")
+    rows = []
+    for label, r in results.items():
         same = next((i for i, (a, b) in enumerate(zip(r["tokens"], base["tokens"])) if a != b), len(r["tokens"]))
-        print(f"{label}: prefill speed-up {base['prefill_ms'] / r['prefill_ms']:.2f}x, decode "
-              f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x, first {same} greedy tokens equal to the builder's")
+        rows.append({"export": label, "prefill_ms": r["prefill_ms"], "decode_tok_s": r["decode_tok_s"],
+                     "prefill_speed_up": base["prefill_ms"] / r["prefill_ms"],
+                     "decode_speed_up": r["decode_tok_s"] / base["decode_tok_s"], "same_tokens": same})
+        print(f"| {label} | {r['prefill_ms']:.0f} | {r['decode_tok_s']:.2f} | {rows[-1]['prefill_speed_up']:.2f}x | "
+              f"{rows[-1]['decode_speed_up']:.2f}x | {same} |")
+    write_json(args.json, "bench_e2e_cpu", cpu_model(), rows, threads=args.threads, prompt=args.prompt,
+               new_tokens=args.new_tokens, repeats=args.repeats)
 
 
 if __name__ == "__main__":

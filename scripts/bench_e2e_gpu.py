@@ -69,6 +69,7 @@ import _checkout  # the test helpers beside the package are not installed
 import numpy as np
 
 from onnx_hybrid_testing.e2e import cpu_model
+from onnx_hybrid_testing.results import git_commit
 
 # This script, its workers and the export processes all use the package of the repository it is in.
 REPO = _checkout.ROOT
@@ -362,17 +363,6 @@ def run_worker(spec: dict, rows: list[str], args) -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------------------------------------ results
-
-def git_commit() -> str:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
-        return commit + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
 
 def load_results(path: Path) -> dict:
     if path.is_file():

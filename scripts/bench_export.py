@@ -42,6 +42,8 @@ def dir_gb(path: Path) -> float:
 
 
 def main() -> None:
+    from onnx_hybrid_testing.e2e import cpu_model
+    from onnx_hybrid_testing.results import write_json
     from onnx_hybrid_testing.synthetic import GEOMETRIES, tensor_shapes, write_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,6 +52,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench"))
     parser.add_argument("--no-builder", action="store_true", help="skip onnxruntime-genai's builder")
     parser.add_argument("--cleanup", action="store_true", help="delete checkpoint and outputs at the end")
+    parser.add_argument("--json", type=Path, help="also write the rows here (with date, commit, CPU, command)")
     args = parser.parse_args()
 
     geometry = GEOMETRIES[args.geometry]
@@ -70,6 +73,7 @@ def main() -> None:
     wall, rss = timed([sys.executable, "-m", "onnx_hybrid.cli", "export", str(checkpoint), "-o", str(ours),
                        "--dtype", args.dtype, "--overwrite", "-q"])
     print(f"ours ({args.dtype}): {wall:.1f} s, peak RSS {rss:.2f} GB, output {dir_gb(ours):.2f} GB", flush=True)
+    rows = [{"exporter": "ours", "dtype": args.dtype, "seconds": wall, "peak_rss_gb": rss, "output_gb": dir_gb(ours)}]
     if not args.no_builder:
         builder = args.work / f"builder_{args.geometry}_fp32"
         shutil.rmtree(builder, ignore_errors=True)
@@ -77,6 +81,13 @@ def main() -> None:
                                "-o", str(builder), "-p", "fp32", "-e", "cpu", "-c", str(args.work / "cache")])
         print(f"builder (fp32): {wall_b:.1f} s, peak RSS {rss_b:.2f} GB, output {dir_gb(builder):.2f} GB")
         print(f"ratio ours/builder: time {wall / wall_b:.2f}x, peak RSS {rss / rss_b:.2f}x")
+        rows.append({"exporter": "builder", "dtype": "fp32", "seconds": wall_b, "peak_rss_gb": rss_b,
+                     "output_gb": dir_gb(builder)})
+    print("\n| exporter | seconds | peak RSS GB | output GB |\n|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['exporter']} ({row['dtype']}) | {row['seconds']:.1f} | {row['peak_rss_gb']:.2f} | "
+              f"{row['output_gb']:.2f} |")
+    write_json(args.json, "bench_export", cpu_model(), rows, geometry=args.geometry, largest_tensor_gb=largest)
     if args.cleanup:
         for path in (checkpoint, ours, args.work / f"builder_{args.geometry}_fp32", args.work / "cache"):
             shutil.rmtree(path, ignore_errors=True)

@@ -16,12 +16,15 @@ import argparse
 import datetime
 import math
 import statistics
+from pathlib import Path
 
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import torch
 
 from onnx_hybrid import cuda_ops
 from onnx_hybrid.cuda_ops import launch, plan
 from onnx_hybrid.ops import contract
+from onnx_hybrid_testing.results import write_json
 
 HK, HV, D = 16, 48, 128
 L2_BYTES = 60e6
@@ -88,6 +91,7 @@ def benchmark_arguments() -> argparse.ArgumentParser:
                          "shapes; first: kept for the process, as in sessions up to 24 (see retune_fla)")
     ap.add_argument("--graph-calls", type=int, default=GRAPH_CALLS,
                     help="calls per timed graph at least (input sets repeat to make them up)")
+    ap.add_argument("--json", type=Path, help="also write the rows here (with date, commit, GPU, command)")
     return ap
 
 
@@ -302,6 +306,7 @@ def main() -> None:
           f"programmatic launch {'on' if pdl else 'off'}")
     print(f"{'case':24s} {'dtype':9s} {'ours us':>9s} {'FLA us':>9s} {'FLA/ours':>9s} {'floor':>7s} {'max err':>8s}")
     gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
     for dtype_name in dtypes:
         dtype = getattr(torch, dtype_name)
         for name, lengths, capacity in CASES:
@@ -348,6 +353,8 @@ def main() -> None:
                 floor = CHUNK_FLOP_PER_TOKEN_HEAD * tokens * HV / MATMUL_RATE / ours_t
             print(f"{name:24s} {dtype_name:9s} {ours_t * 1e6:9.1f} {fla_t * 1e6:9.1f} {fla_t / ours_t:9.2f} "
                   f"{floor:7.1%} {err:8.1e}", flush=True)
+            rows.append({"case": name, "dtype": dtype_name, "ours_us": ours_t * 1e6, "fla_us": fla_t * 1e6,
+                         "floor": floor, "max_err": err, "notes": notes})
             for note in notes:
                 print(f"#   {note}")
             if not prefill and args.rows:
@@ -372,6 +379,7 @@ def main() -> None:
                     print(f"#   prep, {heads} value heads per block: {t_k * 1e6:.1f} us")
             del inputs, ours, workspace
             torch.cuda.empty_cache()
+    write_json(args.json, "bench_gpu", torch.cuda.get_device_name(), rows, copy_rate=rate, programmatic_launch=pdl)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import torch
 from bench_gpu import (D, HK, HV, benchmark_arguments, benchmark_dtypes, best_config_time, copy_rate, copy_time,
                        current_stream, graph_time, only_kernels, parse_benchmark_arguments, retune_fla, rotated_sets)
 from onnx_hybrid import cuda_ops
+from onnx_hybrid_testing.results import write_json
 
 CHANNELS, TAPS = 2 * HK * D + HV * D, 4
 GDN_SLOT = HV + HK * D + HV * D  # fp32 values per captured token (docs/op-contract.md#capsule-layout)
@@ -112,8 +113,8 @@ def split_times(sets, capacity) -> str:
     return "  (" + ", ".join(parts) + ")"
 
 
-def bench_conv(dtype, rate, gen, fla_tune: str | None, only: list[str], split: bool) -> None:
-    """``fla_tune``: retune_fla's choice, or None to leave FLA out."""
+def bench_conv(dtype, rate, gen, fla_tune: str | None, only: list[str], split: bool, rows_out: list) -> None:
+    """``fla_tune``: retune_fla's choice, or None to leave FLA out; each row is also appended to ``rows_out``."""
     esize = torch.tensor([], dtype=dtype).element_size()
     for name, tokens, rows, capacity in CONV_CASES:
         if only and not any(o in name for o in only):
@@ -143,13 +144,15 @@ def bench_conv(dtype, rate, gen, fla_tune: str | None, only: list[str], split: b
         parts = split_times(sets, capacity) if split and name.startswith("conv prefill") else ""
         print(f"{name:26s} {str(dtype)[6:]:9s} {ours_t * 1e6:9.1f} {fla_t * 1e6:9.1f} {fla_t / ours_t:9.2f} "
               f"{nbytes / rate / ours_t:7.1%} {nbytes / rate / copy_time(nbytes):7.1%} {err:8.1e}{parts}", flush=True)
+        rows_out.append({"case": name, "dtype": str(dtype)[6:], "ours_us": ours_t * 1e6, "fla_us": fla_t * 1e6,
+                         "floor": nbytes / rate / ours_t, "max_err": err, "notes": notes})
         for note in notes:
             print(f"#   {note}")
         del sets, ours
         torch.cuda.empty_cache()
 
 
-def bench_replays(rate, gen, only: list[str]) -> None:
+def bench_replays(rate, gen, only: list[str], rows_out: list) -> None:
     for name, rows, capacity, accepted in REPLAY_CASES:
         if only and not any(o in name for o in only):
             continue
@@ -173,6 +176,8 @@ def bench_replays(rate, gen, only: list[str]) -> None:
         t = graph_time(fns)
         print(f"{name:26s} {'float32' if name.startswith('gdn') else 'float16':9s} {t * 1e6:9.1f} {'':9s} {'':9s} "
               f"{nbytes / rate / t:7.1%} {nbytes / rate / copy_time(nbytes):7.1%}", flush=True)
+        rows_out.append({"case": name, "dtype": "float32" if name.startswith("gdn") else "float16", "ours_us": t * 1e6,
+                         "floor": nbytes / rate / t})
         del sets, fns
         torch.cuda.empty_cache()
 
@@ -189,9 +194,12 @@ def main() -> None:
     print(f"{'case':26s} {'dtype':9s} {'ours us':>9s} {'FLA us':>9s} {'FLA/ours':>9s} {'floor':>7s} {'copy':>7s} "
           f"{'max err':>8s}")
     gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
     for dtype_name in benchmark_dtypes(args.dtype):
-        bench_conv(getattr(torch, dtype_name), rate, gen, None if args.no_fla else args.fla_tune, only, args.split)
-    bench_replays(rate, gen, only)
+        bench_conv(getattr(torch, dtype_name), rate, gen, None if args.no_fla else args.fla_tune, only, args.split,
+                   rows)
+    bench_replays(rate, gen, only, rows)
+    write_json(args.json, "bench_gpu_conv_replay", torch.cuda.get_device_name(), rows, copy_rate=rate)
 
 
 if __name__ == "__main__":

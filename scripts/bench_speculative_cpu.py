@@ -106,6 +106,7 @@ def main() -> None:
     parser.add_argument("--fit-tokens", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--refit", action="store_true", help="fit the head again even if the folder has one")
+    parser.add_argument("--json", type=Path, help="also write the rows here (with date, commit, CPU, command)")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
@@ -116,14 +117,18 @@ def main() -> None:
         fit_head(checkpoint, args.work, prompts + others, args.fit_tokens, args.threads)
     runs = packages(checkpoint, args.work, args.capacity, args.max_draft_tokens, num_blocks=256, block_size=16)
 
-    from onnx_hybrid_testing.e2e import load_model
+    from onnx_hybrid_testing.e2e import cpu_model, load_model
+    from onnx_hybrid_testing.results import write_json
 
     models = {label: load_model(package, threads=args.threads, spinning=False) for label, package in runs.items()}
+    rows = []
     for batch in (prompts[:1], prompts):
         results = best_runs(models, batch, args.new_tokens, args.repeats)
         for label, r in results.items():
             s = r.stats
             generated = sum(map(len, r.tokens))
+            rows.append({"requests": len(batch), "run": label, "tokens": generated, "seconds": r.seconds,
+                         "stats": {k: v for k, v in s.items() if isinstance(v, (int, float))}})
             line = (f"{len(batch)} request(s), {label}: {generated} tokens in {r.seconds:.1f} s = "
                     f"{generated / r.seconds:.2f} tok/s")
             if s.get("rounds"):
@@ -140,6 +145,11 @@ def main() -> None:
     capsules, dense = rollback_bytes(checkpoint, args.capacity)
     print(f"rollback data per request per verify step (C = {args.capacity}): capsules {capsules / 2**20:.2f} MiB, "
           f"dense per-token state copies {dense / 2**20:.2f} MiB ({dense / capsules:.1f}x)")
+    print("\n| requests | run | tokens/s |\n|---|---|---|")
+    for row in rows:
+        print(f"| {row['requests']} | {row['run']} | {row['tokens'] / row['seconds']:.2f} |")
+    write_json(args.json, "bench_speculative_cpu", cpu_model(), rows, threads=args.threads, capacity=args.capacity,
+               rollback_bytes={"capsules": capsules, "dense_state_copies": dense})
 
 
 if __name__ == "__main__":
