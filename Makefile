@@ -58,7 +58,8 @@ WHEEL_CUDA_IMAGES := build/wheel-cuda-images
 
 wheel: setup
 	$(PIP) install -q "build>=1.2,<2" "wheel>=0.43" "auditwheel>=6,<7"
-	rm -rf $(WHEEL_CUDA_IMAGES) dist/onnx_hybrid-*.whl
+	# setuptools reuses build/lib* as its staging folder: files moved or deleted since would ride along.
+	rm -rf $(WHEEL_CUDA_IMAGES) dist/onnx_hybrid-*.whl build/lib.* build/bdist.*
 	PYTHONPATH=. $(PYTHON) -c "import sys, onnx_hybrid.ops.library as L; L.write_cuda_images(L.DEFAULT_CUDA_ARCHS, sys.argv[1])" \
 		$(WHEEL_CUDA_IMAGES)
 	ONNX_HYBRID_WHEEL_CUDA_IMAGES=$(WHEEL_CUDA_IMAGES) $(PYTHON) -m build --wheel --no-isolation --outdir dist
