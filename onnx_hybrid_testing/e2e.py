@@ -125,7 +125,8 @@ def generator_run(model, prompts: np.ndarray, new_tokens: int, repeats: int) -> 
     (``append_tokens``, which includes the first logits), the decode rate of the whole run (``decode_tok_s``:
     what a request of that length sees), the steady rate (``decode_steady_tok_s``: batch over the median step
     once the first decode step has run), that first step's time (``first_step_ms``: with CUDA graphs,
-    onnxruntime-genai sets up each new generator's static buffers there), and the first row's tokens."""
+    onnxruntime-genai captures each new generator's step there and backs up the recurrent states around the
+    capture), and the first row's tokens."""
     import onnxruntime_genai as og
 
     batch, length = prompts.shape

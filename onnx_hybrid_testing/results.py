@@ -26,11 +26,13 @@ def git_commit() -> str:
         return "unknown"
 
 
-def provenance(device: str) -> dict:
-    """Date (UTC), commit, device and the command that produced a result."""
+def provenance(device: str, argv: list[str] | None = None) -> dict:
+    """Date (UTC), commit, device and the command that produced a result (``argv``: the script's arguments, by
+    default this process's)."""
+    arguments = sys.argv[1:] if argv is None else argv
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": git_commit(), "device": device, "command": shlex.join([Path(sys.argv[0]).as_posix(),
-                                                                             *sys.argv[1:]])}
+            "commit": git_commit(), "device": device,
+            "command": shlex.join([Path(sys.argv[0]).as_posix(), *arguments])}
 
 
 def write_json(path: Path | str | None, benchmark: str, device: str, rows: list[dict], **extra) -> None:

@@ -20,7 +20,8 @@ Measurements (row id SIZE/EXPORT/GRAPH/MEASURE, GRAPH = eager or graph, i.e. ena
   decode-bB       og.Generator, batch B, a --decode-prompt-token prompt, --new-tokens greedy tokens: tokens/s
                   of all rows together over the whole run (og.Generator's batch limit is 32), and the steady
                   rate, B over the median step after the first decode step (with CUDA graphs onnxruntime-genai
-                  sets up each new generator's static buffers in that step: its time is first_step_ms)
+                  captures each new generator's step again in it and backs up the recurrent states around the
+                  capture: its time is first_step_ms)
   engine-R        og.Engine, R concurrent greedy requests, --new-tokens each: tokens/s (paged exports)
   engine-R-mtp    the same with the export's MTP head drafting (random head: acceptance near 0; the
                   acceptance rate is in the table)
@@ -51,7 +52,6 @@ exports: measure 9B one export at a time with --drop-exports. A quick GPU smoke 
 from __future__ import annotations
 
 import argparse
-import datetime
 import fnmatch
 import gc
 import json
@@ -69,7 +69,7 @@ import _checkout  # the test helpers beside the package are not installed
 import numpy as np
 
 from onnx_hybrid_testing.e2e import cpu_model
-from onnx_hybrid_testing.results import git_commit
+from onnx_hybrid_testing.results import provenance
 
 # This script, its workers and the export processes all use the package of the repository it is in.
 REPO = _checkout.ROOT
@@ -460,8 +460,8 @@ def markdown(results: dict, args) -> str:
               f"(--paged, com.microsoft PagedAttention on CUDA) and builder-paged (use_paged_attention=true); "
               f"the MTP heads are random, so their acceptance is near 0 and engine-…-mtp shows the cost of "
               f"drafting, not its gain. Decode cells: tokens/s over the whole run of --new-tokens tokens a row "
-              f"(the first decode step included: with CUDA graphs onnxruntime-genai sets up each new generator's "
-              f"static buffers there, first_step_ms in the JSON), and in parentheses the steady rate, batch over the "
+              f"(the first decode step included: with CUDA graphs onnxruntime-genai captures each new generator's "
+              f"step there and backs up the recurrent states around it, first_step_ms in the JSON), and in parentheses the steady rate, batch over the "
               f"median step after it."]
     return "\n".join(lines) + "\n"
 
@@ -565,9 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(results, args), end="")
         return 0
     args.work.mkdir(parents=True, exist_ok=True)
-    results["runs"].append({"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                            "commit": git_commit(), "command": shlex.join([sys.argv[0], *argv]),
-                            "rows": [r.id for r in rows]})
+    results["runs"].append({**provenance(args.device, argv), "rows": [r.id for r in rows]})
 
     def record(new: dict[str, dict]) -> None:
         # "run" indexes results["runs"]: the date, commit and command line a row was measured with
