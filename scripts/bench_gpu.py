@@ -22,8 +22,8 @@ import _checkout  # noqa: F401  (the test helpers beside the package are not ins
 import torch
 
 from onnx_hybrid import cuda_ops
-from onnx_hybrid.cuda_ops import launch, plan
-from onnx_hybrid.ops import contract
+from onnx_hybrid.cuda_ops import plan
+from onnx_hybrid.ops import contract, library
 from onnx_hybrid_testing.results import write_json
 
 HK, HV, D = 16, 48, 128
@@ -192,13 +192,14 @@ def make_workspace(feeds, capacity):
     return torch.empty(-(-nbytes // 4), dtype=torch.int32, device="cuda")
 
 
-def ours_fn(feeds, outs, capacity, workspace, rows=None, groups=None, engine="auto", prep_heads=None):
+def ours_fn(feeds, outs, capacity, workspace, rows=None, groups=None, engine="auto", prep_heads=None, only=None):
+    """Our call; ``only``: launch only the plan's kernels whose names start with these prefixes."""
     attrs = dict(ATTRS, state_update_capacity=capacity)
 
     def run():
         cuda_ops.gated_delta_net(feeds, outputs=outs, stream=current_stream(),
                                  workspace=workspace, rec_rows=rows, rec_groups=groups, engine=engine,
-                                 prep_heads=prep_heads, **attrs)
+                                 prep_heads=prep_heads, only_kernels=only, **attrs)
         return outs["output"]
     return run
 
@@ -216,18 +217,6 @@ def fla_fn(fla, tokens_per_row):
     return run
 
 
-def only_kernels(fn, prefixes):
-    """fn, launching only the kernels whose names start with one of ``prefixes`` (per-kernel timing)."""
-    def run():
-        full = launch.run
-        launch.run = lambda launches, *a: full([ln for ln in launches if ln.kernel.startswith(prefixes)], *a)
-        try:
-            return fn()
-        finally:
-            launch.run = full
-    return run
-
-
 def after_neighbour(fn, scratch):
     """fn after a small torch kernel: a neighbour that does not opt in to programmatic launch."""
     def run():
@@ -236,12 +225,16 @@ def after_neighbour(fn, scratch):
     return run
 
 
+def set_programmatic_launch(enabled: bool) -> None:
+    library.set_option("cuda_programmatic_launch", "auto" if enabled else "off")
+
+
 def time_without_pdl(fns, default: bool) -> float:
-    launch.set_programmatic_launch(False)
+    set_programmatic_launch(False)
     try:
         return graph_time(fns)
     finally:
-        launch.set_programmatic_launch(default)
+        set_programmatic_launch(default)
 
 
 def graph_time(fns, reps=20) -> float:
@@ -298,10 +291,11 @@ def main() -> None:
     ap.add_argument("--neighbour", action="store_true",
                     help="also time each of our calls after a small torch kernel (one that does not opt in)")
     args = parse_benchmark_arguments(ap)
-    launch.set_programmatic_launch(args.pdl != "off")
+    set_programmatic_launch(args.pdl != "off")
     dtypes = benchmark_dtypes(args.dtype)
     rate = copy_rate()
-    pdl = launch.programmatic_launch(torch.cuda.current_device())
+    # the library launches programmatically on sm_90+ (with a driver that captures such launches)
+    pdl = args.pdl != "off" and torch.cuda.get_device_capability()[0] >= 9
     print(f"# {datetime.date.today()} {torch.cuda.get_device_name()}  copy rate {rate / 1e12:.2f} TB/s  "
           f"programmatic launch {'on' if pdl else 'off'}")
     print(f"{'case':24s} {'dtype':9s} {'ours us':>9s} {'FLA us':>9s} {'FLA/ours':>9s} {'floor':>7s} {'max err':>8s}")
@@ -370,12 +364,12 @@ def main() -> None:
             if prefill and args.split:
                 for label, kernels in (("prep", ("gdn_chunk_prep",)),
                                        ("prep + scan", ("gdn_chunk_prep", "gdn_chunked"))):
-                    t_k = graph_time([only_kernels(fn, kernels) for fn in ours])
+                    t_k = graph_time([ours_fn(f, o, capacity, workspace, only=kernels) for f, o, _ in inputs])
                     print(f"#   {label}: {t_k * 1e6:.1f} us")
             if prefill and args.prep_heads:
                 for heads in (int(n) for n in args.prep_heads.split(",")):
-                    fns = [ours_fn(f, o, capacity, workspace, prep_heads=heads) for f, o, _ in inputs]
-                    t_k = graph_time([only_kernels(fn, ("gdn_chunk_prep",)) for fn in fns])
+                    t_k = graph_time([ours_fn(f, o, capacity, workspace, prep_heads=heads, only=("gdn_chunk_prep",))
+                                      for f, o, _ in inputs])
                     print(f"#   prep, {heads} value heads per block: {t_k * 1e6:.1f} us")
             del inputs, ours, workspace
             torch.cuda.empty_cache()

@@ -18,7 +18,7 @@ import datetime
 import torch
 
 from bench_gpu import (D, HK, HV, benchmark_arguments, benchmark_dtypes, best_config_time, copy_rate, copy_time,
-                       current_stream, graph_time, only_kernels, parse_benchmark_arguments, retune_fla, rotated_sets)
+                       current_stream, graph_time, parse_benchmark_arguments, retune_fla, rotated_sets)
 from onnx_hybrid import cuda_ops
 from onnx_hybrid_testing.results import write_json
 
@@ -66,12 +66,13 @@ def conv_bytes(tokens: int, rows: int, capacity: int, esize: int) -> int:
     return esize * (2 * t * CHANNELS + 2 * rows * CHANNELS * (TAPS - 1) + rows * capacity * CHANNELS)
 
 
-def ours_conv(feeds, outs, capacity, in_place=False):
-    """Our call; ``in_place``: final_state is initial_state, which takes the two-launch plan in prefill."""
+def ours_conv(feeds, outs, capacity, in_place=False, only=None):
+    """Our call; ``in_place``: final_state is initial_state, which takes the two-launch plan in prefill; ``only``:
+    launch only the plan's kernels whose names start with these prefixes."""
     outs = dict(outs, final_state=feeds["initial_state"]) if in_place else outs
 
     def run():
-        cuda_ops.varlen_causal_conv(feeds, outputs=outs, stream=current_stream(),
+        cuda_ops.varlen_causal_conv(feeds, outputs=outs, stream=current_stream(), only_kernels=only,
                                     activation="silu", dilation=1, state_update_capacity=capacity)
         return outs["output"]
     return run
@@ -108,7 +109,7 @@ def split_times(sets, capacity) -> str:
     t = graph_time([ours_conv(f, o, capacity, in_place=True) for f, o, _ in sets])
     parts = [f"in place {t * 1e6:.1f} us"]
     for prefix in ("conv_output", "conv_state"):
-        t = graph_time([only_kernels(ours_conv(f, o, capacity, in_place=True), (prefix,)) for f, o, _ in sets])
+        t = graph_time([ours_conv(f, o, capacity, in_place=True, only=(prefix,)) for f, o, _ in sets])
         parts.append(f"{prefix} alone {t * 1e6:.1f} us")
     return "  (" + ", ".join(parts) + ")"
 

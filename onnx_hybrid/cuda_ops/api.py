@@ -2,9 +2,10 @@
 
 ``feeds`` uses the contract's input names, like an ORT feed dict; arrays live on the GPU (CuPy, or anything
 exposing ``__cuda_array_interface__`` / ``__dlpack__``), except ``state_update_active``, which is a host value
-(docs/op-contract.md#gateddeltanet-inputs-and-outputs). Shapes are checked with ``contract.resolve_gdn`` /
-``resolve_conv`` (same messages).
-Nothing here synchronises with the host: offsets and capture counts stay on the device.
+(docs/op-contract.md#gateddeltanet-inputs-and-outputs). Each call goes through the custom-op library's C entry
+points (native/cuda/array_api.h): the shape checks (same messages), parameters, launch plan and launches that ORT
+sessions run, on the given stream. Nothing here synchronises with the host: offsets and capture counts stay on
+the device.
 
 ``outputs`` may hold preallocated outputs by name (``final_state`` may be ``initial_state`` itself: the kernels
 are alias-safe); missing ones are allocated with CuPy. Pass preallocated outputs (and, for GatedDeltaNet, a
@@ -13,12 +14,99 @@ are alias-safe); missing ones are allocated with CuPy. Pass preallocated outputs
 
 from __future__ import annotations
 
-import math
+import ctypes
+import functools
 from typing import Any, Mapping
 
-from ..ops import contract
-from . import launch, plan
+from ..ops import contract, library
 from .tensors import DeviceTensor, as_device_tensor, empty, stream_pointer
+
+
+class PlanError(ValueError):
+    """No kernel can serve the call as asked (a shape no kernel is instantiated for, or a knob's value)."""
+
+
+class _Array(ctypes.Structure):  # native/cuda/array_api.h OhArray
+    _fields_ = [("data", ctypes.c_void_p), ("dims", ctypes.c_int64 * 4), ("rank", ctypes.c_int32),
+                ("reserved", ctypes.c_int32)]
+
+
+class _GdnCall(ctypes.Structure):  # OhGdnCall
+    _fields_ = [("inputs", _Array * 11), ("type", ctypes.c_int32), ("engine", ctypes.c_int32),
+                ("rec_rows", ctypes.c_int32), ("rec_groups", ctypes.c_int32), ("scan_width", ctypes.c_int32),
+                ("prep_heads", ctypes.c_int32), ("only_kernels", ctypes.c_char_p), ("update_rule", ctypes.c_char_p),
+                ("gate_activation", ctypes.c_char_p), ("beta_activation", ctypes.c_char_p), ("scale", ctypes.c_float),
+                ("qk_l2_norm", ctypes.c_int64), ("chunk_size", ctypes.c_int64),
+                ("state_update_capacity", ctypes.c_int64), ("outputs", ctypes.c_void_p * 3),
+                ("stream", ctypes.c_void_p), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64),
+                ("output_dims", (ctypes.c_int64 * 4) * 3), ("output_ranks", ctypes.c_int32 * 3),
+                ("workspace_needed", ctypes.c_int64)]
+
+
+class _ConvCall(ctypes.Structure):  # OhConvCall
+    _fields_ = [("inputs", _Array * 6), ("type", ctypes.c_int32), ("only_kernels", ctypes.c_char_p),
+                ("activation", ctypes.c_char_p), ("dilation", ctypes.c_int64),
+                ("state_update_capacity", ctypes.c_int64), ("outputs", ctypes.c_void_p * 3),
+                ("stream", ctypes.c_void_p), ("output_dims", (ctypes.c_int64 * 4) * 3),
+                ("output_ranks", ctypes.c_int32 * 3)]
+
+
+_TYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
+_ENGINES = {"auto": 0, "chunked": 1, "recurrent": 2}
+_LAUNCHED, _NEEDS_MEMORY, _CONTRACT_VIOLATION, _BAD_KNOB = 0, 1, -2, -3
+_prepared: set[int] = set()  # devices whose kernel image the library has
+
+
+def _library(device: int) -> ctypes.CDLL:
+    """The library, with a kernel image for ``device``'s architecture handed over (once per device)."""
+    lib = library.control()
+    if device not in _prepared:
+        import cupy
+
+        arch = int(cupy.cuda.Device(device).compute_capability)
+        if not library.has_cuda_image(arch):
+            library.prepare_cuda(arch=arch)
+        _prepared.add(device)
+    return lib
+
+
+def _run(entry, call, device: int, stream: int, op: str, *args) -> int:
+    """``entry(*args)``, or ``entry(byref(call))``; the library launches in the context of the stream, which for the
+    legacy default stream (0) is the current device's, so ``device`` is made current for that one."""
+    arguments = args or (ctypes.byref(call),)
+    if stream:
+        return _check(entry(*arguments), op)
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return _check(entry(*arguments), op)
+
+
+def _check(code: int, op: str) -> int:
+    """The entry point's result, or its error as this API raises it."""
+    if code >= 0:
+        return code
+    message = library.control().onnx_hybrid_last_error().decode()
+    if code == _CONTRACT_VIOLATION:
+        raise contract.ContractError.from_message(op, message)
+    if code == _BAD_KNOB:
+        raise PlanError(message)
+    raise RuntimeError(message)
+
+
+def _set_array(slot: _Array, t: DeviceTensor | None, host_pointer: int | None = None) -> None:
+    slot.data = host_pointer if host_pointer is not None else (None if t is None else (t.ptr or 1))
+    if t is not None:
+        slot.rank = len(t.shape)
+        for i, d in enumerate(t.shape):
+            slot.dims[i] = d
+
+
+@functools.lru_cache(maxsize=64)
+def _attributes(op_name: str, given: tuple) -> dict:
+    """contract.resolve_attributes of the keyword attributes (cached: they rarely change between calls)."""
+    return contract.resolve_attributes(contract.OPS[op_name], dict(given))
+
 
 _FLOAT_INPUTS = ("decay", "beta", "initial_state", "a_log", "dt_bias")
 _INT_INPUTS = ("cu_seqlens", "capture_count")
@@ -43,21 +131,6 @@ def _check_type(op: str, name: str, t: DeviceTensor | None, expected: tuple[str,
         raise TypeError(f"{op}: {name} must be {' or '.join(expected)}, got {t.dtype}")
 
 
-def _output(outputs: Mapping[str, Any], name: str, shape, dtype: str, device: int, op: str):
-    given = outputs.get(name)
-    if given is None:
-        arr = empty(shape, dtype, device)
-        return arr, as_device_tensor(arr, name)
-    t = as_device_tensor(given, name)
-    if t.shape != tuple(shape) or t.dtype != dtype:
-        raise ValueError(f"{op}: output {name} must be {dtype} {list(shape)}, got {t.dtype} {list(t.shape)}")
-    return given, t
-
-
-def _ptr(t: DeviceTensor | None) -> int | None:
-    return None if t is None else t.ptr
-
-
 def _host_flag(value: Any) -> int | None:
     if value is None:
         return None
@@ -72,15 +145,9 @@ def _host_flag(value: Any) -> int | None:
     return int(arr[0])
 
 
-def _scratch(workspace: Any, nbytes: int, device: int, stream: int) -> DeviceTensor:
-    """The chunked engine's workspace: the caller's buffer, or one from CuPy's pool on ``stream`` (the pool
-    reuses a freed block only for later work on the same stream, so it may be freed when this call returns)."""
-    if workspace is not None:
-        t = as_device_tensor(workspace, "workspace")
-        if t.nbytes < nbytes or t.device != device:
-            raise ValueError(f"GatedDeltaNet: workspace must hold {nbytes} bytes on device {device}, got "
-                             f"{t.nbytes} bytes on device {t.device}")
-        return t
+def _pool_workspace(nbytes: int, device: int, stream: int) -> DeviceTensor:
+    """The chunked engine's workspace from CuPy's pool on ``stream`` (the pool reuses a freed block only for later
+    work on the same stream, so it may be freed when this call returns)."""
     import cupy
 
     with cupy.cuda.Device(device), cupy.cuda.Stream.from_external(_StreamHandle(stream)):
@@ -98,25 +165,43 @@ class _StreamHandle:
         return (0, self.handle)
 
 
+def _allocate(outputs: Mapping[str, Any], call, names: tuple[str, ...], dtypes: tuple[str, ...], device: int,
+              op: str) -> list:
+    """The outputs, given (checked against the shapes the library resolved) or new, into ``call.outputs``."""
+    arrays = []
+    for i, (name, dtype) in enumerate(zip(names, dtypes)):
+        shape = tuple(call.output_dims[i][:call.output_ranks[i]])
+        given = outputs.get(name)
+        if given is None:
+            arr = empty(shape, dtype, device)
+            t = as_device_tensor(arr, name)
+        else:
+            arr, t = given, as_device_tensor(given, name)
+            if t.shape != shape or t.dtype != dtype:
+                raise ValueError(f"{op}: output {name} must be {dtype} {list(shape)}, got {t.dtype} {list(t.shape)}")
+        call.outputs[i] = t.ptr or 1  # a present output, even when it holds no element
+        arrays.append(arr)
+    return arrays
+
+
 def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None, stream: Any = None,
                     workspace: Any = None, engine: str = "auto", rec_rows: int | None = None,
                     rec_groups: int | None = None, scan_width: int | None = None, prep_heads: int | None = None,
-                    **attributes):
+                    only_kernels: tuple[str, ...] | None = None, **attributes):
     """Run GatedDeltaNet; returns (output, final_state, state_update) as device arrays.
 
     ``workspace``: a contiguous device array (any element type of the contract) of at least
-    ``plan.chunk_workspace_bytes(geometry)`` bytes for the chunked kernels, or None to take one from CuPy's
-    pool (not possible inside a CUDA graph capture).
+    ``gdn_workspace_bytes(...)`` bytes for the chunked kernels, or None to take one from CuPy's pool (not
+    possible inside a CUDA graph capture).
     ``engine`` (auto | chunked | recurrent), ``rec_rows``, ``rec_groups``, ``scan_width`` and ``prep_heads`` are
-    test and tuning knobs of ``plan.gdn_plan``."""
+    test and tuning knobs of the library's plan; ``only_kernels`` launches only the plan's kernels whose names
+    start with one of these prefixes (per-kernel timing)."""
     op = contract.GATED_DELTA_NET.name
-    attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, attributes)
+    if engine not in _ENGINES:
+        raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
+    attrs = _attributes(op, tuple(sorted(attributes.items())))
     t = _tensors(contract.GATED_DELTA_NET, feeds, host=("state_update_active",))
     active = _host_flag(feeds.get("state_update_active"))
-    shapes = {name: (None if x is None else x.shape) for name, x in t.items()}
-    shapes["state_update_active"] = None if active is None else (1,)
-    geo = contract.resolve_gdn(shapes, attrs)
-
     q = t["query"]
     act_types = ("float32", "float16", "bfloat16")
     _check_type(op, "query", q, act_types)
@@ -129,55 +214,84 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
         _check_type(op, name, t[name], ("int32",))
     device = q.device
     _check_device(op, t, device)
+    lib = _library(device)
 
-    outputs = dict(outputs or {})
-    out_arr, out_t = _output(outputs, "output", geo.output_shape, q.dtype, device, op)
-    state_arr, state_t = _output(outputs, "final_state", geo.state_shape, "float32", device, op)
-    cap_arr, cap_t = _output(outputs, "state_update", (geo.batch, geo.capsule_width), "float32", device, op)
-
-    has_decay, has_delta = contract.UPDATE_RULES[attrs["update_rule"]]
-    es = 2 if q.dtype != "float32" else 4
-    hq, hk, hv, dk, dv = geo.num_heads_q, geo.num_heads_k, geo.num_heads_v, geo.head_size_k, geo.head_size_v
-    if geo.packed:
-        width = 2 * hq * dk + hv * dv
-        qp, kp, vp = q.ptr, q.ptr + hq * dk * es, q.ptr + 2 * hq * dk * es
-        qs = ks = vs = width
-    else:
-        qp, kp, vp = q.ptr, t["key"].ptr, t["value"].ptr
-        qs, ks, vs = hq * dk, hk * dk, hv * dv
-    scale = attrs["scale"] if attrs["scale"] != 0.0 else 1.0 / math.sqrt(dk)
-    params = plan.GdnParams(
-        q=qp, k=kp, v=vp, cu_seqlens=_ptr(t["cu_seqlens"]), decay=_ptr(t["decay"]), beta=_ptr(t["beta"]),
-        state_in=_ptr(t["initial_state"]), a_log=_ptr(t["a_log"]), dt_bias=_ptr(t["dt_bias"]),
-        capture_count=_ptr(t["capture_count"]), out=out_t.ptr, state_out=state_t.ptr,
-        capsule=cap_t.ptr if geo.capacity > 0 else None,
-        q_stride=qs, k_stride=ks, v_stride=vs, batch=geo.batch, total_tokens=geo.total_tokens,
-        uniform_len=0 if geo.token_rows else geo.total_tokens // geo.batch, hk=hk, hv=hv, dk=dk, dv=dv,
-        has_decay=int(has_decay), has_delta=int(has_delta), gate_qwen=int(attrs["gate_activation"] == "qwen"),
-        beta_sigmoid=int(attrs["beta_activation"] == "sigmoid"), l2norm=int(attrs["qk_l2_norm"] != 0),
-        decay_per_key=int(geo.per_key_decay), capacity=geo.capacity,
-        capture_active=int(geo.capacity > 0 and (active is None or active != 0)), tail_only=0, row_groups=1,
-        scale=scale,
-    )
-    device_args = dict(arch=launch.device_arch(device), smem_optin=launch.device_smem_optin(device), engine=engine)
-    stream_ptr = stream_pointer(stream)
+    call = _GdnCall()
+    active_host = None
+    for i, port in enumerate(contract.GATED_DELTA_NET.inputs):
+        if port.name == "state_update_active":
+            if active is not None:
+                active_host = ctypes.c_int32(active)
+                call.inputs[i].data = ctypes.addressof(active_host)
+                call.inputs[i].rank, call.inputs[i].dims[0] = 1, 1
+        else:
+            _set_array(call.inputs[i], t[port.name])
+    call.type = _TYPE_CODE[q.dtype]
+    call.engine = _ENGINES[engine]
+    call.rec_rows, call.rec_groups = rec_rows or 0, rec_groups or 0
+    call.scan_width, call.prep_heads = scan_width or 0, prep_heads or 0
+    call.only_kernels = ",".join(only_kernels).encode() if only_kernels else None
+    call.update_rule = attrs["update_rule"].encode()
+    call.gate_activation = attrs["gate_activation"].encode()
+    call.beta_activation = attrs["beta_activation"].encode()
+    call.scale = attrs["scale"]
+    call.qk_l2_norm, call.chunk_size = attrs["qk_l2_norm"], attrs["chunk_size"]
+    call.state_update_capacity = attrs["state_update_capacity"]
+    call.stream = stream_pointer(stream)
+    _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op)  # the outputs' shapes
+    out_arr, state_arr, cap_arr = _allocate(dict(outputs or {}), call, ("output", "final_state", "state_update"),
+                                            (q.dtype, "float32", "float32"), device, op)
     scratch = None
-    if plan.gdn_uses_chunked(geo, q.dtype, params, **device_args) and geo.total_tokens > 0:
-        scratch = _scratch(workspace, plan.chunk_workspace_bytes(geo), device, stream_ptr)
-        params.workspace = scratch.ptr
-    launches = plan.gdn_plan(geo, q.dtype, params, rec_rows=rec_rows, rec_groups=rec_groups, scan_width=scan_width,
-                             prep_heads=prep_heads, **device_args)
-    launch.run(launches, device, stream_ptr)
+    if workspace is not None:
+        scratch = as_device_tensor(workspace, "workspace")
+        if scratch.device != device:
+            raise ValueError(f"{op}: workspace must be on device {device}, got device {scratch.device}")
+        call.workspace, call.workspace_bytes = scratch.ptr, scratch.nbytes
+    if _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op) == _NEEDS_MEMORY:
+        needed = call.workspace_needed
+        if workspace is not None:
+            raise ValueError(f"{op}: workspace must hold {needed} bytes on device {device}, got "
+                             f"{scratch.nbytes} bytes on device {scratch.device}")
+        scratch = _pool_workspace(needed, device, call.stream)
+        call.workspace, call.workspace_bytes = scratch.ptr, scratch.nbytes
+        _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op)
     return out_arr, state_arr, cap_arr
 
 
+def gdn_workspace_bytes(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any], engine: str = "auto",
+                        **attributes) -> int:
+    """The workspace a gated_delta_net call with these feeds, outputs and engine needs (0 without the chunked
+    kernels): what to preallocate before capturing the call in a CUDA graph. Launches nothing."""
+    op = contract.GATED_DELTA_NET.name
+    t = _tensors(contract.GATED_DELTA_NET, feeds, host=("state_update_active",))
+    attrs = _attributes(op, tuple(sorted(attributes.items())))
+    q = t["query"]
+    lib = _library(q.device)
+    call = _GdnCall()
+    for i, port in enumerate(contract.GATED_DELTA_NET.inputs):
+        if port.name != "state_update_active":
+            _set_array(call.inputs[i], t[port.name])
+    call.type, call.engine = _TYPE_CODE[q.dtype], _ENGINES[engine]
+    call.update_rule = attrs["update_rule"].encode()
+    call.gate_activation = attrs["gate_activation"].encode()
+    call.beta_activation = attrs["beta_activation"].encode()
+    call.scale = attrs["scale"]
+    call.qk_l2_norm, call.chunk_size = attrs["qk_l2_norm"], attrs["chunk_size"]
+    call.state_update_capacity = attrs["state_update_capacity"]
+    call.stream = stream_pointer(None)
+    _run(lib.onnx_hybrid_cuda_gated_delta_net, call, q.device, call.stream, op)
+    _allocate(dict(outputs), call, ("output", "final_state", "state_update"), (q.dtype, "float32", "float32"),
+              q.device, op)
+    _run(lib.onnx_hybrid_cuda_gated_delta_net, call, q.device, call.stream, op)  # asks for the workspace, if any
+    return int(call.workspace_needed)
+
+
 def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None, stream: Any = None,
-                       **attributes):
+                       only_kernels: tuple[str, ...] | None = None, **attributes):
     """Run VarlenCausalConvWithState; returns (output, final_state, state_update) as device arrays."""
     op = contract.VARLEN_CAUSAL_CONV.name
-    attrs = contract.resolve_attributes(contract.VARLEN_CAUSAL_CONV, attributes)
+    attrs = _attributes(op, tuple(sorted(attributes.items())))
     t = _tensors(contract.VARLEN_CAUSAL_CONV, feeds)
-    geo = contract.resolve_conv({name: (None if x is None else x.shape) for name, x in t.items()}, attrs)
     x = t["input"]
     _check_type(op, "input", x, ("float32", "float16", "bfloat16"))
     for name in ("weight", "bias", "initial_state"):
@@ -185,28 +299,28 @@ def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] |
             raise TypeError(f"{op}: {name} must have the input's element type {x.dtype}, got {t[name].dtype}")
     for name in ("cumulative_sequence_length", "capture_count"):
         _check_type(op, name, t[name], ("int32",))
-    outputs = dict(outputs or {})
     device = x.device
     _check_device(op, t, device)
-    out_arr, out_t = _output(outputs, "output", (geo.total_tokens, geo.channels), x.dtype, device, op)
-    st_arr, st_t = _output(outputs, "final_state", (geo.batch, geo.channels, geo.state_length), x.dtype, device, op)
-    cap_arr, cap_t = _output(outputs, "state_update", contract.conv_capsule_shape(geo.batch, geo.capacity,
-                                                                                    geo.channels), x.dtype, device, op)
-    params = plan.ConvParams(
-        x=x.ptr, weight=t["weight"].ptr, bias=_ptr(t["bias"]), state_in=t["initial_state"].ptr,
-        cu_seqlens=t["cumulative_sequence_length"].ptr, capture_count=_ptr(t["capture_count"]), out=out_t.ptr,
-        state_out=st_t.ptr, capsule=cap_t.ptr if geo.capacity > 0 else None, batch=geo.batch,
-        total_tokens=geo.total_tokens, channels=geo.channels, kernel_size=geo.kernel_size,
-        dilation=attrs["dilation"], state_len=geo.state_length, capacity=geo.capacity,
-        silu=int(attrs["activation"] in ("silu", "swish")),
-    )
-    launch.run(plan.conv_plan(geo, x.dtype, params), device, stream_pointer(stream))
-    return out_arr, st_arr, cap_arr
+    lib = _library(device)
+    call = _ConvCall()
+    for i, port in enumerate(contract.VARLEN_CAUSAL_CONV.inputs):
+        _set_array(call.inputs[i], t[port.name])
+    call.type = _TYPE_CODE[x.dtype]
+    call.only_kernels = ",".join(only_kernels).encode() if only_kernels else None
+    call.activation = attrs["activation"].encode()
+    call.dilation, call.state_update_capacity = attrs["dilation"], attrs["state_update_capacity"]
+    call.stream = stream_pointer(stream)
+    _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
+    arrays = _allocate(dict(outputs or {}), call, ("output", "final_state", "state_update"),
+                       (x.dtype, x.dtype, x.dtype), device, op)
+    _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
+    return tuple(arrays)
 
 
 def _accepted(accepted: Any, batch: int, device: int) -> DeviceTensor:
     """``accepted`` as a device tensor (which holds its memory); host values are uploaded with CuPy."""
-    if hasattr(accepted, "__cuda_array_interface__") or hasattr(accepted, "__dlpack__"):
+    if isinstance(accepted, DeviceTensor) or hasattr(accepted, "__cuda_array_interface__") or \
+            hasattr(accepted, "__dlpack__"):
         t = as_device_tensor(accepted, "accepted")
         if t.dtype != "int32" or t.shape != (batch,):
             raise ValueError(f"accepted must be int32 [{batch}], got {t.dtype} {list(t.shape)}")
@@ -245,9 +359,9 @@ def replay_gdn(state: Any, capsule: Any, accepted: Any, capacity: int, *, out: A
     if dst.shape != st.shape or dst.dtype != "float32":
         raise ValueError(f"replay_gdn: out must be float32 {list(st.shape)}")
     acc = _accepted(accepted, b, st.device)
-    params = plan.GdnReplayParams(state_in=st.ptr, state_out=dst.ptr, capsule=cap.ptr, accepted=acc.ptr, batch=b,
-                                  hk=hk, hv=hv, dk=dk, dv=dv, capacity=capacity)
-    launch.run(plan.gdn_replay_plan(params), st.device, stream_pointer(stream))
+    lib, s = _library(st.device), stream_pointer(stream)
+    _run(lib.onnx_hybrid_cuda_replay_gdn, None, st.device, s, "replay_gdn", st.ptr, dst.ptr, cap.ptr, acc.ptr, b, hk,
+         hv, dk, dv, capacity, s)
     return state if out is None else out
 
 
@@ -264,7 +378,7 @@ def replay_conv(state: Any, capsule: Any, accepted: Any, *, out: Any = None, str
     if dst.shape != st.shape or dst.dtype != st.dtype:
         raise ValueError(f"replay_conv: out must be {st.dtype} {list(st.shape)}")
     acc = _accepted(accepted, b, st.device)
-    params = plan.ConvReplayParams(state_in=st.ptr, state_out=dst.ptr, capsule=cap.ptr, accepted=acc.ptr, batch=b,
-                                   channels=ch, state_len=sl, capacity=cap.shape[1])
-    launch.run(plan.conv_replay_plan(st.dtype, params), st.device, stream_pointer(stream))
+    lib, s = _library(st.device), stream_pointer(stream)
+    _run(lib.onnx_hybrid_cuda_replay_conv, None, st.device, s, "replay_conv", _TYPE_CODE[st.dtype], st.ptr, dst.ptr,
+         cap.ptr, acc.ptr, b, ch, sl, cap.shape[1], s)
     return state if out is None else out

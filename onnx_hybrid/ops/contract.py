@@ -313,6 +313,14 @@ class ContractError(ValueError):
         self.args_ = args
         super().__init__(format_message(op, key, *args))
 
+    @classmethod
+    def from_message(cls, op: str, message: str) -> "ContractError":
+        """The same rejection made by the native library's checks, which report the formatted message only."""
+        error = cls.__new__(cls)
+        error.op, error.key, error.args_ = op, None, ()
+        ValueError.__init__(error, message)
+        return error
+
 
 def format_message(op: str, key: str, *args: Any) -> str:
     return f"{op}: " + MESSAGES[key].format(*(_fmt(a) for a in args))

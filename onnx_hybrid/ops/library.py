@@ -17,7 +17,7 @@ import re
 import tempfile
 import warnings
 
-ABI_VERSION = 3  # 2: the CUDA image, layout and plan functions; 3: onnx_hybrid_cuda_has_image
+ABI_VERSION = 4  # 2: the CUDA image, layout and plan functions; 3: onnx_hybrid_cuda_has_image; 4: the CUDA calls
 # ONNX_HYBRID_LIBRARY points the package at another build of the library (e.g. the AddressSanitizer
 # copy of `make asan`).
 _LIBRARY = pathlib.Path(os.environ.get("ONNX_HYBRID_LIBRARY") or
@@ -100,6 +100,16 @@ def control() -> ctypes.CDLL:
     lib.onnx_hybrid_cuda_plan.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
                                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
     lib.onnx_hybrid_cuda_plan.restype = ctypes.c_int
+    # The calls of onnx_hybrid.cuda_ops (their structs are declared there, after native/cuda/array_api.h).
+    lib.onnx_hybrid_cuda_gated_delta_net.argtypes = [ctypes.c_void_p]
+    lib.onnx_hybrid_cuda_gated_delta_net.restype = ctypes.c_int
+    lib.onnx_hybrid_cuda_varlen_causal_conv.argtypes = [ctypes.c_void_p]
+    lib.onnx_hybrid_cuda_varlen_causal_conv.restype = ctypes.c_int
+    lib.onnx_hybrid_cuda_replay_gdn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 6 + [ctypes.c_void_p]
+    lib.onnx_hybrid_cuda_replay_gdn.restype = ctypes.c_int
+    lib.onnx_hybrid_cuda_replay_conv.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [
+        ctypes.c_void_p]
+    lib.onnx_hybrid_cuda_replay_conv.restype = ctypes.c_int
     return lib
 
 

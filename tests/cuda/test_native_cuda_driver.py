@@ -12,9 +12,11 @@ CUlaunchAttribute are checked against the real layout; cuLaunchKernel is the fal
 driver older than CUDA 12.3 or without cuLaunchKernelEx, and when the option turns it off."""
 
 import ctypes
+import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -359,3 +361,130 @@ def test_python_launcher_programmatic_and_fallbacks(py_driver, capfd):
 def test_python_launcher_reports_driver_errors(py_driver, arch, entry):
     with pytest.raises(RuntimeError, match=rf"^{entry}\(failing\) failed: CUDA_ERROR_NOT_FOUND \(CUresult 500\)$"):
         launch_python(py_driver(), "failing", arch)
+
+
+# onnx_hybrid.cuda_ops through the library's C entry points, against the stand-in driver: arrays are fake device
+# addresses (the stub never touches them), so the plan the Python API launches is checked without a GPU.
+API_CHILD = r"""
+import json, sys
+import numpy as np
+from onnx_hybrid.ops import contract, library
+from onnx_hybrid.cuda_ops import api, plan
+from onnx_hybrid.cuda_ops.tensors import DeviceTensor
+from onnx_hybrid_testing.cases import random_gdn_case, random_conv_case
+
+library.set_cuda_image(90, b"sm90\0")
+api._prepared.add(0)
+address = [1 << 30]
+def fake(shape, dtype):
+    address[0] += 1 << 24
+    return DeviceTensor(address[0], tuple(int(d) for d in shape), dtype, 0, None)
+def on_device(feeds):
+    return {k: (v if k == "state_update_active" else fake(v.shape, str(v.dtype))) for k, v in feeds.items()}
+rng = np.random.default_rng(0)
+expected = []
+for lengths, dtype, knobs in json.loads(sys.argv[1]):
+    case = random_gdn_case(rng, lengths, dtype=dtype, num_heads_q=2, num_heads_v=4, head_size_k=128,
+                           head_size_v=128, capacity=0)
+    feeds = on_device(case.feeds)
+    dtype = feeds["query"].dtype
+    attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, case.attributes)
+    geo = contract.resolve_gdn({k: getattr(v, "shape", None) for k, v in feeds.items()}, attrs)
+    outs = {"output": fake(geo.output_shape, dtype), "final_state": fake(geo.state_shape, "float32"),
+            "state_update": fake((geo.batch, geo.capsule_width), "float32")}
+    params = plan.GdnParams(q=feeds["query"].ptr, k=feeds["key"].ptr, v=feeds["value"].ptr,
+                            out=outs["output"].ptr, state_in=feeds["initial_state"].ptr,
+                            state_out=outs["final_state"].ptr)
+    for ln in plan.gdn_plan(geo, dtype, params, arch=90, smem_optin=232448, **knobs):
+        expected.append([ln.kernel, *ln.grid, *ln.block, ln.smem])
+    api.gated_delta_net(feeds, outputs=outs, stream=0x10, workspace=fake((1 << 28,), "int32"), **knobs,
+                        **case.attributes)
+for lengths, in_place in (([3, 700], True), ([3, 700], False), ([1, 1, 1], False)):
+    conv = random_conv_case(rng, lengths, channels=256, dtype="float16")
+    feeds = on_device(conv.feeds)
+    geo = contract.resolve_conv({k: v.shape for k, v in feeds.items()},
+                                contract.resolve_attributes(contract.VARLEN_CAUSAL_CONV, conv.attributes))
+    state = feeds["initial_state"] if in_place else fake((geo.batch, 256, geo.state_length), "float16")
+    outs = {"output": fake((geo.total_tokens, 256), "float16"), "final_state": state,
+            "state_update": fake((geo.batch, 0, 256), "float16")}
+    params = plan.ConvParams(state_in=feeds["initial_state"].ptr, state_out=state.ptr)
+    for ln in plan.conv_plan(geo, "float16", params):
+        expected.append([ln.kernel, *ln.grid, *ln.block, ln.smem])
+    api.varlen_causal_conv(feeds, stream=0x10, outputs=outs, **conv.attributes)
+# the replays: 3 requests, capacity 4, Hk 2, Hv 4, Dk 128, Dv 96 (GDN); 10240 channels (conv)
+state, accepted = fake((3, 4, 96, 128), "float32"), fake((3,), "int32")
+width = contract.gdn_capsule_width(4, 4, 2, 128, 96)
+api.replay_gdn(state, fake((3, width), "float32"), accepted, 4, stream=0x10)
+expected += [[ln.kernel, *ln.grid, *ln.block, ln.smem] for ln in plan.gdn_replay_plan(
+    plan.GdnReplayParams(batch=3, hk=2, hv=4, dk=128, dv=96, capacity=4))]
+api.replay_conv(fake((3, 10240, 3), "float16"), fake((3, 4, 10240), "float16"), accepted, stream=0x10)
+expected += [[ln.kernel, *ln.grid, *ln.block, ln.smem] for ln in plan.conv_replay_plan(
+    "float16", plan.ConvReplayParams(batch=3, channels=10240, state_len=3, capacity=4))]
+print("expected", json.dumps(expected))
+"""
+
+
+def test_python_api_launches_the_library_plan(programs):
+    """cuda_ops.gated_delta_net and varlen_causal_conv launch through the library: the kernels, grids, blocks and
+    shared memory the stand-in driver receives are those of cuda_ops/plan.py for decode, verify and prefill calls,
+    the tuning knobs, the conv in place and apart, and both replays."""
+    cases = [([1] * 8, "float16", {}), ([4] * 8, "bfloat16", {}), ([200, 100], "float16", {}),
+             ([200, 100], "float16", {"engine": "recurrent", "rec_rows": 2, "rec_groups": 2}),
+             ([300, 40], "bfloat16", {"engine": "chunked", "scan_width": 128, "prep_heads": 1}),
+             ([5, 3], "float", {})]
+    env = {k: v for k, v in os.environ.items() if k != "ONNX_HYBRID_CUDA_IMAGES"}
+    env.update(STUB_CC="90", STUB_CURRENT="0x10", LD_LIBRARY_PATH=str(programs[1]["plain"]))
+    done = subprocess.run([sys.executable, "-c", API_CHILD, json.dumps(cases)], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    expected = json.loads(next(line for line in lines if line.startswith("expected "))[len("expected "):])
+    launched = [line.split()[1:9] for line in lines if line.startswith("launch ")]
+    got = [[f[0], *map(int, f[1:8])] for f in launched]
+    assert got == expected
+
+
+API_ERRORS_CHILD = r"""
+import numpy as np
+from onnx_hybrid.ops import contract, library
+from onnx_hybrid.cuda_ops import api
+from onnx_hybrid.cuda_ops.tensors import DeviceTensor
+from onnx_hybrid_testing.cases import random_gdn_case
+
+library.set_cuda_image(90, b"sm90\0")
+api._prepared.add(0)
+case = random_gdn_case(np.random.default_rng(1), (3, 2), dtype="float")
+feeds = {k: (v if k == "state_update_active" else DeviceTensor(1 << 30, v.shape, str(v.dtype), 0, None))
+         for k, v in case.feeds.items()}
+geo = contract.resolve_gdn({k: getattr(v, "shape", None) for k, v in feeds.items()},
+                           contract.resolve_attributes(contract.GATED_DELTA_NET, case.attributes))
+outs = {"output": DeviceTensor(1 << 31, geo.output_shape, "float32", 0, None),
+        "final_state": DeviceTensor(1 << 32, geo.state_shape, "float32", 0, None),
+        "state_update": DeviceTensor(1 << 33, (geo.batch, geo.capsule_width), "float32", 0, None)}
+def attempt(**changes):
+    try:
+        api.gated_delta_net(dict(feeds, **changes.pop("feeds", {})), outputs=outs, stream=0x10, **changes,
+                            **case.attributes)
+    except Exception as e:
+        print(type(e).__name__, "|", e)
+attempt(feeds={"value": DeviceTensor(1 << 30, (5, 5, 8), "float32", 0, None)})
+attempt(rec_rows=3)
+attempt(engine="chunked")
+"""
+
+
+def test_python_api_errors_come_from_the_library(programs):
+    """A contract violation raises the contract's ContractError with the message ORT gives; a knob no kernel serves
+    raises PlanError naming it; nothing is launched (the stand-in driver would print it)."""
+    env = {k: v for k, v in os.environ.items() if k != "ONNX_HYBRID_CUDA_IMAGES"}
+    env.update(STUB_CC="90", STUB_CURRENT="0x10", LD_LIBRARY_PATH=str(programs[1]["plain"]))
+    done = subprocess.run([sys.executable, "-c", API_ERRORS_CHILD], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if "|" in line or line.startswith("launch")]
+    from onnx_hybrid.ops import contract
+
+    assert len(lines) == 3, lines
+    assert lines[0] == "ContractError | " + contract.format_message("GatedDeltaNet", "gdn_heads_v", 5, 2)
+    assert lines[1].startswith("PlanError | GatedDeltaNet: rec_rows 3 is not instantiated for key size 32"), lines[1]
+    assert lines[2].startswith("PlanError | GatedDeltaNet: the chunked engine needs float16/bfloat16"), lines[2]

@@ -62,7 +62,8 @@ def render(c: dict[str, object]) -> str:
                "CHUNK_WGMMA_PRODUCER_THREADS",
                "CHUNK_PREP_SMEM_BYTES", "CHUNK_PREP_SHARED_MIN_BLOCKS",
                "CONV_THREADS", "CONV_TOKENS", "CONV_MEDIUM_TOKENS", "CONV_LONG_TOKENS",
-               "CONV_SHORT_TOKENS", "CONV_ROW_TOKENS", "CONV_VECTOR_BYTES")
+               "CONV_SHORT_TOKENS", "CONV_ROW_TOKENS", "CONV_VECTOR_BYTES", "REC_MAX_WARP_ROWS", "REPLAY_WARPS",
+               "REPLAY_ROWS")
     lines = [
         "// Generated from onnx_hybrid/cuda_ops/plan.py by gen_cuda_plan_header.py. Do not edit.",
         "#pragma once",

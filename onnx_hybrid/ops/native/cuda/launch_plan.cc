@@ -74,6 +74,18 @@ bool HasDecodeInstantiation(ElemType type, int key, int rows) {
   return false;
 }
 
+// plan.REC_ROW_VARIANTS: whether the recurrent kernel has an instantiation of `rows` value rows per warp.
+bool IsRowVariant(int key, int rows) {
+  for (int r : cp::kRecRowVariants[key])
+    if (r != 0 && r == rows) return true;
+  return false;
+}
+
+// plan.conv_channel_blocks: blocks of kConvThreads threads of kConvVectorBytes of channels each.
+unsigned ConvChannelBlocks(int64_t channels, ElemType type) {
+  return U(CeilDiv(channels, cp::kConvThreads * (cp::kConvVectorBytes / int64_t(ElemSize(type)))));
+}
+
 }  // namespace
 
 KernelName::KernelName(const char* prefix, ElemType type) { Append(prefix).Append(Suffix(type)); }
@@ -106,7 +118,7 @@ bool GdnUsesChunked(const GdnGeometry& geo, ElemType type, const GdnParams& para
   const bool chunked = type != ElemType::kFloat && geo.head_size_k == cp::kChunkD && geo.head_size_v == cp::kChunkD &&
                        !geo.per_key_decay && arch >= 80 && smem_optin >= ChunkSmemNeeded(arch) && aligned;
   if (engine == GdnCudaEngine::kChunked && !chunked)
-    throw std::runtime_error(
+    throw std::invalid_argument(
         std::string("the chunked engine needs float16/bfloat16, head sizes 128/128, scalar decay and sm_80+; got ") +
         TypeName(type) + ", " + std::to_string(geo.head_size_k) + "/" + std::to_string(geo.head_size_v) +
         ", per-key decay " + (geo.per_key_decay ? "True" : "False") + ", sm_" + std::to_string(arch) + " with " +
@@ -117,27 +129,36 @@ bool GdnUsesChunked(const GdnGeometry& geo, ElemType type, const GdnParams& para
 }
 
 std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type, const GdnParams& params, int arch,
-                                           int smem_optin, GdnCudaEngine engine) {
+                                           int smem_optin, const GdnPlanKnobs& knobs) {
   constexpr int kKeySizes = sizeof(cp::kRecKeySizes) / sizeof(cp::kRecKeySizes[0]);
   int key = 0;
   while (key < kKeySizes && geo.head_size_k > cp::kRecKeySizes[key]) ++key;
   if (key == kKeySizes)
-    throw std::runtime_error("no supported plan (head_size_qk " + std::to_string(geo.head_size_k) + " > " +
+    throw std::invalid_argument("no supported plan (head_size_qk " + std::to_string(geo.head_size_k) + " > " +
                              std::to_string(cp::kRecKeySizes[kKeySizes - 1]) + ")");
-  const bool use_chunked = GdnUsesChunked(geo, type, params, arch, smem_optin, engine);
+  const bool use_chunked = GdnUsesChunked(geo, type, params, arch, smem_optin, knobs.engine);
   std::vector<CudaLaunch<GdnParams>> launches;
   if (use_chunked) {
     // plan.chunk_prep_blocks: the chunk count of well-formed offsets; the kernel strides over any excess.
     const int64_t prep_blocks = (geo.total_tokens + (cp::kChunkTokens - 1) * geo.batch) / cp::kChunkTokens;
     // plan.chunk_prep_heads: a key head's whole group per block while that grid stays large enough.
-    const int64_t prep_heads =
-        prep_blocks * geo.num_heads_k >= cp::kChunkPrepSharedMinBlocks ? geo.num_heads_v / geo.num_heads_k : 1;
+    const int64_t group = geo.num_heads_v / geo.num_heads_k;
+    int64_t prep_heads = prep_blocks * geo.num_heads_k >= cp::kChunkPrepSharedMinBlocks ? group : 1;
+    if (knobs.prep_heads != 0) {
+      if (knobs.prep_heads < 1 || group % knobs.prep_heads)
+        throw std::invalid_argument("prep_heads " + std::to_string(knobs.prep_heads) +
+                                    " does not divide the value heads per key head (" + std::to_string(group) + ")");
+      prep_heads = knobs.prep_heads;
+    }
     launches.push_back({KernelName("gdn_chunk_prep_", type).Append("_d").Append(cp::kChunkD),
                         {U(prep_blocks), U(geo.num_heads_v / prep_heads), 1},
                         {U(cp::kChunkThreads), 1, 1},
                         cp::kChunkPrepSmemBytes,
                         params});
-    const int vt = ChunkScanWidth(geo);
+    const int vt = knobs.scan_width != 0 ? knobs.scan_width : ChunkScanWidth(geo);
+    if (vt != cp::kChunkVt && vt != cp::kChunkVtWide)
+      throw std::invalid_argument("scan_width " + std::to_string(vt) + " is not instantiated: (" +
+                                  std::to_string(cp::kChunkVt) + ", " + std::to_string(cp::kChunkVtWide) + ")");
     launches.push_back({KernelName("gdn_chunked_", type).Append("_d").Append(cp::kChunkD).Append("_v").Append(vt),
                         {U(geo.head_size_v / vt), U(geo.num_heads_v), U(geo.batch)},
                         {U(ChunkScanThreads(vt, arch)), 1, 1},
@@ -147,11 +168,22 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
   GdnParams rec = params;
   rec.tail_only = use_chunked ? 1 : 0;
   const int large = cp::kRecRowsLarge[key];
-  const int rows = RecRowGroups(geo, large) > 1 ? large : cp::kRecRowsSmall[key];
+  const int rows = knobs.rec_rows != 0 ? knobs.rec_rows
+                                       : RecRowGroups(geo, large) > 1 ? large : cp::kRecRowsSmall[key];
+  if (!IsRowVariant(key, rows)) {
+    std::string variants;
+    for (int r : cp::kRecRowVariants[key])
+      if (r) variants += (variants.empty() ? "" : ", ") + std::to_string(r);
+    throw std::invalid_argument("rec_rows " + std::to_string(rows) + " is not instantiated for key size " +
+                                std::to_string(cp::kRecKeySizes[key]) + ": (" + variants + ")");
+  }
   const bool decode = geo.total_tokens <= geo.batch && HasDecodeInstantiation(type, key, rows);
   // plan.gdn_plan: decode kernels take one group per warp, and so do calls of long rows (REC_BLOCK_TOKENS)
   const bool long_rows = !use_chunked && geo.total_tokens > int64_t(cp::kRecBlockTokens[key]) * geo.batch;
-  rec.row_groups = decode || long_rows ? 1 : RecRowGroups(geo, rows);
+  rec.row_groups = knobs.rec_groups != 0 ? knobs.rec_groups : decode || long_rows ? 1 : RecRowGroups(geo, rows);
+  if (rows * rec.row_groups > cp::kRecMaxWarpRows)
+    throw std::invalid_argument("rec_rows " + std::to_string(rows) + " x rec_groups " + std::to_string(rec.row_groups) +
+                                " exceeds " + std::to_string(cp::kRecMaxWarpRows) + " value rows per warp");
   const int64_t rows_per_block = int64_t(cp::kRecWarps) * rows * rec.row_groups;
   KernelName recurrent("gdn_recurrent_", type);
   recurrent.Append("_k").Append(cp::kRecKeySizes[key]).Append("_r").Append(rows);
@@ -171,9 +203,7 @@ bool ConvStatesOverlap(const ConvGeometry& geo, ElemType type, const ConvParams&
 }
 
 std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType type, const ConvParams& params) {
-  // plan.py's conv_channel_blocks: each thread holds kConvVectorBytes of channels.
-  const int64_t channels_per_thread = cp::kConvVectorBytes / int64_t(ElemSize(type));
-  const unsigned cx = U(CeilDiv(geo.channels, cp::kConvThreads * channels_per_thread));
+  const unsigned cx = ConvChannelBlocks(geo.channels, type);
   const cuda::Dim3 block{U(cp::kConvThreads), 1, 1};
   if (geo.total_tokens <= int64_t(cp::kConvRowTokens) * geo.batch)  // short rows: both passes in one launch
     return {{KernelName(geo.total_tokens <= geo.batch ? "conv_decode_" : "conv_rows_", type), {cx, U(geo.batch), 1},
@@ -191,6 +221,19 @@ std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType t
   if (output.state_rows == 0)
     launches.push_back({KernelName("conv_state_", type), {cx, U(geo.batch), 1}, block, 0, params});
   return launches;
+}
+
+std::vector<CudaLaunch<GdnReplayParams>> PlanGdnReplay(const GdnReplayParams& params) {
+  return {{KernelName("gdn_replay_", ElemType::kFloat),
+           {U(CeilDiv(params.dv, cp::kReplayWarps * cp::kReplayRows)), U(params.hv), U(params.batch)},
+           {U(cp::kReplayWarps * 32), 1, 1},
+           0,
+           params}};
+}
+
+std::vector<CudaLaunch<ConvReplayParams>> PlanConvReplay(ElemType type, const ConvReplayParams& params) {
+  return {{KernelName("conv_replay_", type), {ConvChannelBlocks(params.channels, type), U(params.batch), 1},
+           {U(cp::kConvThreads), 1, 1}, 0, params}};
 }
 
 }  // namespace onnx_hybrid

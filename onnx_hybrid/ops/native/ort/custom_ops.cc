@@ -15,6 +15,8 @@
 
 #include "cpu/conv_cpu.h"
 #include "cpu/cpu_kernels.h"
+#include "cuda/array_api.h"
+#include "cuda/calls.h"
 #include "cuda/driver.h"
 #include "cuda/ort_kernels.h"
 #include "cuda/launch_plan.h"
@@ -31,7 +33,8 @@
 namespace onnx_hybrid {
 namespace {
 
-constexpr int kAbiVersion = 3;  // 2: onnx_hybrid_set_cuda_image and the CUDA inspection functions; 3: _has_image
+constexpr int kAbiVersion = 4;  // 2: onnx_hybrid_set_cuda_image and the CUDA inspection functions; 3: _has_image;
+                                // 4: the CUDA calls on arrays the caller owns (onnx_hybrid_cuda_gated_delta_net, ...)
 constexpr char kCpuProvider[] = "CPUExecutionProvider";
 
 std::atomic<bool> g_register_com_microsoft{false};
@@ -557,7 +560,9 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int
         const bool chunked = GdnUsesChunked(geo, elem, p, arch, smem_optin, gdn_engine);
         text = std::to_string(chunked ? ChunkWorkspaceBytes(geo) : 0) + "\n";
       } else {
-        for (const auto& l : PlanGdn(geo, elem, p, arch, smem_optin, gdn_engine))
+        GdnPlanKnobs knobs;
+        knobs.engine = gdn_engine;
+        for (const auto& l : PlanGdn(geo, elem, p, arch, smem_optin, knobs))
           text += Describe(l.kernel, l.grid, l.block, l.smem, l.params.tail_only, l.params.row_groups);
       }
     } else if (name == "conv" && (n_dims == 3 || n_dims == 4)) {
@@ -573,3 +578,160 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int
     return WriteText(text, out, size);
   });
 }
+
+// --- CUDA calls on arrays the caller owns (onnx_hybrid.cuda_ops) ------------------------------------------------
+
+namespace onnx_hybrid {
+namespace {
+
+// The C entry points' results: 0 launched; 1 nothing launched, the call wants its outputs (their shapes are in
+// the call) or a larger workspace (workspace_needed); negative: an error, its text in onnx_hybrid_last_error:
+// -2 the operator contract's (the message as ORT reports it), -3 a knob no kernel serves, -1 anything else.
+constexpr int kLaunched = 0, kNeedsMemory = 1, kFailed = -1, kContractViolation = -2, kBadKnob = -3;
+
+template <int N>
+InputShapes<N> ShapesOf(const OhArray (&arrays)[N], const void* (&data)[N]) {
+  InputShapes<N> shapes;
+  for (int i = 0; i < N; ++i) {
+    data[i] = arrays[i].data;
+    shapes.present[i] = arrays[i].data != nullptr;
+    if (shapes.present[i]) {
+      if (arrays[i].rank < 0 || arrays[i].rank > 4) throw std::length_error("onnx_hybrid: a shape of rank above 4");
+      shapes.shape[i] = Shape(arrays[i].dims, arrays[i].dims + arrays[i].rank);
+    }
+  }
+  return shapes;
+}
+
+void WriteShape(const Shape& shape, int64_t (&dims)[4], int32_t* rank) {
+  *rank = static_cast<int32_t>(shape.size());
+  for (size_t i = 0; i < shape.size() && i < 4; ++i) dims[i] = shape[i];
+}
+
+// The plan's launches whose kernel names start with one of the comma-separated prefixes (null: all of them).
+template <class Params>
+std::vector<CudaLaunch<Params>> OnlyKernels(std::vector<CudaLaunch<Params>> launches, const char* prefixes) {
+  if (!prefixes) return launches;
+  std::vector<CudaLaunch<Params>> kept;
+  for (auto& l : launches) {
+    for (const char* p = prefixes; *p;) {
+      const char* end = std::strchr(p, ',');
+      const size_t n = end ? size_t(end - p) : std::strlen(p);
+      if (n > 0 && std::strncmp(l.kernel.c_str(), p, n) == 0) {
+        kept.push_back(l);
+        break;
+      }
+      p += n + (end ? 1 : 0);
+    }
+  }
+  return kept;
+}
+
+ElemType CheckedType(int32_t type) {
+  if (type < 0 || type > 2) throw std::invalid_argument("element type must be 0, 1 or 2, got " + std::to_string(type));
+  return static_cast<ElemType>(type);
+}
+
+// Runs a C entry point's body: exceptions become the codes above, with the message of ORT's status.
+template <class Body>
+int CudaCall(const char* op, Body body) noexcept {
+  try {
+    return body();
+  } catch (const ContractError& e) {
+    try { LastError() = e.what(); } catch (...) {}
+    return kContractViolation;
+  } catch (const std::invalid_argument& e) {
+    try { LastError() = std::string(op) + ": " + e.what(); } catch (...) {}
+    return kBadKnob;
+  } catch (const std::exception& e) {
+    try { LastError() = std::string(op) + ": " + e.what(); } catch (...) {}
+    return kFailed;
+  }
+}
+
+}  // namespace
+}  // namespace onnx_hybrid
+
+using namespace onnx_hybrid;
+
+// GatedDeltaNet on the caller's stream (OhGdnCall in cuda/array_api.h).
+ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_gated_delta_net(OhGdnCall* call) {
+  namespace g = contract::gdn;
+  return CudaCall(g::kName, [&] {
+    const ElemType type = CheckedType(call->type);
+    const GdnAttributes attrs = MakeGdnAttributes(call->update_rule, call->scale, call->gate_activation,
+                                                  call->beta_activation, call->qk_l2_norm, call->chunk_size,
+                                                  call->state_update_capacity);
+    const void* data[g::kNumInputs];
+    const GdnGeometry geo = ResolveGdn(ShapesOf(call->inputs, data), attrs);
+    WriteShape(geo.output_shape, call->output_dims[0], &call->output_ranks[0]);
+    WriteShape(geo.state_shape, call->output_dims[1], &call->output_ranks[1]);
+    WriteShape(geo.capsule_shape(), call->output_dims[2], &call->output_ranks[2]);
+    call->workspace_needed = 0;
+    if (!call->outputs[0] || !call->outputs[1] || !call->outputs[2]) return kNeedsMemory;
+    if (call->engine < 0 || call->engine > 2)
+      throw std::invalid_argument("engine must be 0 (auto), 1 (chunked) or 2 (recurrent)");
+    GdnPlanKnobs knobs;
+    knobs.engine = static_cast<GdnCudaEngine>(call->engine);
+    knobs.rec_rows = call->rec_rows;
+    knobs.rec_groups = call->rec_groups;
+    knobs.scan_width = call->scan_width;
+    knobs.prep_heads = call->prep_heads;
+    GdnParams p = MakeGdnParams(geo, attrs, type, data, call->outputs[0], static_cast<float*>(call->outputs[1]),
+                                static_cast<float*>(call->outputs[2]));
+    cuda::Launcher launcher(call->stream);
+    call->workspace_needed = GdnWorkspaceBytes(geo, type, p, launcher.device(), knobs.engine);
+    if (call->workspace_needed > 0) {
+      if (!call->workspace || call->workspace_bytes < call->workspace_needed) return kNeedsMemory;
+      p.workspace = call->workspace;
+    }
+    Enqueue(launcher, OnlyKernels(PlanGdn(geo, type, p, launcher.device().arch, launcher.device().smem_optin, knobs),
+                                  call->only_kernels));
+    return kLaunched;
+  });
+}
+
+// VarlenCausalConvWithState on the caller's stream (OhConvCall in cuda/array_api.h).
+ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_varlen_causal_conv(OhConvCall* call) {
+  namespace cv = contract::conv;
+  return CudaCall(cv::kName, [&] {
+    const ElemType type = CheckedType(call->type);
+    const ConvAttributes attrs = MakeConvAttributes(call->activation, call->dilation, call->state_update_capacity);
+    const void* data[cv::kNumInputs];
+    const ConvGeometry geo = ResolveConv(ShapesOf(call->inputs, data), attrs);
+    WriteShape(geo.output_shape(), call->output_dims[0], &call->output_ranks[0]);
+    WriteShape(geo.state_shape(), call->output_dims[1], &call->output_ranks[1]);
+    WriteShape(geo.capsule_shape(), call->output_dims[2], &call->output_ranks[2]);
+    if (!call->outputs[0] || !call->outputs[1] || !call->outputs[2]) return kNeedsMemory;
+    cuda::Launcher launcher(call->stream);
+    const ConvParams p = MakeConvParams(geo, attrs, data, call->outputs[0], call->outputs[1], call->outputs[2]);
+    Enqueue(launcher, OnlyKernels(PlanConv(geo, type, p), call->only_kernels));
+    return kLaunched;
+  });
+}
+
+// The GatedDeltaNet replay of accepted[b] captured transitions onto the committed state (in place when
+// state_out is state_in); shapes checked by the caller (onnx_hybrid.cuda_ops.replay_gdn).
+ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_replay_gdn(const float* state_in, float* state_out, const float* capsule,
+                                                   const int32_t* accepted, int batch, int hk, int hv, int dk, int dv,
+                                                   int capacity, void* stream) {
+  return CudaCall("replay_gdn", [&] {
+    const GdnReplayParams p{state_in, state_out, capsule, accepted, batch, hk, hv, dk, dv, capacity};
+    cuda::Launcher launcher(stream);
+    Enqueue(launcher, PlanGdnReplay(p));
+    return kLaunched;
+  });
+}
+
+// The conv replay, likewise (onnx_hybrid.cuda_ops.replay_conv).
+ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_replay_conv(int type, const void* state_in, void* state_out,
+                                                    const void* capsule, const int32_t* accepted, int batch,
+                                                    int channels, int state_len, int capacity, void* stream) {
+  return CudaCall("replay_conv", [&] {
+    const ConvReplayParams p{state_in, state_out, capsule, accepted, batch, channels, state_len, capacity};
+    cuda::Launcher launcher(stream);
+    Enqueue(launcher, PlanConvReplay(CheckedType(type), p));
+    return kLaunched;
+  });
+}
+
