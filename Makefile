@@ -15,7 +15,7 @@ OLDEST_NVRTC_DIR := build/oldest-nvrtc
 # forces it.
 SETUP_STAMP := build/setup.stamp
 NATIVE_SOURCES := $(wildcard onnx_hybrid/ops/native/* onnx_hybrid/ops/native/*/* onnx_hybrid/ops/native/cuda/kernels/*) \
-	onnx_hybrid/ops/contract.py onnx_hybrid/cuda_ops/plan.py
+	onnx_hybrid/ops/contract.py
 
 # The stamp only counts while this Python has the package (another virtual environment may not).
 setup:

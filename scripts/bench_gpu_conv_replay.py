@@ -28,8 +28,8 @@ GDN_SLOT = HV + HK * D + HV * D  # fp32 values per captured token (docs/op-contr
 CONV_CASES = [  # name, tokens per row, rows, capture capacity
     ("conv decode B=1", 1, 1, 0), ("conv decode B=32", 1, 32, 0), ("conv decode B=128", 1, 128, 0),
     ("conv verify 4 B=32 cap", 4, 32, 4), ("conv verify 4 B=128 cap", 4, 128, 4),
-    ("conv short 1x200", 200, 1, 0),  # at most plan.CONV_SHORT_TOKENS tokens: one token per thread
-    # mid-sized calls (more than plan.CONV_SHORT_TOKENS tokens, fewer than CONV_LONG_TOKENS): runs of
+    ("conv short 1x200", 200, 1, 0),  # at most kConvShortTokens tokens: one token per thread
+    # mid-sized calls (more than kConvShortTokens tokens, fewer than kConvLongTokens): runs of
     # CONV_MEDIUM_TOKENS tokens per thread
     ("conv mid 1x512", 512, 1, 0), ("conv mid 1x1024", 1024, 1, 0), ("conv mid 1x2000", 2000, 1, 0),
     ("conv mid 4x300 cap", 300, 4, 4),

@@ -44,8 +44,8 @@ def main():
         feeds["capture_count"] = gpu(np.ones(b, np.int32))
         _, st, cap = cuda_ops.varlen_causal_conv(feeds, **conv.attributes)
         cuda_ops.replay_conv(st, cap, [5] + [1] * (b - 1))
-    # the conv's output pass (over plan.CONV_SHORT_TOKENS tokens: runs of tokens per thread; from
-    # plan.CONV_LONG_TOKENS on, longer runs) with its state pass in the same grid and, in place, after it; on the
+    # the conv's output pass (over kConvShortTokens tokens: runs of tokens per thread; from
+    # kConvLongTokens on, longer runs) with its state pass in the same grid and, in place, after it; on the
     # 16-byte path (fp16, 64 channels) and the element path (fp32, 12 channels), on malformed offsets of 600 and
     # 4200 tokens
     for cu in ([0, 300, 600], [0, 250, 100, 600], [-40, 300, 600], [0, 4000, 600], [30, 300, 600], [0, 300, 500],

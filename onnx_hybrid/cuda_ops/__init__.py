@@ -3,8 +3,8 @@
 * ``compiler``: NVRTC compilation of ``ops/native/cuda/kernels/`` into one cubin per architecture, cached on disk; works
   without a GPU.
 * ``api``: the operators on GPU arrays with the contract's semantics, plus the capsule replays, launched by the
-  custom-op library's C entry points (the launch path ORT sessions take).
-* ``plan``: the launch constants the library's planner is generated from, and a Python model of its plans.
+  custom-op library's C entry points: the planner and launcher ORT sessions use (ops/native/cuda/), with the launch
+  configuration the kernels compile against (ops/native/cuda/kernels/launch_config.h).
 """
 
 from .api import PlanError, gated_delta_net, gdn_workspace_bytes, replay_conv, replay_gdn, varlen_causal_conv

@@ -3,7 +3,7 @@
 ``feeds`` uses the contract's input names, like an ORT feed dict; arrays live on the GPU (CuPy, or anything
 exposing ``__cuda_array_interface__`` / ``__dlpack__``), except ``state_update_active``, which is a host value
 (docs/op-contract.md#gateddeltanet-inputs-and-outputs). Each call goes through the custom-op library's C entry
-points (native/cuda/array_api.h): the shape checks (same messages), parameters, launch plan and launches that ORT
+points (native/ort/c_api.h): the shape checks (same messages), parameters, launch plan and launches that ORT
 sessions run, on the given stream. Nothing here synchronises with the host: offsets and capture counts stay on
 the device.
 
@@ -19,36 +19,12 @@ import functools
 from typing import Any, Mapping
 
 from ..ops import contract, library
+from ..ops.c_api import Array, ConvCall, GdnCall
 from .tensors import DeviceTensor, as_device_tensor, empty, stream_pointer
 
 
 class PlanError(ValueError):
     """No kernel can serve the call as asked (a shape no kernel is instantiated for, or a knob's value)."""
-
-
-class _Array(ctypes.Structure):  # native/cuda/array_api.h OhArray
-    _fields_ = [("data", ctypes.c_void_p), ("dims", ctypes.c_int64 * 4), ("rank", ctypes.c_int32),
-                ("reserved", ctypes.c_int32)]
-
-
-class _GdnCall(ctypes.Structure):  # OhGdnCall
-    _fields_ = [("inputs", _Array * 11), ("type", ctypes.c_int32), ("engine", ctypes.c_int32),
-                ("rec_rows", ctypes.c_int32), ("rec_groups", ctypes.c_int32), ("scan_width", ctypes.c_int32),
-                ("prep_heads", ctypes.c_int32), ("only_kernels", ctypes.c_char_p), ("update_rule", ctypes.c_char_p),
-                ("gate_activation", ctypes.c_char_p), ("beta_activation", ctypes.c_char_p), ("scale", ctypes.c_float),
-                ("qk_l2_norm", ctypes.c_int64), ("chunk_size", ctypes.c_int64),
-                ("state_update_capacity", ctypes.c_int64), ("outputs", ctypes.c_void_p * 3),
-                ("stream", ctypes.c_void_p), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64),
-                ("output_dims", (ctypes.c_int64 * 4) * 3), ("output_ranks", ctypes.c_int32 * 3),
-                ("workspace_needed", ctypes.c_int64)]
-
-
-class _ConvCall(ctypes.Structure):  # OhConvCall
-    _fields_ = [("inputs", _Array * 6), ("type", ctypes.c_int32), ("only_kernels", ctypes.c_char_p),
-                ("activation", ctypes.c_char_p), ("dilation", ctypes.c_int64),
-                ("state_update_capacity", ctypes.c_int64), ("outputs", ctypes.c_void_p * 3),
-                ("stream", ctypes.c_void_p), ("output_dims", (ctypes.c_int64 * 4) * 3),
-                ("output_ranks", ctypes.c_int32 * 3)]
 
 
 _TYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -86,20 +62,16 @@ def _check(code: int, op: str) -> int:
     """The entry point's result, or its error as this API raises it."""
     if code >= 0:
         return code
-    message = library.control().onnx_hybrid_last_error().decode()
     if code == _CONTRACT_VIOLATION:
-        raise contract.ContractError.from_message(op, message)
+        raise contract.ContractError.from_library(op)
+    message = library.control().onnx_hybrid_last_error().decode()
     if code == _BAD_KNOB:
         raise PlanError(message)
     raise RuntimeError(message)
 
 
-def _set_array(slot: _Array, t: DeviceTensor | None, host_pointer: int | None = None) -> None:
-    slot.data = host_pointer if host_pointer is not None else (None if t is None else (t.ptr or 1))
-    if t is not None:
-        slot.rank = len(t.shape)
-        for i, d in enumerate(t.shape):
-            slot.dims[i] = d
+def _set_array(slot: Array, t: DeviceTensor | None) -> None:
+    slot.set(None if t is None else t.shape, None if t is None else t.ptr)
 
 
 @functools.lru_cache(maxsize=64)
@@ -216,14 +188,13 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
     _check_device(op, t, device)
     lib = _library(device)
 
-    call = _GdnCall()
+    call = GdnCall()
     active_host = None
     for i, port in enumerate(contract.GATED_DELTA_NET.inputs):
         if port.name == "state_update_active":
             if active is not None:
                 active_host = ctypes.c_int32(active)
-                call.inputs[i].data = ctypes.addressof(active_host)
-                call.inputs[i].rank, call.inputs[i].dims[0] = 1, 1
+                call.inputs[i].set((1,), ctypes.addressof(active_host))
         else:
             _set_array(call.inputs[i], t[port.name])
     call.type = _TYPE_CODE[q.dtype]
@@ -231,12 +202,7 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
     call.rec_rows, call.rec_groups = rec_rows or 0, rec_groups or 0
     call.scan_width, call.prep_heads = scan_width or 0, prep_heads or 0
     call.only_kernels = ",".join(only_kernels).encode() if only_kernels else None
-    call.update_rule = attrs["update_rule"].encode()
-    call.gate_activation = attrs["gate_activation"].encode()
-    call.beta_activation = attrs["beta_activation"].encode()
-    call.scale = attrs["scale"]
-    call.qk_l2_norm, call.chunk_size = attrs["qk_l2_norm"], attrs["chunk_size"]
-    call.state_update_capacity = attrs["state_update_capacity"]
+    call.set_attributes(attrs)
     call.stream = stream_pointer(stream)
     _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op)  # the outputs' shapes
     out_arr, state_arr, cap_arr = _allocate(dict(outputs or {}), call, ("output", "final_state", "state_update"),
@@ -252,33 +218,29 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
         if workspace is not None:
             raise ValueError(f"{op}: workspace must hold {needed} bytes on device {device}, got "
                              f"{scratch.nbytes} bytes on device {scratch.device}")
-        scratch = _pool_workspace(needed, device, call.stream)
+        scratch = _pool_workspace(needed, device, call.stream or 0)  # ctypes reads a null c_void_p as None
         call.workspace, call.workspace_bytes = scratch.ptr, scratch.nbytes
         _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op)
     return out_arr, state_arr, cap_arr
 
 
 def gdn_workspace_bytes(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any], engine: str = "auto",
-                        **attributes) -> int:
-    """The workspace a gated_delta_net call with these feeds, outputs and engine needs (0 without the chunked
-    kernels): what to preallocate before capturing the call in a CUDA graph. Launches nothing."""
+                        stream: Any = None, **attributes) -> int:
+    """The workspace a gated_delta_net call with these feeds, outputs and engine needs on the device of
+    ``stream`` (0 without the chunked kernels): what to preallocate before capturing the call in a CUDA graph.
+    Launches nothing."""
     op = contract.GATED_DELTA_NET.name
     t = _tensors(contract.GATED_DELTA_NET, feeds, host=("state_update_active",))
     attrs = _attributes(op, tuple(sorted(attributes.items())))
     q = t["query"]
     lib = _library(q.device)
-    call = _GdnCall()
+    call = GdnCall()
     for i, port in enumerate(contract.GATED_DELTA_NET.inputs):
         if port.name != "state_update_active":
             _set_array(call.inputs[i], t[port.name])
     call.type, call.engine = _TYPE_CODE[q.dtype], _ENGINES[engine]
-    call.update_rule = attrs["update_rule"].encode()
-    call.gate_activation = attrs["gate_activation"].encode()
-    call.beta_activation = attrs["beta_activation"].encode()
-    call.scale = attrs["scale"]
-    call.qk_l2_norm, call.chunk_size = attrs["qk_l2_norm"], attrs["chunk_size"]
-    call.state_update_capacity = attrs["state_update_capacity"]
-    call.stream = stream_pointer(None)
+    call.set_attributes(attrs)
+    call.stream = stream_pointer(stream)
     _run(lib.onnx_hybrid_cuda_gated_delta_net, call, q.device, call.stream, op)
     _allocate(dict(outputs), call, ("output", "final_state", "state_update"), (q.dtype, "float32", "float32"),
               q.device, op)
@@ -302,13 +264,12 @@ def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] |
     device = x.device
     _check_device(op, t, device)
     lib = _library(device)
-    call = _ConvCall()
+    call = ConvCall()
     for i, port in enumerate(contract.VARLEN_CAUSAL_CONV.inputs):
         _set_array(call.inputs[i], t[port.name])
     call.type = _TYPE_CODE[x.dtype]
     call.only_kernels = ",".join(only_kernels).encode() if only_kernels else None
-    call.activation = attrs["activation"].encode()
-    call.dilation, call.state_update_capacity = attrs["dilation"], attrs["state_update_capacity"]
+    call.set_attributes(attrs)
     call.stream = stream_pointer(stream)
     _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
     arrays = _allocate(dict(outputs or {}), call, ("output", "final_state", "state_update"),

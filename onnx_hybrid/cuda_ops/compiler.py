@@ -77,7 +77,7 @@ def options(arch: int) -> tuple[str, ...]:
 
 
 def sources() -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(KERNEL_DIR.iterdir()) if p.suffix in (".cu", ".cuh")}
+    return {p.name: p.read_bytes() for p in sorted(KERNEL_DIR.iterdir()) if p.suffix in (".cu", ".cuh", ".h")}
 
 
 def cache_dir() -> Path:

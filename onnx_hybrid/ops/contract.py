@@ -1,24 +1,23 @@
 """The operator contract of GatedDeltaNet, VarlenCausalConvWithState and PagedAttention.
 
-This module is the one place where the package states the operators' inputs, outputs, attributes,
-type constraints, shape rules, capsule layout and rejection messages (docs/op-contract.md; ORT 1.31.1's compact
-ABI; PagedAttention is our CPU subset of ORT's CUDA op). Everything else derives from it:
+This module is where the package states the operators' inputs, outputs, attributes, type constraints,
+capsule layout, thresholds and rejection messages (docs/op-contract.md; ORT 1.31.1's compact ABI; PagedAttention
+is our CPU subset of ORT's CUDA op). Each rule has one source:
 
-* the float64 reference (``reference.py``) resolves shapes with :func:`resolve_gdn` / :func:`resolve_conv` /
-  :func:`resolve_paged_attention`;
-* the C++ kernels get indices, defaults and message templates through a header generated from this
-  module at build time (``native/build/gen_contract_header.py``);
-* the exporter emits nodes through :func:`make_onnx_node` / :func:`make_ir_node`;
-* the config validator computes capsule widths with :func:`gdn_capsule_width` / :func:`conv_capsule_shape`;
-* the engine threshold (:data:`SEQUENTIAL_MIN_TOKENS`) reaches the CPU kernel and the CUDA launch plan through
-  that header and the CUDA kernels as an NVRTC define (``cuda_ops/compiler.py``).
+* **Tables, here.** Ports, attributes with their defaults and ranges, messages, the capsule layout and
+  :data:`SEQUENTIAL_MIN_TOKENS` are Python data, because every consumer can read them: the build generates the
+  C++ header the kernels use from this module (``native/build/gen_contract_header.py``), and the engine threshold
+  reaches the CUDA kernels as an NVRTC define (``cuda_ops/compiler.py``); the exporter emits nodes through
+  :func:`make_onnx_node` / :func:`make_ir_node`, the config validator computes capsule widths with
+  :func:`gdn_capsule_width` / :func:`conv_capsule_shape`.
+* **Shape and presence checks, in the library** (``native/shapes/*.cc``). ORT's kernels must check their inputs
+  without calling back into Python, so the C++ checks are the implementation; :func:`resolve_gdn`,
+  :func:`resolve_conv` and :func:`resolve_paged_attention` (the float64 reference's, the tests', the CUDA API's)
+  and the presence rules of :func:`layout_node` call them through the library's C entry points
+  (``ops/c_api.py``), and a rejection comes back as :class:`ContractError` with its ``key``.
 
-Python is the source because every consumer can read it: the build generates C++ from it before compiling,
-and the exporter, validator and reference need no compiled code. One part is still written twice: the shape and
-presence checks (``resolve_*`` here, ``native/shapes/*.cc`` in the library, which checks ORT's inputs without
-calling back into Python); ``tests/native/test_native_errors.py`` holds the two to the same verdicts and messages.
-
-The module depends on nothing outside the standard library, so that the build can import it.
+The module itself depends on nothing outside the standard library, so that the build can import it; the checks
+load the library when first called.
 """
 
 from __future__ import annotations
@@ -314,12 +313,20 @@ class ContractError(ValueError):
         super().__init__(format_message(op, key, *args))
 
     @classmethod
-    def from_message(cls, op: str, message: str) -> "ContractError":
-        """The same rejection made by the native library's checks, which report the formatted message only."""
+    def from_message(cls, op: str, message: str, key: str | None = None) -> "ContractError":
+        """The rejection the native library's checks made (they report the formatted message and its key)."""
         error = cls.__new__(cls)
-        error.op, error.key, error.args_ = op, None, ()
+        error.op, error.key, error.args_ = op, key or None, ()
         ValueError.__init__(error, message)
         return error
+
+    @classmethod
+    def from_library(cls, op: str) -> "ContractError":
+        """The native library's last rejection on this thread (after an entry point returned its code)."""
+        from .library import control
+
+        lib = control()
+        return cls.from_message(op, lib.onnx_hybrid_last_error().decode(), lib.onnx_hybrid_last_error_key().decode())
 
 
 def format_message(op: str, key: str, *args: Any) -> str:
@@ -330,10 +337,6 @@ def _fmt(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return "[" + ", ".join(str(v) for v in value) + "]"
     return str(value)
-
-
-def _presence(x: Any) -> str:
-    return "absent" if x is None else "present"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -494,158 +497,16 @@ class GdnGeometry:
                                 self.head_size_v)
 
 
-def _int32_ok(*values: int) -> bool:
-    return all(0 < v <= INT32_MAX for v in values)
-
-
 def resolve_gdn(shapes: Mapping[str, Sequence[int] | None], attributes: Mapping[str, Any]) -> GdnGeometry:
     """Check a GatedDeltaNet call's input shapes (docs/op-contract.md#gateddeltanet-layouts, #head-geometry,
-    #rejections) and resolve its geometry.
+    #rejections) and resolve its geometry; the checks are the native library's (see the module's docstring).
 
     ``shapes`` maps input names to shapes; missing names or None mean absent. ``attributes`` must be
     resolved (see :func:`resolve_attributes`).
     """
-    op = GATED_DELTA_NET.name
-    shp = {p.name: (None if shapes.get(p.name) is None else tuple(int(d) for d in shapes[p.name]))
-           for p in GATED_DELTA_NET.inputs}
-    q, k, v = shp["query"], shp["key"], shp["value"]
-    cu, state = shp["cu_seqlens"], shp["initial_state"]
-    capacity = attributes["state_update_capacity"]
-    if (k is None) != (v is None):
-        raise ContractError(op, "gdn_kv_presence", _presence(k), _presence(v))
-    packed = k is None
+    from .c_api import resolve_gdn as native
 
-    if packed:
-        if len(q) not in (2, 3):
-            raise ContractError(op, "gdn_packed_rank", len(q))
-        if cu is not None and len(q) == 3:
-            raise ContractError(op, "gdn_cu_rank4", len(q))
-        if state is None:
-            raise ContractError(op, "gdn_packed_needs_state")
-        if len(state) != 4:
-            raise ContractError(op, "gdn_state_rank", len(state))
-        hv, dv, dk = state[1], state[2], state[3]
-        width = q[-1]
-        rest = width - hv * dv
-        if not _int32_ok(hv, dv, dk) or rest <= 0 or rest % (2 * dk) != 0:
-            if _int32_ok(hv, dv, dk):
-                raise ContractError(op, "gdn_packed_width", width, rest, dk)
-            raise ContractError(op, "gdn_packed_dims", "?", dk, hv, dv)
-        hq = hk = rest // (2 * dk)
-        if not _int32_ok(hq):
-            raise ContractError(op, "gdn_packed_dims", hq, dk, hv, dv)
-        if hv % hq != 0:
-            raise ContractError(op, "gdn_heads_v", hv, hq)
-        rank4 = len(q) == 3
-        tokens_shape = q[:-1]
-    else:
-        if len(q) not in (3, 4):
-            raise ContractError(op, "gdn_rank", len(q))
-        if not (len(q) == len(k) == len(v)):
-            raise ContractError(op, "gdn_same_rank", len(q), len(k), len(v))
-        if cu is not None and len(q) == 4:
-            raise ContractError(op, "gdn_cu_rank4", len(q))
-        if not (q[:-2] == k[:-2] == v[:-2]):
-            raise ContractError(op, "gdn_tokens_agree", list(q[:-2]), list(k[:-2]), list(v[:-2]))
-        hq, dk = q[-2], q[-1]
-        hk, dkk = k[-2], k[-1]
-        hv, dv = v[-2], v[-1]
-        if dkk != dk:
-            raise ContractError(op, "gdn_head_size", dk, dkk)
-        if hq != hk:
-            raise ContractError(op, "gdn_heads_qk", hq, hk)
-        if hq <= 0 or hv <= 0 or hv % hq != 0:
-            raise ContractError(op, "gdn_heads_v", hv, hq)
-        rank4 = len(q) == 4
-        tokens_shape = q[:-2]
-
-    total = math.prod(tokens_shape)
-    if not (0 < total <= INT32_MAX):
-        raise ContractError(op, "gdn_total_tokens", total)
-
-    # Batch: cu_seqlens, then rank-4 dim 0, then initial_state dim 0.
-    if cu is not None:
-        if len(cu) != 1 or cu[0] < 2:
-            raise ContractError(op, "gdn_cu_shape", list(cu))
-        batch = cu[0] - 1
-        layout = "packed_ragged" if packed else "ragged"
-    elif rank4:
-        batch = tokens_shape[0]
-        layout = "packed_rank3" if packed else "rank4"
-    else:
-        if state is None:
-            raise ContractError(op, "gdn_uniform_needs_state")
-        if len(state) != 4:
-            raise ContractError(op, "gdn_state_rank", len(state))
-        batch = state[0]
-        if not _int32_ok(batch):
-            raise ContractError(op, "gdn_batch", batch)
-        if total % batch != 0:
-            raise ContractError(op, "gdn_uniform_divisible", total, batch)
-        layout = "packed_uniform" if packed else "uniform"
-    if not _int32_ok(batch):
-        raise ContractError(op, "gdn_batch", batch)
-
-    state_shape = (batch, hv, dv, dk)
-    if state is not None:
-        if len(state) != 4:
-            raise ContractError(op, "gdn_state_rank", len(state))
-        if state != state_shape:
-            raise ContractError(op, "gdn_state_shape", list(state_shape), list(state))
-
-    has_decay, has_delta = UPDATE_RULES[attributes["update_rule"]]
-    decay, beta = shp["decay"], shp["beta"]
-    rule = attributes["update_rule"]
-    if (decay is not None) != has_decay:
-        raise ContractError(op, "gdn_decay_presence", rule, "requires" if has_decay else "forbids",
-                            _presence(decay))
-    if (beta is not None) != has_delta:
-        raise ContractError(op, "gdn_beta_presence", rule, "requires" if has_delta else "forbids",
-                            _presence(beta))
-    per_key = False
-    scalar_decay_shape = tuple(tokens_shape) + (hv,)
-    if decay is not None:
-        perkey_shape = scalar_decay_shape + (dk,)
-        if decay == scalar_decay_shape:
-            per_key = False
-        elif len(decay) == len(perkey_shape) and decay[:-1] == scalar_decay_shape:
-            if decay[-1] != dk:
-                raise ContractError(op, "gdn_decay_perkey", dk, decay[-1])
-            per_key = True
-        else:
-            raise ContractError(op, "gdn_decay_shape", list(scalar_decay_shape), list(perkey_shape),
-                                list(decay))
-    if beta is not None and beta != scalar_decay_shape:
-        raise ContractError(op, "gdn_beta_shape", list(scalar_decay_shape), list(beta))
-
-    a_log, dt_bias = shp["a_log"], shp["dt_bias"]
-    if attributes["gate_activation"] == "qwen":
-        if a_log is None or dt_bias is None:
-            raise ContractError(op, "gdn_qwen_needs_gates", _presence(a_log), _presence(dt_bias))
-        if a_log != (hv,):
-            raise ContractError(op, "gdn_a_log_shape", [hv], list(a_log))
-        if dt_bias != (hv,):
-            raise ContractError(op, "gdn_dt_bias_shape", [hv], list(dt_bias))
-    elif a_log is not None or dt_bias is not None:
-        raise ContractError(op, "gdn_gates_need_qwen", attributes["gate_activation"])
-
-    cc, active = shp["capture_count"], shp["state_update_active"]
-    if (cc is not None) != (capacity > 0):
-        raise ContractError(op, "capture_presence", capacity, _presence(cc))
-    if cc is not None and cc != (batch,):
-        raise ContractError(op, "gdn_capture_shape", [batch], list(cc))
-    if capacity > 0 and per_key:
-        raise ContractError(op, "gdn_capture_perkey", list(decay))
-    if active is not None and active != (1,):
-        raise ContractError(op, "gdn_active_shape", list(active))
-
-    output_shape = tuple(tokens_shape) + (hv, dv)
-    return GdnGeometry(
-        layout=layout, batch=batch, total_tokens=total, num_heads_q=hq, num_heads_k=hk, num_heads_v=hv,
-        head_size_k=dk, head_size_v=dv, per_key_decay=per_key, capacity=capacity,
-        output_shape=output_shape, state_shape=state_shape,
-        capsule_width=gdn_capsule_width(capacity, hv, hk, dk, dv),
-    )
+    return native(shapes, attributes)
 
 
 def check_offsets(op: str, offsets: Sequence[int], total_tokens: int) -> list[tuple[int, int]]:
@@ -684,41 +545,11 @@ class PagedAttentionGeometry:
 
 def resolve_paged_attention(shapes: Mapping[str, Sequence[int] | None],
                             attributes: Mapping[str, Any]) -> PagedAttentionGeometry:
-    """Check a PagedAttention call's input shapes (docs/op-contract.md#pagedattention); ``attributes`` resolved."""
-    op = PAGED_ATTENTION.name
-    shp = {p.name: tuple(int(d) for d in shapes[p.name]) for p in PAGED_ATTENTION.inputs}
-    hq, hkv = attributes["num_heads"], attributes["kv_num_heads"]
-    if hq % hkv:
-        raise ContractError(op, "pa_heads", hq, hkv)
-    cache = shp["key_cache"]
-    if len(cache) != 4:
-        raise ContractError(op, "pa_cache_rank", "key_cache", list(cache))
-    num_blocks, block_size, heads, d = cache
-    if block_size <= 0 or d <= 0 or heads != hkv:
-        raise ContractError(op, "pa_cache_dims", hkv, list(cache))
-    if shp["value_cache"] != cache:
-        raise ContractError(op, "pa_cache_same", list(cache), list(shp["value_cache"]))
-    q = shp["query"]
-    tokens = q[0] if q else -1
-    for name, width, what in (("query", hq * d, "num_heads * head_size"),
-                              ("key", hkv * d, "kv_num_heads * head_size"),
-                              ("value", hkv * d, "kv_num_heads * head_size")):
-        if shp[name] != (tokens, width) or tokens < 0:
-            raise ContractError(op, "pa_tensor_shape", name, what, "num_tokens" if tokens < 0 else tokens, width,
-                                list(shp[name]))
-    cu = shp["cumulative_sequence_lengths"]
-    if len(cu) != 1 or cu[0] < 2:
-        raise ContractError(op, "pa_cu_shape", list(cu))
-    batch = cu[0] - 1
-    if shp["past_sequence_lengths"] != (batch,):
-        raise ContractError(op, "pa_past_shape", [batch], list(shp["past_sequence_lengths"]))
-    table = shp["block_table"]
-    if len(table) != 2 or table[0] != batch:
-        raise ContractError(op, "pa_block_table_shape", batch, list(table))
-    scale = attributes["scale"] or 1.0 / math.sqrt(d)
-    return PagedAttentionGeometry(batch=batch, num_tokens=tokens, num_heads=hq, kv_num_heads=hkv, head_size=d,
-                                  num_blocks=num_blocks, block_size=block_size, max_num_blocks=table[1],
-                                  scale=scale)
+    """Check a PagedAttention call's input shapes (docs/op-contract.md#pagedattention); ``attributes`` resolved.
+    The native library's checks."""
+    from .c_api import resolve_paged_attention as native
+
+    return native(shapes, attributes)
 
 
 def check_paged_rows(geo: PagedAttentionGeometry, offsets: Sequence[int], past: Sequence[int],
@@ -753,49 +584,11 @@ class ConvGeometry:
 
 
 def resolve_conv(shapes: Mapping[str, Sequence[int] | None], attributes: Mapping[str, Any]) -> ConvGeometry:
-    """Check a VarlenCausalConvWithState call's input shapes (docs/op-contract.md#varlencausalconvwithstate)."""
-    op = VARLEN_CAUSAL_CONV.name
-    shp = {p.name: (None if shapes.get(p.name) is None else tuple(int(d) for d in shapes[p.name]))
-           for p in VARLEN_CAUSAL_CONV.inputs}
-    x, w, cu, bias, state, cc = (shp[n] for n in ("input", "weight", "cumulative_sequence_length", "bias",
-                                                  "initial_state", "capture_count"))
-    capacity = attributes["state_update_capacity"]
-    if cu is None:
-        raise ContractError(op, "conv_cu_required")
-    if state is None:
-        raise ContractError(op, "conv_state_required")
-    if len(x) != 2:
-        raise ContractError(op, "conv_input_rank", len(x))
-    if len(cu) != 1:
-        raise ContractError(op, "conv_cu_rank", len(cu))
-    if len(w) != 3:
-        raise ContractError(op, "conv_weight_rank", len(w))
-    if cu[0] < 2:
-        raise ContractError(op, "conv_cu_size", cu[0])
-    total, ch = x
-    if ch <= 0:
-        raise ContractError(op, "conv_channels", ch)
-    kernel = w[2]
-    if kernel <= 0:
-        raise ContractError(op, "conv_kernel_size", kernel)
-    if w[0] != ch:
-        raise ContractError(op, "conv_weight_channels", ch, w[0])
-    if w[1] != 1:
-        raise ContractError(op, "conv_weight_middle", w[1])
-    if bias is not None and bias != (ch,):
-        raise ContractError(op, "conv_bias_shape", [ch], list(bias))
-    batch = cu[0] - 1
-    sl = conv_state_length(kernel, attributes["dilation"])
-    if state != (batch, ch, sl):
-        raise ContractError(op, "conv_state_shape", [batch, ch, sl], list(state))
-    if total < batch:
-        raise ContractError(op, "conv_tokens_vs_batch", total, batch)
-    if (cc is not None) != (capacity > 0):
-        raise ContractError(op, "capture_presence", capacity, _presence(cc))
-    if cc is not None and cc != (batch,):
-        raise ContractError(op, "conv_capture_shape", [batch], list(cc))
-    return ConvGeometry(batch=batch, total_tokens=total, channels=ch, kernel_size=kernel, state_length=sl,
-                        capacity=capacity)
+    """Check a VarlenCausalConvWithState call's input shapes (docs/op-contract.md#varlencausalconvwithstate).
+    The native library's checks."""
+    from .c_api import resolve_conv as native
+
+    return native(shapes, attributes)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -822,8 +615,9 @@ def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mappi
     """Order inputs/outputs by position and keep non-default attributes.
 
     Presence rules that do not depend on shapes (decay iff the rule decays, beta iff it retrieves,
-    a_log/dt_bias iff qwen, capture_count iff capacity > 0, key and value together, PagedAttention's head
-    ratio) are checked here, so the exporter cannot emit a node the kernels would reject for them.
+    a_log/dt_bias iff qwen, capture_count iff capacity > 0, key and value together, packed q/k/v with a state,
+    the conv's state, PagedAttention's head ratio) are checked here by the kernels' own checks
+    (:func:`_check_presence`), so the exporter cannot emit a node the kernels would reject for them.
     ``types`` (input name -> ONNX element type name, None where unknown) are checked by :func:`check_types`.
     """
     op = OPS[op] if isinstance(op, str) else op
@@ -836,34 +630,7 @@ def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mappi
     for port in op.inputs:
         if not port.optional and port.name not in present:
             raise ValueError(f"{op.name}: required input {port.name!r} is missing")
-    capacity = attrs.get("state_update_capacity", 0)
-    if ("capture_count" in present) != (capacity > 0):
-        raise ContractError(op.name, "capture_presence", capacity,
-                            "present" if "capture_count" in present else "absent")
-    if op is GATED_DELTA_NET:
-        has_decay, has_delta = UPDATE_RULES[attrs["update_rule"]]
-        rule = attrs["update_rule"]
-        if ("decay" in present) != has_decay:
-            raise ContractError(op.name, "gdn_decay_presence", rule, "requires" if has_decay else "forbids",
-                                "present" if "decay" in present else "absent")
-        if ("beta" in present) != has_delta:
-            raise ContractError(op.name, "gdn_beta_presence", rule, "requires" if has_delta else "forbids",
-                                "present" if "beta" in present else "absent")
-        if ("key" in present) != ("value" in present):
-            raise ContractError(op.name, "gdn_kv_presence", "present" if "key" in present else "absent",
-                                "present" if "value" in present else "absent")
-        qwen = attrs["gate_activation"] == "qwen"
-        gates = {"a_log", "dt_bias"} & present
-        if qwen and len(gates) != 2:
-            raise ContractError(op.name, "gdn_qwen_needs_gates", "present" if "a_log" in present else "absent",
-                                "present" if "dt_bias" in present else "absent")
-        if not qwen and gates:
-            raise ContractError(op.name, "gdn_gates_need_qwen", attrs["gate_activation"])
-    elif op is VARLEN_CAUSAL_CONV:
-        if "initial_state" not in present:
-            raise ContractError(op.name, "conv_state_required")
-    elif attrs["num_heads"] % attrs["kv_num_heads"]:
-        raise ContractError(op.name, "pa_heads", attrs["num_heads"], attrs["kv_num_heads"])
+    _check_presence(op, present, attrs)
 
     ordered_in = _trim([inputs.get(p.name) for p in op.inputs])
     if isinstance(outputs, Mapping):
@@ -878,6 +645,29 @@ def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mappi
             raise ValueError(f"{op.name}: required output {port.name!r} is missing")
     non_default = {a.name: attrs[a.name] for a in op.attributes if attrs[a.name] != a.default}
     return NodeLayout(op=op, inputs=ordered_in, outputs=ordered_out, attributes=non_default)
+
+
+def _check_presence(op: OpSpec, present: set[str], attrs: Mapping[str, Any]) -> None:
+    """The kernels' shape checks on placeholder shapes of one token, one request and unit head sizes, for the
+    inputs in ``present``: the shapes always agree, so only a presence or attribute rule can fail."""
+    if op is GATED_DELTA_NET:
+        packed = "key" not in present and "value" not in present
+        ragged = "cu_seqlens" in present
+        tokens = (1,) if ragged else (1, 1)  # ragged rows, else the rank-4 layout (which needs neither)
+        width = (3,) if packed else (1, 1)  # packed: Hv*Dv + 2*Hq*Dk values per token
+        shapes = {"query": tokens + width, "key": tokens + (1, 1), "value": tokens + (1, 1), "cu_seqlens": (2,),
+                  "decay": tokens + (1,), "beta": tokens + (1,), "initial_state": (1, 1, 1, 1), "a_log": (1,),
+                  "dt_bias": (1,), "capture_count": (1,), "state_update_active": (1,)}
+        resolve_gdn({k: v for k, v in shapes.items() if k in present}, attrs)
+    elif op is VARLEN_CAUSAL_CONV:
+        shapes = {"input": (1, 1), "weight": (1, 1, 2), "cumulative_sequence_length": (2,), "bias": (1,),
+                  "initial_state": (1, 1, conv_state_length(2, attrs["dilation"])), "capture_count": (1,)}
+        resolve_conv({k: v for k, v in shapes.items() if k in present}, attrs)
+    else:
+        hq, hkv = attrs["num_heads"], attrs["kv_num_heads"]
+        resolve_paged_attention({"query": (1, hq), "key": (1, hkv), "value": (1, hkv), "key_cache": (1, 1, hkv, 1),
+                                 "value_cache": (1, 1, hkv, 1), "cumulative_sequence_lengths": (2,),
+                                 "past_sequence_lengths": (1,), "block_table": (1, 1)}, attrs)
 
 
 def check_types(op: OpSpec, types: Mapping[str, str | None]) -> None:

@@ -17,7 +17,7 @@ import re
 import tempfile
 import warnings
 
-ABI_VERSION = 4  # 2: the CUDA image, layout and plan functions; 3: onnx_hybrid_cuda_has_image; 4: the CUDA calls
+ABI_VERSION = 4  # 2: the CUDA image functions; 3: onnx_hybrid_cuda_has_image; 4: native/ort/c_api.h
 # ONNX_HYBRID_LIBRARY points the package at another build of the library (e.g. the AddressSanitizer
 # copy of `make asan`).
 _LIBRARY = pathlib.Path(os.environ.get("ONNX_HYBRID_LIBRARY") or
@@ -85,6 +85,8 @@ def control() -> ctypes.CDLL:
     lib.onnx_hybrid_set_option.restype = ctypes.c_int
     lib.onnx_hybrid_last_error.argtypes = []
     lib.onnx_hybrid_last_error.restype = ctypes.c_char_p
+    lib.onnx_hybrid_last_error_key.argtypes = []
+    lib.onnx_hybrid_last_error_key.restype = ctypes.c_char_p
     lib.onnx_hybrid_cpu_isa.argtypes = []
     lib.onnx_hybrid_cpu_isa.restype = ctypes.c_char_p
     lib.onnx_hybrid_input_shapes.argtypes = []
@@ -95,12 +97,10 @@ def control() -> ctypes.CDLL:
     lib.onnx_hybrid_cuda_images.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_has_image.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.onnx_hybrid_cuda_has_image.restype = ctypes.c_int
-    lib.onnx_hybrid_cuda_struct_layout.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-    lib.onnx_hybrid_cuda_struct_layout.restype = ctypes.c_int
-    lib.onnx_hybrid_cuda_plan.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
-                                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-    lib.onnx_hybrid_cuda_plan.restype = ctypes.c_int
-    # The calls of onnx_hybrid.cuda_ops (their structs are declared there, after native/cuda/array_api.h).
+    # The shape checks and the calls of onnx_hybrid.cuda_ops (their structs: ops/c_api.py, after native/ort/c_api.h).
+    for name in ("onnx_hybrid_resolve_gdn", "onnx_hybrid_resolve_conv", "onnx_hybrid_resolve_paged_attention"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        getattr(lib, name).restype = ctypes.c_int
     lib.onnx_hybrid_cuda_gated_delta_net.argtypes = [ctypes.c_void_p]
     lib.onnx_hybrid_cuda_gated_delta_net.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_varlen_causal_conv.argtypes = [ctypes.c_void_p]
@@ -298,40 +298,3 @@ def _text(call, *args) -> str:
         if n < size:
             return buf.value.decode()
         size = n + 1
-
-
-def cuda_struct_layout(name: str) -> dict[str, int]:
-    """The launcher's sizeof and field offsets of a kernel parameter struct ("GdnParams", "ConvParams")."""
-    text = _text(control().onnx_hybrid_cuda_struct_layout, name.encode())
-    return {k: int(v) for k, v in (item.split("=") for item in text.split())}
-
-
-_CUDA_ENGINES = {"auto": 0, "chunked": 1, "recurrent": 2}
-_CUDA_TYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
-
-
-def _plan_text(op: str, dtype: str, dims, arch: int, smem_optin: int, engine: str) -> str:
-    """onnx_hybrid_cuda_plan's text for ``op`` ("gdn", "gdn_workspace" or "conv")."""
-    arr = (ctypes.c_int64 * len(dims))(*dims)
-    return _text(control().onnx_hybrid_cuda_plan, op.encode(), _CUDA_TYPES[dtype], arr, len(dims), arch, smem_optin,
-                 _CUDA_ENGINES[engine])
-
-
-def cuda_plan(op: str, dtype: str, dims, *, arch: int, smem_optin: int, engine: str = "auto") -> list[tuple]:
-    """The launches the CUDA variant would enqueue, computed by the library without a device: (kernel, grid,
-    block, smem, tail_only, row_groups) each. op "gdn": dims (batch, total_tokens, hv, dk, dv, per_key_decay,
-    aligned[, hk]) with Hq = Hk = hk (default hv); op "conv": dims (batch, total_tokens, channels[, in_place])
-    with 4 taps, and (kernel, grid, block, smem, state_rows, 0) each."""
-    text = _plan_text(op, dtype, dims, arch, smem_optin, engine)
-    launches = []
-    for line in text.splitlines():
-        name, *n = line.split()
-        n = [int(v) for v in n]
-        launches.append((name, tuple(n[0:3]), tuple(n[3:6]), n[6], n[7], n[8]))
-    return launches
-
-
-def cuda_gdn_workspace_bytes(dtype: str, dims, *, arch: int, smem_optin: int, engine: str = "auto") -> int:
-    """The scratch the CUDA GatedDeltaNet takes from ORT's allocator for this shape (0 when the chunked
-    kernels do not run), computed by the library without a device; dims as for ``cuda_plan`` "gdn"."""
-    return int(_plan_text("gdn_workspace", dtype, dims, arch, smem_optin, engine))

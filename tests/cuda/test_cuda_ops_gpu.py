@@ -31,7 +31,6 @@ if _cuda_ready():
     import torch
 
     from onnx_hybrid import cuda_ops
-    from onnx_hybrid.cuda_ops import launch, plan
 
 TORCH_TYPES = {}
 if _cuda_ready():
@@ -164,15 +163,6 @@ def test_zero_length_row_keeps_its_state_bitwise():
     assert np.array_equal(state[1], case.feeds["initial_state"][1])
 
 
-def test_chunked_smem_matches_plan():
-    device = torch.cuda.current_device()
-    arch = launch.device_arch(device)
-    for vt in (plan.CHUNK_VT, plan.CHUNK_VT_WIDE):
-        assert launch.global_int(device, f"gdn_chunked_v{vt}_smem_bytes") == plan.chunk_scan_smem_bytes(vt, arch)
-        assert launch.global_int(device, f"gdn_chunked_v{vt}_threads") == plan.chunk_scan_threads(vt, arch)
-    assert launch.global_int(device, "gdn_chunk_prep_smem_bytes") == plan.CHUNK_PREP_SMEM_BYTES
-
-
 def _prefix_case(case, n):
     """The same rows cut to their first n tokens (ragged layout)."""
     lengths = case.lengths
@@ -248,7 +238,7 @@ def test_scan_width_does_not_change_results(dtype):
     row)."""
     case = random_gdn_case(np.random.default_rng(31), lengths=(200, 77, 64, 40, 5, 130), capacity=4,
                            capture=(0, 0, 0, 2, 0, 0), dtype=dtype, **D128)
-    narrow, wide = (run_gdn(case, engine="chunked", scan_width=w) for w in (plan.CHUNK_VT, plan.CHUNK_VT_WIDE))
+    narrow, wide = (run_gdn(case, engine="chunked", scan_width=w) for w in (64, 128))  # the two instantiated widths
     ref_out, ref_state, _ = reference.gated_delta_net(case.feeds, **case.attributes)
     assert rel_err(wide[0], ref_out) <= 3e-2 and rel_err(wide[1], ref_state) <= 3e-2
     assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(narrow, wide))
@@ -365,9 +355,9 @@ def test_programmatic_chain_in_a_graph_is_bitwise_plain():
     rng = np.random.default_rng(41)
     steps = [random_gdn_case(rng, lengths=(64, 64), dtype="float16", **D128)]
     steps += [random_gdn_case(rng, lengths=(1, 1), dtype="float16", **D128) for _ in range(6)]
-    attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, steps[0].attributes)
-    geo = contract.resolve_gdn({k: (None if v is None else np.shape(v)) for k, v in steps[0].feeds.items()}, attrs)
-    workspace = torch.empty(-(-plan.chunk_workspace_bytes(geo) // 4), dtype=torch.int32, device="cuda")
+    first = {k: to_gpu(v) for k, v in steps[0].feeds.items()}
+    nbytes = cuda_ops.gdn_workspace_bytes(first, outputs={}, engine="chunked", **steps[0].attributes)
+    workspace = torch.empty(-(-nbytes // 4), dtype=torch.int32, device="cuda")
 
     def chain(in_graph):
         state = to_gpu(steps[0].feeds["initial_state"])
@@ -501,7 +491,7 @@ CONV_CONFIGS = [
     ("deep-k386", dict(channels=33, kernel_size=386, lengths=(400, 2)), 1e-5),
     ("capture", dict(capacity=8, capture=(-1, 0, 3, 9)), 1e-5),
     ("zero-length", dict(lengths=(4, 0, 5)), 1e-5),
-    # Over plan.CONV_ROW_TOKENS per row on average: the two-pass plan (the configs above mostly take the
+    # Over kConvRowTokens per row on average: the two-pass plan (the configs above mostly take the
     # fused one-launch kernel).
     ("long-rows", dict(lengths=(40, 17, 1, 30)), 1e-5),
     ("long-rows-capture", dict(lengths=(40, 17, 1, 30), capacity=4, capture=(4, 2, 1, 0)), 1e-5),
@@ -520,14 +510,14 @@ CONV_CONFIGS = [
     # A token per row on average takes conv_decode, whose rows need not be one token each.
     ("decode-ragged", dict(lengths=(0, 2, 1, 1), capacity=2, capture=(1, 2, 1, 0)), 1e-5),
     ("decode-ragged-bf16-vec", dict(dtype="bfloat16", channels=64, lengths=(2, 1, 0, 1)), 2e-2),
-    # Over plan.CONV_SHORT_TOKENS in all: runs of plan.CONV_MEDIUM_TOKENS tokens per thread (one pair of chunks,
+    # Over kConvShortTokens in all: runs of kConvMediumTokens tokens per thread (one pair of chunks,
     # conv.cu's straight-line case), rows starting and ending inside a run, rows shorter than the window, an empty
     # row.
     ("prefill-runs", dict(lengths=(300, 77, 2, 129, 5, 0, 40), channels=24, capacity=4,
                           capture=(4, 2, 1, 0, 3, 4, 4)), 1e-5),
     ("prefill-runs-f16", dict(dtype="float16", lengths=(300, 77, 2, 129, 5, 0, 40), channels=72), 2e-2),
     ("prefill-runs-k3", dict(kernel_size=3, lengths=(300, 77, 2, 129), channels=24), 1e-5),
-    # From plan.CONV_LONG_TOKENS on: runs of plan.CONV_TOKENS, streamed in pairs of chunks (conv.cu kConvChunk),
+    # From kConvLongTokens on: runs of kConvTokens, streamed in pairs of chunks (conv.cu kConvChunk),
     # rows starting and ending inside chunks; 4157 tokens leave a last run of 13 (a pair cut short), 4100 one of 4.
     ("long-runs", dict(lengths=(3001, 77, 2, 1029, 5, 0, 43), channels=24, capacity=4,
                        capture=(4, 2, 1, 0, 3, 4, 4)), 1e-5),
@@ -569,7 +559,7 @@ def test_conv_vector_path_equals_element_path(dtype, channels, lengths):
 @pytest.mark.parametrize("lengths", [(300, 77, 2, 129, 5, 0, 40), (3001, 77, 2, 1029, 5, 0, 43), (0, 4099, 0)],
                          ids=["runs", "long-runs", "empty-rows"])
 def test_conv_state_in_the_output_grid_equals_two_passes(dtype, channels, lengths):
-    """final_state apart from initial_state: the output launch writes the states too (plan.conv_plan's
+    """final_state apart from initial_state: the output launch writes the states too (the planner's
     state_rows); in place: a second launch does. Same bits either way: outputs, state and capsule."""
     capture = [4, 2, 1, 0, 3, 4, 4][:len(lengths)]
     case = random_conv_case(np.random.default_rng(len(lengths) + channels), lengths=lengths, dtype=dtype,

@@ -1,10 +1,8 @@
-"""The library's CUDA variants, checked without a GPU: the launcher's parameter structs and launch plans
-agree with onnx_hybrid.cuda_ops.plan (what the kernels were tested with), images are handed over by copy
-and never replaced, prepare_cuda compiles offline or loads a prepared folder, and a CUDA session request
-on a CPU-only ORT still runs our CPU kernels. The GPU half is tests/cuda/test_cuda_ep.py."""
+"""The library's CUDA variants, checked without a GPU: images are handed over by copy and never replaced,
+prepare_cuda compiles offline or loads a prepared folder, and a CUDA session request on a CPU-only ORT still runs
+our CPU kernels. The planner: tests/cuda/test_launch_plan.py. The GPU half is tests/cuda/test_cuda_ep.py."""
 
 import ctypes
-import itertools
 
 import numpy as np
 import onnxruntime as ort
@@ -12,133 +10,9 @@ import pytest
 
 from native_util import GDN, check_gdn
 from onnx_hybrid import cli
-from onnx_hybrid.cuda_ops import plan
-from onnx_hybrid.ops import contract, library
+from onnx_hybrid.ops import library
 from onnx_hybrid_testing import single_op
 from onnx_hybrid_testing.cases import random_gdn_case
-
-# (arch, opt-in shared memory per block): H100/H200, A100, RTX 30xx/40xx (too little for the chunked
-# kernel), Turing (too old for it).
-DEVICES = [(90, 232448), (80, 166912), (86, 101376), (75, 65536)]
-DTYPES = ["float32", "float16", "bfloat16"]
-
-
-@pytest.mark.parametrize("struct", [plan.GdnParams, plan.ConvParams])
-def test_param_structs_match_the_ctypes_mirror(struct):
-    layout = library.cuda_struct_layout(struct.__name__)
-    assert layout.pop("size") == ctypes.sizeof(struct)
-    expected = {name: getattr(struct, name).offset for name, _ in struct._fields_}
-    assert layout == expected  # same fields, same order, same offsets
-
-
-def test_unknown_struct_is_an_error():
-    with pytest.raises(ValueError, match="unknown struct 'Nope'"):
-        library.cuda_struct_layout("Nope")
-
-
-def gdn_geometry(dims):
-    """The geometry and params the library's planner builds from the same dims (Hq = Hk = hk, default Hv)."""
-    batch, total, hv, dk, dv, per_key, aligned, *hk = dims
-    hk = hk[0] if hk else hv
-    geo = contract.GdnGeometry("ragged", batch, total, hk, hk, hv, dk, dv, bool(per_key), 0, (), (), 0)
-    return geo, plan.GdnParams(state_in=None if aligned else 8)
-
-
-def python_gdn_plan(dims, dtype, arch, smem, engine):
-    geo, params = gdn_geometry(dims)
-    return [(ln.kernel, ln.grid, ln.block, ln.smem, ln.params.tail_only, ln.params.row_groups)
-            for ln in plan.gdn_plan(geo, dtype, params, arch=arch, smem_optin=smem, engine=engine)]
-
-
-def gdn_geometries():
-    rng = np.random.default_rng(7)
-    fixed = [  # decode and prefill of the real models, odd sizes, the chunked threshold, big batches, fewer
-        # tokens than rows
-        (1, 1, 32, 128, 128, 0, 1), (64, 64, 48, 128, 128, 0, 1), (4, 4096, 32, 128, 128, 0, 1),
-        (3, 95, 16, 128, 128, 0, 1), (3, 96, 16, 128, 128, 0, 1), (2, 200, 8, 128, 128, 0, 0),
-        (2, 200, 8, 128, 128, 1, 1), (5, 17, 3, 96, 80, 0, 1), (1, 8, 2, 512, 64, 0, 1), (7, 7, 5, 33, 31, 1, 1),
-        (512, 512, 64, 128, 128, 0, 1), (256, 256, 32, 256, 256, 0, 1), (2, 0, 4, 64, 64, 0, 1),
-        (3, 2, 4, 512, 64, 0, 1),
-        # verify of up to 8 drafts, and rows a little longer (one row group per warp)
-        (32, 256, 48, 128, 128, 0, 1), (32, 288, 48, 128, 128, 0, 1), (128, 1152, 48, 256, 128, 0, 1),
-        # GVA (Hv = 3 Hk, 2 Hk): the prep kernel serves a whole group per block from 264 shared blocks up
-        (1, 8192, 48, 128, 128, 0, 1, 16), (4, 1024, 48, 128, 128, 0, 1, 16), (4, 1000, 48, 128, 128, 0, 1, 16),
-        (1, 1056, 48, 128, 128, 0, 1, 16), (1, 1024, 48, 128, 128, 0, 1, 16), (3, 4000, 32, 128, 128, 0, 1, 16),
-    ]
-    drawn = [(int(rng.integers(1, 300)), 0, int(rng.integers(1, 65)), int(rng.choice([16, 64, 100, 128, 256, 300])),
-              int(rng.integers(1, 257)), int(rng.integers(0, 2)), int(rng.integers(0, 2))) for _ in range(25)]
-    drawn = [(b, b * int(rng.integers(0, 80)), *rest) for b, _, *rest in drawn]
-    return fixed + drawn
-
-
-def test_gdn_plan_matches_cuda_ops_plan():
-    plans = errors = 0
-    for dims, dtype, (arch, smem), engine in itertools.product(gdn_geometries(), DTYPES, DEVICES,
-                                                               ["auto", "recurrent", "chunked"]):
-        try:
-            expected = python_gdn_plan(dims, dtype, arch, smem, engine)
-        except plan.PlanError as error:
-            with pytest.raises(ValueError) as raised:
-                library.cuda_plan("gdn", dtype, dims, arch=arch, smem_optin=smem, engine=engine)
-            # the same reason, without the op-name prefix that the kernel's status adds
-            assert str(raised.value).removeprefix("onnx_hybrid_cuda_plan: ") == str(error).removeprefix(
-                f"{GDN}: "), dims
-            errors += 1
-            continue
-        assert library.cuda_plan("gdn", dtype, dims, arch=arch, smem_optin=smem, engine=engine) == expected, \
-            (dims, dtype, arch, engine)
-        plans += 1
-    assert plans > 800 and errors > 100  # both sides of the comparison were exercised
-
-
-def test_gdn_workspace_matches_cuda_ops_plan():
-    sized = 0
-    for dims, dtype, (arch, smem), engine in itertools.product(gdn_geometries(), DTYPES, DEVICES,
-                                                               ["auto", "recurrent", "chunked"]):
-        geo, params = gdn_geometry(dims)
-        try:
-            chunked = plan.gdn_uses_chunked(geo, dtype, params, arch=arch, smem_optin=smem, engine=engine)
-        except plan.PlanError:
-            continue  # the plan comparison checks the error
-        expected = plan.chunk_workspace_bytes(geo) if chunked else 0
-        assert library.cuda_gdn_workspace_bytes(dtype, dims, arch=arch, smem_optin=smem, engine=engine) == \
-            expected, (dims, dtype, arch, engine)
-        sized += expected > 0
-    assert sized > 20  # chunked plans were compared, not only zeros
-
-
-# (batch, tokens, channels): both sides of one token per row (decode), of CONV_ROW_TOKENS (8 per row), of
-# CONV_SHORT_TOKENS (256) and of CONV_LONG_TOKENS (2048).
-CONV_DIMS = [(1, 1, 1), (4, 4, 8192), (4, 5, 8192), (3, 100, 129), (8, 256, 64), (8, 257, 64), (32, 256, 64),
-             (32, 257, 64), (64, 1000, 4096), (1, 2047, 64), (1, 2048, 64), (1, 4096, 10240), (2, 0, 10)]
-
-
-@pytest.mark.parametrize("in_place", [False, True])
-@pytest.mark.parametrize("dims", CONV_DIMS)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_conv_plan_matches_cuda_ops_plan(dims, dtype, in_place):
-    batch, total, channels = dims
-    geo = contract.ConvGeometry(batch, total, channels, 4, 3, 0)
-    # the library's stand-in addresses: final_state in place, or far from initial_state
-    params = plan.ConvParams(state_in=1 << 20, state_out=1 << 20 if in_place else 1 << 40)
-    expected = [(ln.kernel, ln.grid, ln.block, ln.smem, ln.params.state_rows, 0)
-                for ln in plan.conv_plan(geo, dtype, params)]
-    assert library.cuda_plan("conv", dtype, (*dims, int(in_place)), arch=90, smem_optin=232448) == expected
-
-
-def test_planned_kernels_exist_in_the_image():
-    names = set(plan.kernel_names())
-    for dims, dtype in itertools.product(gdn_geometries(), DTYPES):
-        for engine in ("auto", "recurrent"):
-            try:
-                launches = library.cuda_plan("gdn", dtype, dims, arch=90, smem_optin=232448, engine=engine)
-            except ValueError:
-                continue
-            assert {ln[0] for ln in launches} <= names
-    planned = {ln[0] for dims, dtype, in_place in itertools.product(CONV_DIMS, DTYPES, (0, 1))
-               for ln in library.cuda_plan("conv", dtype, (*dims, in_place), arch=90, smem_optin=232448)}
-    assert {"conv_decode_bf16", "conv_rows_f16", "conv_output_f32", "conv_state_f32"} <= planned <= names
-
 
 # Images live for the whole process (they are never replaced), so these tests use compute capabilities no
 # GPU has (1.x) and leave the real ones to prepare_cuda.

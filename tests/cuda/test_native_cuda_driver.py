@@ -6,94 +6,21 @@ above the device's), function lookups and the shared-memory attribute (static + 
 configuration and by-value parameters passed through, driver errors carrying the driver's text, grids
 beyond CUDA's limits refused with their sizes.
 
-Programmatic dependent launch, in both launchers (this one and the Python one, cuda_ops/launch.py): the stub's
-cuLaunchKernelEx is compiled against CUDA's own cuda.h, so the launchers' copies of CUlaunchConfig and
-CUlaunchAttribute are checked against the real layout; cuLaunchKernel is the fallback below sm_90, with a
-driver older than CUDA 12.3 or without cuLaunchKernelEx, and when the option turns it off."""
+Programmatic dependent launch: the stub's cuLaunchKernelEx (tests/cuda_stub.py) is compiled against CUDA's own
+cuda.h, so the launcher's copies of CUlaunchConfig and CUlaunchAttribute are checked against the real layout;
+cuLaunchKernel is the fallback below sm_90, with a driver older than CUDA 12.3 or without cuLaunchKernelEx, and
+when the option turns it off. What the planner launches through this launcher: tests/cuda/test_launch_plan.py."""
 
 import ctypes
-import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
-
-from onnx_hybrid.cuda_ops import launch as py_launch
+from cuda_stub import build_stub_drivers
 from file_modules import ROOT
 
 NATIVE = str(ROOT / "onnx_hybrid" / "ops" / "native")
-CUDA_INCLUDE = next((d for d in (os.path.join(os.environ.get("CUDA_PATH", "/nonexistent"), "include"),
-                                 "/usr/local/cuda/include") if os.path.isfile(os.path.join(d, "cuda.h"))), None)
-
-STUB_DRIVER = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-static int cc(int which) { const char* v = getenv("STUB_CC"); int n = v ? atoi(v) : 90; return which ? n % 10 : n / 10; }
-int cuInit(unsigned flags) { return 0; }
-int cuDriverGetVersion(int* v) { const char* e = getenv("STUB_DRIVER_VERSION"); *v = e ? atoi(e) : 13000; return 0; }
-int cuGetErrorString(int r, const char** s) { *s = "CUDA_ERROR_NOT_FOUND (stub)"; return 0; }
-int cuGetErrorName(int r, const char** s) { *s = "CUDA_ERROR_NOT_FOUND"; return 0; }
-int cuStreamGetCtx(void* stream, void** ctx) { *ctx = stream; return 0; }  /* one context per stream here */
-int cuCtxGetCurrent(void** ctx) {  /* STUB_CURRENT: the context current on the calling thread */
-  const char* v = getenv("STUB_CURRENT");
-  *ctx = v ? (void*)strtoul(v, NULL, 16) : NULL;
-  return 0;
-}
-int cuCtxPushCurrent_v2(void* ctx) { printf("push %p\n", ctx); return 0; }
-int cuCtxPopCurrent_v2(void** ctx) { printf("pop\n"); return 0; }
-int cuCtxGetDevice(int* device) { *device = 0; return 0; }
-int cuDeviceGetAttribute(int* v, int attr, int device) {
-  *v = attr == 75 ? cc(0) : attr == 76 ? cc(1) : attr == 97 ? 232448 : attr == 16 ? 132 : -1;
-  return 0;
-}
-int cuModuleLoadData(void** module, const void* image) { printf("load %s\n", (const char*)image); *module = (void*)1; return 0; }
-int cuModuleGetFunction(void** f, void* module, const char* name) {
-  if (strcmp(name, "absent") == 0) return 500;
-  printf("lookup %s\n", name);
-  *f = strdup(name);
-  return 0;
-}
-int cuFuncGetAttribute(int* v, int attr, void* f) {  /* kernels named "static..." have 16 KB of static smem */
-  *v = attr == 1 && strncmp((const char*)f, "static", 6) == 0 ? 16384 : 0;
-  return 0;
-}
-int cuFuncSetAttribute(void* f, int attr, int value) { printf("attr %s %d %d\n", (char*)f, attr, value); return 0; }
-int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                   unsigned smem, void* stream, void** params, void** extra) {
-  const int* p = (const int*)params[0];
-  if (strcmp((const char*)f, "failing") == 0) return 500;
-  printf("launch %s %u %u %u %u %u %u %u %p %d %d\n", (char*)f, gx, gy, gz, bx, by, bz, smem, stream, p[0], p[1]);
-  fflush(stdout);
-  return 0;
-}
-"""
-
-# cuLaunchKernelEx, read through cuda.h's own structs; stub_layout reports their sizes and offsets.
-STUB_LAUNCH_EX = r"""
-#include <cuda.h>
-#include <stddef.h>
-#include <stdio.h>
-#include <string.h>
-CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
-  const int* p = (const int*)params[0];
-  if (strcmp((const char*)f, "failing") == 0) return CUDA_ERROR_NOT_FOUND;
-  printf("launch_ex %s %u %u %u %u %u %u %u %p", (const char*)f, c->gridDimX, c->gridDimY, c->gridDimZ,
-         c->blockDimX, c->blockDimY, c->blockDimZ, c->sharedMemBytes, (void*)c->hStream);
-  for (unsigned i = 0; i < c->numAttrs; ++i)
-    printf(" attr %d=%d", (int)c->attrs[i].id, c->attrs[i].value.programmaticStreamSerializationAllowed);
-  printf(" %d %d%s\n", p[0], p[1], extra ? " extra" : "");
-  fflush(stdout);
-  return CUDA_SUCCESS;
-}
-void stub_layout(size_t* out) {
-  out[0] = sizeof(CUlaunchAttribute); out[1] = offsetof(CUlaunchAttribute, value);
-  out[2] = sizeof(CUlaunchConfig); out[3] = offsetof(CUlaunchConfig, hStream);
-  out[4] = offsetof(CUlaunchConfig, attrs); out[5] = offsetof(CUlaunchConfig, numAttrs);
-}
-"""
 
 HARNESS = r"""
 #include <cstdio>
@@ -143,17 +70,8 @@ def programs(tmp_path_factory):
     if not (shutil.which("g++") and shutil.which("gcc")):
         pytest.fail("g++ and gcc are needed to build the launcher test (they build the library too)")
     folder = tmp_path_factory.mktemp("cuda-driver")
-    (folder / "stub.c").write_text(STUB_DRIVER)
     (folder / "harness.cc").write_text(HARNESS)
-    (folder / "stub_ex.c").write_text(STUB_LAUNCH_EX)
-    drivers = {}  # the stub without cuLaunchKernelEx (a pre-11.8 driver), and with it where cuda.h is at hand
-    for name, extra in (("plain", []), ("ex", [str(folder / "stub_ex.c"), f"-I{CUDA_INCLUDE}"])):
-        if extra and not CUDA_INCLUDE:
-            continue
-        drivers[name] = folder / name
-        drivers[name].mkdir()
-        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(drivers[name] / "libcuda.so.1"), str(folder / "stub.c"),
-                        *extra], check=True)
+    drivers = build_stub_drivers(folder)
     subprocess.run(["g++", "-std=c++17", "-O1", f"-I{NATIVE}", str(folder / "harness.cc"),
                     os.path.join(NATIVE, "cuda", "driver.cc"), "-ldl", "-o", str(folder / "harness")], check=True)
     return folder / "harness", drivers
@@ -285,7 +203,11 @@ def test_a_file_that_is_no_cubin_is_a_clear_error(programs, own_harness):
 
 
 def test_missing_driver_is_a_clear_error(programs):
-    if any(os.path.exists(os.path.join(d, "libcuda.so.1")) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64")):
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        pass
+    else:
         pytest.skip("this host has a real libcuda.so.1")
     lines = run(programs, "sm90", with_driver=False)
     assert lines[0].startswith("error onnx_hybrid: the CUDA driver (libcuda.so.1) cannot be loaded: ")
@@ -313,178 +235,3 @@ def test_plain_launch_where_programmatic_does_not_apply(programs, cc, env):
 def test_plain_launch_without_the_ex_entry_point(programs):
     lines = run(programs, "sm90", cc="90", driver="plain")
     assert "launch k 2 3 4 128 1 1 0 0x10 42 7" in lines
-
-
-def test_python_launch_structs_match_cuda_h(programs):
-    stub = ctypes.CDLL(str(stub_with_launch_ex(programs)))
-    layout = (ctypes.c_size_t * 6)()
-    stub.stub_layout(layout)
-    cfg = py_launch.LaunchConfig
-    assert list(layout) == [ctypes.sizeof(py_launch.LaunchAttribute), py_launch.LaunchAttribute.value.offset,
-                            ctypes.sizeof(cfg), cfg.stream.offset, cfg.attrs.offset, cfg.num_attrs.offset]
-
-
-@pytest.fixture
-def py_driver(programs, monkeypatch):
-    """cuda_ops.launch.Driver over the stub with cuLaunchKernelEx; the module's switch restored afterwards."""
-    def make(version="13000"):
-        monkeypatch.setenv("STUB_DRIVER_VERSION", version)
-        return py_launch.Driver(ctypes.CDLL(str(stub_with_launch_ex(programs))))
-    yield make
-    py_launch.set_programmatic_launch(True)
-
-
-def launch_python(driver, name, arch):
-    params = (ctypes.c_int * 2)(42, 7)
-    function = ctypes.c_char_p(name.encode())
-    driver.launch(ctypes.cast(function, ctypes.c_void_p).value, (2, 3, 4), (128, 1, 1), 1024, 0x10,
-                  ctypes.addressof(params), programmatic=driver.programmatic(arch), name=name)
-
-
-def test_python_launcher_programmatic_and_fallbacks(py_driver, capfd):
-    driver = py_driver()
-    launch_python(driver, "k", 90)
-    launch_python(driver, "k", 80)
-    py_launch.set_programmatic_launch(False)
-    launch_python(driver, "k", 90)
-    py_launch.set_programmatic_launch(True)
-    launch_python(py_driver(version="12020"), "k", 90)
-    assert capfd.readouterr().out.splitlines() == [
-        "launch_ex k 2 3 4 128 1 1 1024 0x10 attr 6=1 42 7",
-        "launch k 2 3 4 128 1 1 1024 0x10 42 7",
-        "launch k 2 3 4 128 1 1 1024 0x10 42 7",
-        "launch k 2 3 4 128 1 1 1024 0x10 42 7",
-    ]
-
-
-@pytest.mark.parametrize("arch, entry", [(80, "cuLaunchKernel"), (90, "cuLaunchKernelEx")])
-def test_python_launcher_reports_driver_errors(py_driver, arch, entry):
-    with pytest.raises(RuntimeError, match=rf"^{entry}\(failing\) failed: CUDA_ERROR_NOT_FOUND \(CUresult 500\)$"):
-        launch_python(py_driver(), "failing", arch)
-
-
-# onnx_hybrid.cuda_ops through the library's C entry points, against the stand-in driver: arrays are fake device
-# addresses (the stub never touches them), so the plan the Python API launches is checked without a GPU.
-API_CHILD = r"""
-import json, sys
-import numpy as np
-from onnx_hybrid.ops import contract, library
-from onnx_hybrid.cuda_ops import api, plan
-from onnx_hybrid.cuda_ops.tensors import DeviceTensor
-from onnx_hybrid_testing.cases import random_gdn_case, random_conv_case
-
-library.set_cuda_image(90, b"sm90\0")
-api._prepared.add(0)
-address = [1 << 30]
-def fake(shape, dtype):
-    address[0] += 1 << 24
-    return DeviceTensor(address[0], tuple(int(d) for d in shape), dtype, 0, None)
-def on_device(feeds):
-    return {k: (v if k == "state_update_active" else fake(v.shape, str(v.dtype))) for k, v in feeds.items()}
-rng = np.random.default_rng(0)
-expected = []
-for lengths, dtype, knobs in json.loads(sys.argv[1]):
-    case = random_gdn_case(rng, lengths, dtype=dtype, num_heads_q=2, num_heads_v=4, head_size_k=128,
-                           head_size_v=128, capacity=0)
-    feeds = on_device(case.feeds)
-    dtype = feeds["query"].dtype
-    attrs = contract.resolve_attributes(contract.GATED_DELTA_NET, case.attributes)
-    geo = contract.resolve_gdn({k: getattr(v, "shape", None) for k, v in feeds.items()}, attrs)
-    outs = {"output": fake(geo.output_shape, dtype), "final_state": fake(geo.state_shape, "float32"),
-            "state_update": fake((geo.batch, geo.capsule_width), "float32")}
-    params = plan.GdnParams(q=feeds["query"].ptr, k=feeds["key"].ptr, v=feeds["value"].ptr,
-                            out=outs["output"].ptr, state_in=feeds["initial_state"].ptr,
-                            state_out=outs["final_state"].ptr)
-    for ln in plan.gdn_plan(geo, dtype, params, arch=90, smem_optin=232448, **knobs):
-        expected.append([ln.kernel, *ln.grid, *ln.block, ln.smem])
-    api.gated_delta_net(feeds, outputs=outs, stream=0x10, workspace=fake((1 << 28,), "int32"), **knobs,
-                        **case.attributes)
-for lengths, in_place in (([3, 700], True), ([3, 700], False), ([1, 1, 1], False)):
-    conv = random_conv_case(rng, lengths, channels=256, dtype="float16")
-    feeds = on_device(conv.feeds)
-    geo = contract.resolve_conv({k: v.shape for k, v in feeds.items()},
-                                contract.resolve_attributes(contract.VARLEN_CAUSAL_CONV, conv.attributes))
-    state = feeds["initial_state"] if in_place else fake((geo.batch, 256, geo.state_length), "float16")
-    outs = {"output": fake((geo.total_tokens, 256), "float16"), "final_state": state,
-            "state_update": fake((geo.batch, 0, 256), "float16")}
-    params = plan.ConvParams(state_in=feeds["initial_state"].ptr, state_out=state.ptr)
-    for ln in plan.conv_plan(geo, "float16", params):
-        expected.append([ln.kernel, *ln.grid, *ln.block, ln.smem])
-    api.varlen_causal_conv(feeds, stream=0x10, outputs=outs, **conv.attributes)
-# the replays: 3 requests, capacity 4, Hk 2, Hv 4, Dk 128, Dv 96 (GDN); 10240 channels (conv)
-state, accepted = fake((3, 4, 96, 128), "float32"), fake((3,), "int32")
-width = contract.gdn_capsule_width(4, 4, 2, 128, 96)
-api.replay_gdn(state, fake((3, width), "float32"), accepted, 4, stream=0x10)
-expected += [[ln.kernel, *ln.grid, *ln.block, ln.smem] for ln in plan.gdn_replay_plan(
-    plan.GdnReplayParams(batch=3, hk=2, hv=4, dk=128, dv=96, capacity=4))]
-api.replay_conv(fake((3, 10240, 3), "float16"), fake((3, 4, 10240), "float16"), accepted, stream=0x10)
-expected += [[ln.kernel, *ln.grid, *ln.block, ln.smem] for ln in plan.conv_replay_plan(
-    "float16", plan.ConvReplayParams(batch=3, channels=10240, state_len=3, capacity=4))]
-print("expected", json.dumps(expected))
-"""
-
-
-def test_python_api_launches_the_library_plan(programs):
-    """cuda_ops.gated_delta_net and varlen_causal_conv launch through the library: the kernels, grids, blocks and
-    shared memory the stand-in driver receives are those of cuda_ops/plan.py for decode, verify and prefill calls,
-    the tuning knobs, the conv in place and apart, and both replays."""
-    cases = [([1] * 8, "float16", {}), ([4] * 8, "bfloat16", {}), ([200, 100], "float16", {}),
-             ([200, 100], "float16", {"engine": "recurrent", "rec_rows": 2, "rec_groups": 2}),
-             ([300, 40], "bfloat16", {"engine": "chunked", "scan_width": 128, "prep_heads": 1}),
-             ([5, 3], "float", {})]
-    env = {k: v for k, v in os.environ.items() if k != "ONNX_HYBRID_CUDA_IMAGES"}
-    env.update(STUB_CC="90", STUB_CURRENT="0x10", LD_LIBRARY_PATH=str(programs[1]["plain"]))
-    done = subprocess.run([sys.executable, "-c", API_CHILD, json.dumps(cases)], capture_output=True, text=True,
-                          env=env, timeout=120, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
-    expected = json.loads(next(line for line in lines if line.startswith("expected "))[len("expected "):])
-    launched = [line.split()[1:9] for line in lines if line.startswith("launch ")]
-    got = [[f[0], *map(int, f[1:8])] for f in launched]
-    assert got == expected
-
-
-API_ERRORS_CHILD = r"""
-import numpy as np
-from onnx_hybrid.ops import contract, library
-from onnx_hybrid.cuda_ops import api
-from onnx_hybrid.cuda_ops.tensors import DeviceTensor
-from onnx_hybrid_testing.cases import random_gdn_case
-
-library.set_cuda_image(90, b"sm90\0")
-api._prepared.add(0)
-case = random_gdn_case(np.random.default_rng(1), (3, 2), dtype="float")
-feeds = {k: (v if k == "state_update_active" else DeviceTensor(1 << 30, v.shape, str(v.dtype), 0, None))
-         for k, v in case.feeds.items()}
-geo = contract.resolve_gdn({k: getattr(v, "shape", None) for k, v in feeds.items()},
-                           contract.resolve_attributes(contract.GATED_DELTA_NET, case.attributes))
-outs = {"output": DeviceTensor(1 << 31, geo.output_shape, "float32", 0, None),
-        "final_state": DeviceTensor(1 << 32, geo.state_shape, "float32", 0, None),
-        "state_update": DeviceTensor(1 << 33, (geo.batch, geo.capsule_width), "float32", 0, None)}
-def attempt(**changes):
-    try:
-        api.gated_delta_net(dict(feeds, **changes.pop("feeds", {})), outputs=outs, stream=0x10, **changes,
-                            **case.attributes)
-    except Exception as e:
-        print(type(e).__name__, "|", e)
-attempt(feeds={"value": DeviceTensor(1 << 30, (5, 5, 8), "float32", 0, None)})
-attempt(rec_rows=3)
-attempt(engine="chunked")
-"""
-
-
-def test_python_api_errors_come_from_the_library(programs):
-    """A contract violation raises the contract's ContractError with the message ORT gives; a knob no kernel serves
-    raises PlanError naming it; nothing is launched (the stand-in driver would print it)."""
-    env = {k: v for k, v in os.environ.items() if k != "ONNX_HYBRID_CUDA_IMAGES"}
-    env.update(STUB_CC="90", STUB_CURRENT="0x10", LD_LIBRARY_PATH=str(programs[1]["plain"]))
-    done = subprocess.run([sys.executable, "-c", API_ERRORS_CHILD], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if "|" in line or line.startswith("launch")]
-    from onnx_hybrid.ops import contract
-
-    assert len(lines) == 3, lines
-    assert lines[0] == "ContractError | " + contract.format_message("GatedDeltaNet", "gdn_heads_v", 5, 2)
-    assert lines[1].startswith("PlanError | GatedDeltaNet: rec_rows 3 is not instantiated for key size 32"), lines[1]
-    assert lines[2].startswith("PlanError | GatedDeltaNet: the chunked engine needs float16/bfloat16"), lines[2]

@@ -1,5 +1,9 @@
-"""Every rejection of docs/op-contract.md#rejections that applies to the CPU kernels: the ORT error carries exactly the
-message the Python contract produces for the same input (contract.format_message via ContractError)."""
+"""Every rejection of docs/op-contract.md#rejections that applies to the CPU kernels: each case trips the rule it is
+meant for, its message fills that rule's template in contract.MESSAGES, and an ORT session reports exactly the
+message the contract's checks give for the same input (the library's shape checks, reached through ctypes: the
+session path adds ORT's glue, which must hand them the same shapes)."""
+
+import re
 
 import numpy as np
 import pytest
@@ -145,7 +149,14 @@ def test_run_errors(op, key):
     feeds, attributes = cases[key]
     want = expected_error(oracle, feeds, attributes)
     assert want.key == key, f"the case meant for {key} trips {want.key} in the contract"
+    assert fills_template(str(want), op, key), str(want)
     assert str(want) in ours_error(op, feeds, attributes)
+
+
+def fills_template(message: str, op: str, key: str) -> bool:
+    """``message`` is "op: " + MESSAGES[key] with each {n} filled by some text."""
+    parts = re.split(r"\{\d+\}", contract.MESSAGES[key])
+    return re.fullmatch(re.escape(f"{op}: ") + ".+?".join(re.escape(p) for p in parts), message, re.S) is not None
 
 
 @pytest.mark.parametrize("name", ["cumulative_sequence_length", "initial_state"])

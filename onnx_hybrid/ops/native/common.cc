@@ -16,6 +16,12 @@ MessageArg::MessageArg(const Shape& shape) {
   text_ += "]";
 }
 
+const char* MessageKeyOf(const char* templ) {
+  for (const auto& entry : contract::kMessageKeys)
+    if (entry.templ == templ) return entry.key;
+  return "";
+}
+
 std::string FormatMessage(const char* op, const char* templ, const std::vector<MessageArg>& args) {
   std::string out = std::string(op) + ": ";
   for (const char* p = templ; *p;) {

@@ -72,12 +72,19 @@ class MessageArg {
 // "Op: " + template with {0}, {1}, ... replaced, exactly as contract.format_message builds it.
 std::string FormatMessage(const char* op, const char* templ, const std::vector<MessageArg>& args);
 
-// An input that violates the operator contract. Kernels turn it into an ORT status; it never crosses
-// the C ABI.
+// The name of a message template in contract.MESSAGES ("" for a template that is not one of them).
+const char* MessageKeyOf(const char* templ);
+
+// An input that violates the operator contract. Kernels turn it into an ORT status; the C entry points report
+// its message and key (contract.ContractError's).
 class ContractError : public std::runtime_error {
  public:
   ContractError(const char* op, const char* templ, std::vector<MessageArg> args = {})
-      : std::runtime_error(FormatMessage(op, templ, args)) {}
+      : std::runtime_error(FormatMessage(op, templ, args)), key_(MessageKeyOf(templ)) {}
+  const char* key() const { return key_; }
+
+ private:
+  const char* key_;
 };
 
 inline const char* Presence(const void* p) { return p ? "present" : "absent"; }

@@ -1,4 +1,4 @@
-"""How the native library is compiled: sources, flags, and the two generated/fetched include folders.
+"""How the native library is compiled: sources, flags, and the generated and fetched include folders.
 
 Shared by setup.py (the package build), which loads this file by path, and `make asan`, which runs it as a
 script to build the AddressSanitizer copy (`python build_config.py --asan OUTPUT`). Standard library only: it
@@ -19,7 +19,8 @@ ROOT = NATIVE.parent.parent.parent
 ORT_API_VERSION = 21
 HEADER_CACHE = ROOT / "build" / "ort-headers"
 GENERATED = ROOT / "build" / "generated"
-# The CUDA kernels' parameter structs (params.cuh) are compiled by NVRTC and by the library's launcher.
+# The CUDA kernels' parameter structs (params.cuh) and launch configuration (launch_config.h) are compiled by
+# NVRTC and by the library's planner and launcher.
 CUDA_KERNELS = NATIVE / "cuda" / "kernels"
 
 # docs/native-library.md#build: no FMA contraction (the recurrence's rounding is part of the contract), no
@@ -40,10 +41,10 @@ def sources() -> list[pathlib.Path]:
 
 
 def header_dependencies() -> list[pathlib.Path]:
-    """The headers the sources include: ours, the CUDA parameter structs, and the two generated headers
-    (which may not exist yet; include_dirs() writes them before the compiler runs)."""
+    """The headers the sources include: ours (launch_config.h among them), the CUDA parameter structs, and the
+    generated contract header (which may not exist yet; include_dirs() writes it before the compiler runs)."""
     return [*sorted(NATIVE.rglob("*.h")), *sorted(NATIVE.rglob("*.inc")), CUDA_KERNELS / "params.cuh",
-            GENERATED / "contract_generated.h", GENERATED / "cuda_plan_generated.h"]
+            GENERATED / "contract_generated.h"]
 
 
 class BuildConfigError(RuntimeError):
@@ -77,13 +78,11 @@ def _write_if_changed(path: pathlib.Path, text: str) -> None:
 
 
 def include_dirs() -> list[str]:
-    """Fetch the ORT headers if needed, generate the contract and CUDA plan headers, return the include path."""
+    """Fetch the ORT headers if needed, generate the contract header, return the include path."""
     include = ort_include_dir()
-    for script, header in (("gen_contract_header.py", "contract_generated.h"),
-                           ("gen_cuda_plan_header.py", "cuda_plan_generated.h")):
-        text = subprocess.run([sys.executable, str(BUILD / script)], check=True, stdout=subprocess.PIPE,
-                              text=True).stdout
-        _write_if_changed(GENERATED / header, text)
+    text = subprocess.run([sys.executable, str(BUILD / "gen_contract_header.py")], check=True, stdout=subprocess.PIPE,
+                          text=True).stdout
+    _write_if_changed(GENERATED / "contract_generated.h", text)
     return [str(include), str(GENERATED), str(NATIVE)]
 
 

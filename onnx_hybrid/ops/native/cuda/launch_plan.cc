@@ -7,12 +7,12 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "cuda_plan_generated.h"
+#include "cuda/kernels/launch_config.h"
 
 namespace onnx_hybrid {
 namespace {
 
-namespace cp = cuda_plan;
+namespace cp = launch_config;
 
 std::atomic<GdnCudaEngine> g_gdn_engine{GdnCudaEngine::kAuto};
 
@@ -28,37 +28,37 @@ const char* TypeName(ElemType type) {
 
 bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 
-// plan.chunked_aligned: the chunked kernels' vector loads and stores.
+// The chunked kernels' vector loads and stores: 8-byte q/k/v, 16-byte output and state rows.
 bool ChunkedAligned(const GdnParams& p) {
   return Aligned(p.q, 8) && Aligned(p.k, 8) && Aligned(p.v, 8) && Aligned(p.out, 16) && Aligned(p.state_in, 16) &&
          Aligned(p.state_out, 16);
 }
 
-// plan.chunk_scan_smem_bytes.
+// Dynamic shared memory of the scan of width vt in the image for sm_<arch>.
 int ChunkScanSmemBytes(int vt, int arch) {
   if (arch == cp::kChunkWgmmaArch) return vt == cp::kChunkVt ? cp::kChunkWgmmaSmemBytes : cp::kChunkWgmmaWideSmemBytes;
   return vt == cp::kChunkVt ? cp::kChunkSmemBytes : cp::kChunkWideSmemBytes;
 }
 
-// plan.chunk_smem_needed: every chunked kernel variant of the arch's image fits.
+// Opt-in shared memory per block that every chunked kernel variant of the arch's image fits in.
 int ChunkSmemNeeded(int arch) {
   return std::max({ChunkScanSmemBytes(cp::kChunkVt, arch), ChunkScanSmemBytes(cp::kChunkVtWide, arch),
                    cp::kChunkPrepSmemBytes});
 }
 
-// plan.chunk_scan_threads: a warp per 16 value columns, plus the wgmma narrow width's producer warpgroup.
+// The scan's block: a warp per 16 value columns, plus the wgmma narrow width's producer warpgroup.
 int ChunkScanThreads(int vt, int arch) {
   const int producers = arch == cp::kChunkWgmmaArch && vt == cp::kChunkVt ? cp::kChunkWgmmaProducerThreads : 0;
   return vt / 16 * 32 + producers;
 }
 
-// plan.chunk_scan_width.
+// The narrow scan while its grid fits one wave (kChunkNarrowMaxBlocks CTAs), else the wide one.
 int ChunkScanWidth(const GdnGeometry& geo) {
   const int64_t narrow_blocks = int64_t(geo.head_size_v / cp::kChunkVt) * geo.num_heads_v * geo.batch;
   return narrow_blocks <= cp::kChunkNarrowMaxBlocks ? cp::kChunkVt : cp::kChunkVtWide;
 }
 
-// plan.rec_row_groups.
+// Row groups per warp: several only when the grid stays large, so small batches keep every SM busy.
 int RecRowGroups(const GdnGeometry& geo, int rows) {
   const int64_t warps = geo.batch * geo.num_heads_v * CeilDiv(geo.head_size_v, rows);
   int groups = 1;
@@ -66,7 +66,7 @@ int RecRowGroups(const GdnGeometry& geo, int rows) {
   return groups;
 }
 
-// plan.REC_DECODE_TYPES and REC_DECODE_ROWS: the shapes with a `_decode` instantiation of the recurrent kernel.
+// The shapes with a `_decode` instantiation of the recurrent kernel.
 bool HasDecodeInstantiation(ElemType type, int key, int rows) {
   if (!cp::kRecDecodeTypes[static_cast<int>(type)]) return false;
   for (int r : cp::kRecDecodeRows[key])
@@ -74,14 +74,14 @@ bool HasDecodeInstantiation(ElemType type, int key, int rows) {
   return false;
 }
 
-// plan.REC_ROW_VARIANTS: whether the recurrent kernel has an instantiation of `rows` value rows per warp.
+// Whether the recurrent kernel has an instantiation of `rows` value rows per warp.
 bool IsRowVariant(int key, int rows) {
   for (int r : cp::kRecRowVariants[key])
     if (r != 0 && r == rows) return true;
   return false;
 }
 
-// plan.conv_channel_blocks: blocks of kConvThreads threads of kConvVectorBytes of channels each.
+// Blocks of kConvThreads threads of kConvVectorBytes of channels each.
 unsigned ConvChannelBlocks(int64_t channels, ElemType type) {
   return U(CeilDiv(channels, cp::kConvThreads * (cp::kConvVectorBytes / int64_t(ElemSize(type)))));
 }
@@ -139,9 +139,10 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
   const bool use_chunked = GdnUsesChunked(geo, type, params, arch, smem_optin, knobs.engine);
   std::vector<CudaLaunch<GdnParams>> launches;
   if (use_chunked) {
-    // plan.chunk_prep_blocks: the chunk count of well-formed offsets; the kernel strides over any excess.
+    // The chunk count of well-formed offsets (each row adds at most one partial chunk); the kernel strides over
+    // any excess that malformed offsets make.
     const int64_t prep_blocks = (geo.total_tokens + (cp::kChunkTokens - 1) * geo.batch) / cp::kChunkTokens;
-    // plan.chunk_prep_heads: a key head's whole group per block while that grid stays large enough.
+    // A key head's whole group of value heads per block while that grid stays large enough, else one.
     const int64_t group = geo.num_heads_v / geo.num_heads_k;
     int64_t prep_heads = prep_blocks * geo.num_heads_k >= cp::kChunkPrepSharedMinBlocks ? group : 1;
     if (knobs.prep_heads != 0) {
@@ -178,7 +179,7 @@ std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type
                                 std::to_string(cp::kRecKeySizes[key]) + ": (" + variants + ")");
   }
   const bool decode = geo.total_tokens <= geo.batch && HasDecodeInstantiation(type, key, rows);
-  // plan.gdn_plan: decode kernels take one group per warp, and so do calls of long rows (REC_BLOCK_TOKENS)
+  // Decode kernels take one group per warp, and so do calls of long rows (kRecBlockTokens).
   const bool long_rows = !use_chunked && geo.total_tokens > int64_t(cp::kRecBlockTokens[key]) * geo.batch;
   rec.row_groups = knobs.rec_groups != 0 ? knobs.rec_groups : decode || long_rows ? 1 : RecRowGroups(geo, rows);
   if (rows * rec.row_groups > cp::kRecMaxWarpRows)
@@ -208,11 +209,11 @@ std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType t
   if (geo.total_tokens <= int64_t(cp::kConvRowTokens) * geo.batch)  // short rows: both passes in one launch
     return {{KernelName(geo.total_tokens <= geo.batch ? "conv_decode_" : "conv_rows_", type), {cx, U(geo.batch), 1},
              block, 0, params}};
-  // plan.py's conv_tokens_per_block: one token per thread for short calls, long runs for long ones.
+  // One token per thread for short calls, long runs for long ones.
   const int64_t tokens_per_block = geo.total_tokens <= cp::kConvShortTokens ? 1
                                    : geo.total_tokens >= cp::kConvLongTokens ? cp::kConvTokens
                                                                              : cp::kConvMediumTokens;
-  // plan.py's conv_plan: the state pass is the output grid's first rows unless the two states overlap.
+  // The state pass is the output grid's first rows unless the two states overlap.
   ConvParams output = params;
   output.state_rows = ConvStatesOverlap(geo, type, params) ? 0 : static_cast<int>(geo.batch);
   std::vector<CudaLaunch<ConvParams>> launches{

@@ -1,7 +1,7 @@
-// Launch plans of the CUDA variants: which kernels of the image run, with what grid, block, dynamic
-// shared memory and parameters. A C++ mirror of onnx_hybrid/cuda_ops/plan.py (gdn_plan, conv_plan) built
-// on that file's own constants (cuda_plan_generated.h) and the kernels' parameter structs (params.cuh);
-// tests/cuda/test_native_cuda_cpu.py compares the two plans on many geometries.
+// The planner: which kernels of the image a call runs, with what grid, block, dynamic shared memory and
+// parameters. The one planner of the project: ORT's CUDA kernels (cuda/ort_kernels.cc) and onnx_hybrid.cuda_ops
+// (through the C entry points of ort/c_api.h) both plan here. Its numbers come from kernels/launch_config.h,
+// which the kernels compile against too; the parameter structs are the kernels' own (kernels/params.cuh).
 #pragma once
 
 #include <cstdint>
@@ -53,30 +53,30 @@ struct GdnPlanKnobs {
   int prep_heads = 0;  // value heads per block of the chunked prep kernel
 };
 
-// plan.gdn_uses_chunked: whether PlanGdn launches the chunked kernels (the shape, device and alignment
+// Whether PlanGdn launches the chunked kernels (the shape, device and alignment
 // allow them and the batch averages at least kSequentialMinTokens tokens per row, or the engine forces them).
 bool GdnUsesChunked(const GdnGeometry& geo, ElemType type, const GdnParams& params, int arch, int smem_optin,
                     GdnCudaEngine engine);
 
-// plan.chunk_workspace_bytes: the scratch params.workspace must hold when the chunked kernels run.
+// The scratch params.workspace must hold when the chunked kernels run.
 int64_t ChunkWorkspaceBytes(const GdnGeometry& geo);
 
-// plan.gdn_plan: the chunked kernels (prep, then scan) where GdnUsesChunked, then the recurrent kernel (a
+// The chunked kernels (prep, then scan) where GdnUsesChunked, then the recurrent kernel (a
 // tail pass over the rows they skip, decided on the device); or the recurrent kernel alone.
 std::vector<CudaLaunch<GdnParams>> PlanGdn(const GdnGeometry& geo, ElemType type, const GdnParams& params, int arch,
                                            int smem_optin, const GdnPlanKnobs& knobs);
 
-// plan.conv_states_overlap: whether final_state shares memory with initial_state.
+// Whether final_state shares memory with initial_state.
 bool ConvStatesOverlap(const ConvGeometry& geo, ElemType type, const ConvParams& params);
 
-// plan.conv_plan: short rows in one launch; else the output pass with the state and capsule pass as its grid's
+// Short rows in one launch; else the output pass with the state and capsule pass as its grid's
 // first rows, or after it when the two states overlap.
 std::vector<CudaLaunch<ConvParams>> PlanConv(const ConvGeometry& geo, ElemType type, const ConvParams& params);
 
-// plan.gdn_replay_plan: warps of kReplayRows value rows of one (request, head).
+// Warps of kReplayRows value rows of one (request, head).
 std::vector<CudaLaunch<GdnReplayParams>> PlanGdnReplay(const GdnReplayParams& params);
 
-// plan.conv_replay_plan: a thread per 16 bytes of channels, a row of blocks per request.
+// A thread per 16 bytes of channels, a row of blocks per request.
 std::vector<CudaLaunch<ConvReplayParams>> PlanConvReplay(ElemType type, const ConvReplayParams& params);
 
 }  // namespace onnx_hybrid

@@ -15,7 +15,7 @@
 
 #include "cpu/conv_cpu.h"
 #include "cpu/cpu_kernels.h"
-#include "cuda/array_api.h"
+#include "ort/c_api.h"
 #include "cuda/calls.h"
 #include "cuda/driver.h"
 #include "cuda/ort_kernels.h"
@@ -33,8 +33,8 @@
 namespace onnx_hybrid {
 namespace {
 
-constexpr int kAbiVersion = 4;  // 2: onnx_hybrid_set_cuda_image and the CUDA inspection functions; 3: _has_image;
-                                // 4: the CUDA calls on arrays the caller owns (onnx_hybrid_cuda_gated_delta_net, ...)
+constexpr int kAbiVersion = 4;  // 2: onnx_hybrid_set_cuda_image; 3: _has_image; 4: the shape checks and CUDA calls
+                                // of ort/c_api.h (the struct layout and plan inspection functions went)
 constexpr char kCpuProvider[] = "CPUExecutionProvider";
 
 std::atomic<bool> g_register_com_microsoft{false};
@@ -43,19 +43,31 @@ std::atomic<bool> g_lend_input_shapes{true};  // the input_shapes option: auto (
 // uses pthread keys: thread_local and std::call_once (libstdc++ keeps its callable in TLS) would add
 // ld-linux (__tls_get_addr) to the library's NEEDED entries.
 
-// onnx_hybrid_last_error's per-thread message.
-std::string& LastError() {
+// onnx_hybrid_last_error's per-thread message, and the contract's name for it when it is a rejection.
+struct LastErrorRecord {
+  std::string message;
+  const char* key = "";
+};
+
+LastErrorRecord& LastErrorState() {
   static const pthread_key_t key = [] {
     pthread_key_t k;
-    pthread_key_create(&k, [](void* p) { delete static_cast<std::string*>(p); });
+    pthread_key_create(&k, [](void* p) { delete static_cast<LastErrorRecord*>(p); });
     return k;
   }();
-  auto* message = static_cast<std::string*>(pthread_getspecific(key));
-  if (!message) {
-    message = new std::string();
-    pthread_setspecific(key, message);
+  auto* record = static_cast<LastErrorRecord*>(pthread_getspecific(key));
+  if (!record) {
+    record = new LastErrorRecord();
+    pthread_setspecific(key, record);
   }
-  return *message;
+  return *record;
+}
+
+// The message to write (an error that is no contract rejection).
+std::string& LastError() {
+  LastErrorRecord& record = LastErrorState();
+  record.key = "";
+  return record.message;
 }
 
 // Runs the body of a control function: an exception (std::bad_alloc, say) becomes -1 and the last error
@@ -423,8 +435,17 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_set_option(const char* key, const char* value
 
 ONNX_HYBRID_EXPORT const char* onnx_hybrid_last_error(void) {
   try {
-    return LastError().c_str();
+    return LastErrorState().message.c_str();
   } catch (...) {  // no message could be allocated for this thread
+    return "";
+  }
+}
+
+// The contract's name (contract.MESSAGES key) of the last error when it was a contract rejection, else "".
+ONNX_HYBRID_EXPORT const char* onnx_hybrid_last_error_key(void) {
+  try {
+    return LastErrorState().key;
+  } catch (...) {
     return "";
   }
 }
@@ -462,48 +483,6 @@ int WriteText(const std::string& text, char* out, size_t size) {
   return static_cast<int>(text.size());
 }
 
-#define ONNX_HYBRID_FIELD(S, f) (std::string(" ") + #f + "=" + std::to_string(offsetof(S, f)))
-
-std::string StructLayout(const std::string& name) {
-  if (name == "GdnParams") {
-    using S = GdnParams;
-    return "size=" + std::to_string(sizeof(S)) + ONNX_HYBRID_FIELD(S, q) + ONNX_HYBRID_FIELD(S, k) +
-           ONNX_HYBRID_FIELD(S, v) + ONNX_HYBRID_FIELD(S, cu_seqlens) + ONNX_HYBRID_FIELD(S, decay) +
-           ONNX_HYBRID_FIELD(S, beta) + ONNX_HYBRID_FIELD(S, state_in) + ONNX_HYBRID_FIELD(S, a_log) +
-           ONNX_HYBRID_FIELD(S, dt_bias) + ONNX_HYBRID_FIELD(S, capture_count) + ONNX_HYBRID_FIELD(S, out) +
-           ONNX_HYBRID_FIELD(S, state_out) + ONNX_HYBRID_FIELD(S, capsule) + ONNX_HYBRID_FIELD(S, workspace) +
-           ONNX_HYBRID_FIELD(S, q_stride) + ONNX_HYBRID_FIELD(S, k_stride) + ONNX_HYBRID_FIELD(S, v_stride) +
-           ONNX_HYBRID_FIELD(S, batch) +
-           ONNX_HYBRID_FIELD(S, total_tokens) + ONNX_HYBRID_FIELD(S, uniform_len) + ONNX_HYBRID_FIELD(S, hk) +
-           ONNX_HYBRID_FIELD(S, hv) + ONNX_HYBRID_FIELD(S, dk) + ONNX_HYBRID_FIELD(S, dv) +
-           ONNX_HYBRID_FIELD(S, has_decay) + ONNX_HYBRID_FIELD(S, has_delta) + ONNX_HYBRID_FIELD(S, gate_qwen) +
-           ONNX_HYBRID_FIELD(S, beta_sigmoid) + ONNX_HYBRID_FIELD(S, l2norm) + ONNX_HYBRID_FIELD(S, decay_per_key) +
-           ONNX_HYBRID_FIELD(S, capacity) + ONNX_HYBRID_FIELD(S, capture_active) + ONNX_HYBRID_FIELD(S, tail_only) +
-           ONNX_HYBRID_FIELD(S, row_groups) + ONNX_HYBRID_FIELD(S, scale);
-  }
-  if (name == "ConvParams") {
-    using S = ConvParams;
-    return "size=" + std::to_string(sizeof(S)) + ONNX_HYBRID_FIELD(S, x) + ONNX_HYBRID_FIELD(S, weight) +
-           ONNX_HYBRID_FIELD(S, bias) + ONNX_HYBRID_FIELD(S, state_in) + ONNX_HYBRID_FIELD(S, cu_seqlens) +
-           ONNX_HYBRID_FIELD(S, capture_count) + ONNX_HYBRID_FIELD(S, out) + ONNX_HYBRID_FIELD(S, state_out) +
-           ONNX_HYBRID_FIELD(S, capsule) + ONNX_HYBRID_FIELD(S, batch) + ONNX_HYBRID_FIELD(S, total_tokens) +
-           ONNX_HYBRID_FIELD(S, channels) + ONNX_HYBRID_FIELD(S, kernel_size) + ONNX_HYBRID_FIELD(S, dilation) +
-           ONNX_HYBRID_FIELD(S, state_len) + ONNX_HYBRID_FIELD(S, capacity) + ONNX_HYBRID_FIELD(S, silu) +
-           ONNX_HYBRID_FIELD(S, state_rows);
-  }
-  return "";
-}
-
-#undef ONNX_HYBRID_FIELD
-
-std::string Describe(const KernelName& kernel, cuda::Dim3 grid, cuda::Dim3 block, int smem, int tail_only,
-                     int row_groups) {
-  char line[256];
-  std::snprintf(line, sizeof line, "%s %u %u %u %u %u %u %d %d %d\n", kernel.c_str(), grid.x, grid.y, grid.z,
-                block.x, block.y, block.z, smem, tail_only, row_groups);
-  return line;
-}
-
 }  // namespace
 
 // The compute capabilities that have an image, as "sm_80, sm_90". Returns the text's length.
@@ -515,68 +494,6 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_images(char* out, size_t size) {
 // image folders), 0 when not, -1 on an internal error.
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_has_image(int cc_major, int cc_minor) {
   return Guarded("onnx_hybrid_cuda_has_image", [&] { return cuda::HasImageFor(cc_major, cc_minor) ? 1 : 0; });
-}
-
-// The launcher's view of a kernel parameter struct ("GdnParams", "ConvParams") as "size=N field=offset ...",
-// for the check against the ctypes mirror in cuda_ops/plan.py. Returns the text's length (-1: unknown name).
-ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_struct_layout(const char* name, char* out, size_t size) {
-  return Guarded("onnx_hybrid_cuda_struct_layout", [&] {
-    const std::string layout = StructLayout(name ? name : "");
-    if (layout.empty()) {
-      LastError() = std::string("onnx_hybrid_cuda_struct_layout: unknown struct '") + (name ? name : "") + "'";
-      return -1;
-    }
-    return WriteText(layout, out, size);
-  });
-}
-
-// The launch plan the CUDA variant would enqueue, without a device: one line per kernel, "name gx gy gz bx
-// by bz smem tail_only row_groups". op "gdn": dims = {batch, total_tokens, hv, dk, dv, per_key_decay,
-// aligned[, hk]} (Hq = Hk = hk, by default hv); op "gdn_workspace": the same dims, one line with the
-// workspace bytes the plan needs (0 without the chunked kernels); op "conv": dims = {batch, total_tokens,
-// channels}. type: 0 float, 1 float16, 2 bfloat16; engine: 0 auto, 1 chunked, 2 recurrent. Returns the
-// text's length, or -1 with onnx_hybrid_last_error().
-ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_plan(const char* op, int type, const int64_t* dims, int n_dims, int arch,
-                                             int smem_optin, int engine, char* out, size_t size) {
-  return Guarded("onnx_hybrid_cuda_plan", [&] {
-    const std::string name = op ? op : "";
-    if (type < 0 || type > 2 || engine < 0 || engine > 2 || !dims) throw std::invalid_argument("bad type/engine/dims");
-    const ElemType elem = static_cast<ElemType>(type);
-    std::string text;
-    if ((name == "gdn" || name == "gdn_workspace") && (n_dims == 7 || n_dims == 8)) {
-      GdnGeometry geo{};
-      geo.batch = dims[0];
-      geo.total_tokens = dims[1];
-      geo.num_heads_v = dims[2];
-      geo.num_heads_q = geo.num_heads_k = n_dims == 8 ? dims[7] : dims[2];
-      geo.head_size_k = dims[3];
-      geo.head_size_v = dims[4];
-      geo.per_key_decay = dims[5] != 0;
-      GdnParams p{};
-      alignas(16) static const float kAnyState[4] = {};
-      p.state_in = dims[6] ? kAnyState : reinterpret_cast<const float*>(8);  // 16-byte aligned or not
-      const auto gdn_engine = static_cast<GdnCudaEngine>(engine);
-      if (name == "gdn_workspace") {
-        const bool chunked = GdnUsesChunked(geo, elem, p, arch, smem_optin, gdn_engine);
-        text = std::to_string(chunked ? ChunkWorkspaceBytes(geo) : 0) + "\n";
-      } else {
-        GdnPlanKnobs knobs;
-        knobs.engine = gdn_engine;
-        for (const auto& l : PlanGdn(geo, elem, p, arch, smem_optin, knobs))
-          text += Describe(l.kernel, l.grid, l.block, l.smem, l.params.tail_only, l.params.row_groups);
-      }
-    } else if (name == "conv" && (n_dims == 3 || n_dims == 4)) {
-      ConvGeometry geo{dims[0], dims[1], dims[2], 4, 3, 0};
-      ConvParams p{};  // the plan compares the state addresses, never reads them: in place, or far apart
-      p.state_in = reinterpret_cast<const void*>(uintptr_t{1} << 20);
-      p.state_out = reinterpret_cast<void*>(n_dims == 4 && dims[3] ? uintptr_t{1} << 20 : uintptr_t{1} << 40);
-      for (const auto& l : PlanConv(geo, elem, p))
-        text += Describe(l.kernel, l.grid, l.block, l.smem, l.params.state_rows, 0);
-    } else {
-      throw std::invalid_argument("unknown op '" + name + "' or wrong number of dims");
-    }
-    return WriteText(text, out, size);
-  });
 }
 
 // --- CUDA calls on arrays the caller owns (onnx_hybrid.cuda_ops) ------------------------------------------------
@@ -596,7 +513,9 @@ InputShapes<N> ShapesOf(const OhArray (&arrays)[N], const void* (&data)[N]) {
     data[i] = arrays[i].data;
     shapes.present[i] = arrays[i].data != nullptr;
     if (shapes.present[i]) {
-      if (arrays[i].rank < 0 || arrays[i].rank > 4) throw std::length_error("onnx_hybrid: a shape of rank above 4");
+      if (arrays[i].rank < 0 || arrays[i].rank > OH_MAX_RANK)
+        throw std::length_error("onnx_hybrid: a shape of rank " + std::to_string(arrays[i].rank) + " (at most " +
+                                std::to_string(OH_MAX_RANK) + ")");
       shapes.shape[i] = Shape(arrays[i].dims, arrays[i].dims + arrays[i].rank);
     }
   }
@@ -634,11 +553,15 @@ ElemType CheckedType(int32_t type) {
 
 // Runs a C entry point's body: exceptions become the codes above, with the message of ORT's status.
 template <class Body>
-int CudaCall(const char* op, Body body) noexcept {
+int EntryPoint(const char* op, Body body) noexcept {
   try {
     return body();
   } catch (const ContractError& e) {
-    try { LastError() = e.what(); } catch (...) {}
+    try {
+      LastError() = e.what();
+      LastErrorState().key = e.key();
+    } catch (...) {
+    }
     return kContractViolation;
   } catch (const std::invalid_argument& e) {
     try { LastError() = std::string(op) + ": " + e.what(); } catch (...) {}
@@ -654,10 +577,65 @@ int CudaCall(const char* op, Body body) noexcept {
 
 using namespace onnx_hybrid;
 
-// GatedDeltaNet on the caller's stream (OhGdnCall in cuda/array_api.h).
+// The shape checks of each op on input shapes alone (OhGdnCall's inputs and attributes; its other fields are
+// ignored): 0 with the geometry written, or -2 with the contract's message (as ORT reports it) in
+// onnx_hybrid_last_error. onnx_hybrid.ops.contract's resolve_* are these, so the rules exist once.
+ONNX_HYBRID_EXPORT int onnx_hybrid_resolve_gdn(const OhGdnCall* call, OhGdnGeometry* out) {
+  namespace g = contract::gdn;
+  return EntryPoint(g::kName, [&] {
+    const GdnAttributes attrs = MakeGdnAttributes(call->update_rule, call->scale, call->gate_activation,
+                                                  call->beta_activation, call->qk_l2_norm, call->chunk_size,
+                                                  call->state_update_capacity);
+    const void* data[g::kNumInputs];
+    const GdnGeometry geo = ResolveGdn(ShapesOf(call->inputs, data), attrs);
+    *out = OhGdnGeometry{};
+    out->layout = static_cast<int32_t>(geo.layout);
+    out->per_key_decay = geo.per_key_decay;
+    out->capacity = geo.capacity;
+    out->batch = geo.batch;
+    out->total_tokens = geo.total_tokens;
+    out->num_heads_q = geo.num_heads_q;
+    out->num_heads_k = geo.num_heads_k;
+    out->num_heads_v = geo.num_heads_v;
+    out->head_size_k = geo.head_size_k;
+    out->head_size_v = geo.head_size_v;
+    out->capsule_width = geo.capsule_width;
+    WriteShape(geo.output_shape, out->output_dims, &out->output_rank);
+    return 0;
+  });
+}
+
+ONNX_HYBRID_EXPORT int onnx_hybrid_resolve_conv(const OhConvCall* call, OhConvGeometry* out) {
+  namespace cv = contract::conv;
+  return EntryPoint(cv::kName, [&] {
+    const ConvAttributes attrs = MakeConvAttributes(call->activation, call->dilation, call->state_update_capacity);
+    const void* data[cv::kNumInputs];
+    const ConvGeometry geo = ResolveConv(ShapesOf(call->inputs, data), attrs);
+    *out = OhConvGeometry{geo.batch, geo.total_tokens, geo.channels, geo.kernel_size, geo.state_length, geo.capacity};
+    return 0;
+  });
+}
+
+ONNX_HYBRID_EXPORT int onnx_hybrid_resolve_paged_attention(const OhPagedAttentionCall* call,
+                                                           OhPagedAttentionGeometry* out) {
+  namespace pa = contract::paged;
+  static_assert(sizeof(call->inputs) / sizeof(call->inputs[0]) == pa::kNumInputs, "PagedAttention's inputs");
+  return EntryPoint(pa::kName, [&] {
+    const PagedAttentionAttributes attrs = MakePagedAttentionAttributes(call->num_heads, call->kv_num_heads,
+                                                                        call->scale);
+    const void* data[pa::kNumInputs];
+    const PagedAttentionGeometry geo = ResolvePagedAttention(ShapesOf(call->inputs, data), attrs);
+    *out = OhPagedAttentionGeometry{geo.batch,      geo.num_tokens, geo.num_heads,
+                                    geo.kv_num_heads, geo.head_size, geo.num_blocks, geo.block_size,
+                                    geo.max_num_blocks, geo.scale};
+    return 0;
+  });
+}
+
+// GatedDeltaNet on the caller's stream (OhGdnCall in ort/c_api.h).
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_gated_delta_net(OhGdnCall* call) {
   namespace g = contract::gdn;
-  return CudaCall(g::kName, [&] {
+  return EntryPoint(g::kName, [&] {
     const ElemType type = CheckedType(call->type);
     const GdnAttributes attrs = MakeGdnAttributes(call->update_rule, call->scale, call->gate_activation,
                                                   call->beta_activation, call->qk_l2_norm, call->chunk_size,
@@ -691,10 +669,10 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_gated_delta_net(OhGdnCall* call) {
   });
 }
 
-// VarlenCausalConvWithState on the caller's stream (OhConvCall in cuda/array_api.h).
+// VarlenCausalConvWithState on the caller's stream (OhConvCall in ort/c_api.h).
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_varlen_causal_conv(OhConvCall* call) {
   namespace cv = contract::conv;
-  return CudaCall(cv::kName, [&] {
+  return EntryPoint(cv::kName, [&] {
     const ElemType type = CheckedType(call->type);
     const ConvAttributes attrs = MakeConvAttributes(call->activation, call->dilation, call->state_update_capacity);
     const void* data[cv::kNumInputs];
@@ -715,7 +693,7 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_varlen_causal_conv(OhConvCall* call) {
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_replay_gdn(const float* state_in, float* state_out, const float* capsule,
                                                    const int32_t* accepted, int batch, int hk, int hv, int dk, int dv,
                                                    int capacity, void* stream) {
-  return CudaCall("replay_gdn", [&] {
+  return EntryPoint("replay_gdn", [&] {
     const GdnReplayParams p{state_in, state_out, capsule, accepted, batch, hk, hv, dk, dv, capacity};
     cuda::Launcher launcher(stream);
     Enqueue(launcher, PlanGdnReplay(p));
@@ -727,7 +705,7 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_replay_gdn(const float* state_in, float*
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_replay_conv(int type, const void* state_in, void* state_out,
                                                     const void* capsule, const int32_t* accepted, int batch,
                                                     int channels, int state_len, int capacity, void* stream) {
-  return CudaCall("replay_conv", [&] {
+  return EntryPoint("replay_conv", [&] {
     const ConvReplayParams p{state_in, state_out, capsule, accepted, batch, channels, state_len, capacity};
     cuda::Launcher launcher(stream);
     Enqueue(launcher, PlanConvReplay(CheckedType(type), p));

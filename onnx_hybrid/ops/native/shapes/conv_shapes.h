@@ -1,5 +1,5 @@
 // VarlenCausalConvWithState: attributes, shape resolution and per-request rows, shared by every
-// execution provider (mirrors contract.resolve_conv / check_offsets).
+// execution provider and by onnx_hybrid.ops.contract.resolve_conv (through ort/c_api.h).
 #pragma once
 
 #include <vector>

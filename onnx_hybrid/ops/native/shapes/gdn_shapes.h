@@ -1,6 +1,6 @@
-// GatedDeltaNet: attributes, shape resolution and per-request rows, shared by every execution
-// provider. Mirrors contract.resolve_attributes / resolve_gdn / check_offsets check for check, with
-// the same messages, so that all engines reject the same inputs the same way.
+// GatedDeltaNet: attributes, shape resolution and per-request rows, shared by every execution provider and by
+// onnx_hybrid.ops.contract.resolve_gdn (through ort/c_api.h), so every engine and the Python side reject the
+// same inputs with the same messages. Attribute ranges and messages come from the generated contract header.
 #pragma once
 
 #include <cstdint>

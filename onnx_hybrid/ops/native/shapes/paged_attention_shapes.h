@@ -1,5 +1,5 @@
-// PagedAttention: attributes, shape resolution and per-request rows (mirrors
-// contract.resolve_paged_attention / check_paged_rows check for check, with the same messages).
+// PagedAttention: attributes, shape resolution and per-request rows, shared by the CPU kernel and by
+// onnx_hybrid.ops.contract.resolve_paged_attention (through ort/c_api.h).
 #pragma once
 
 #include <cstdint>

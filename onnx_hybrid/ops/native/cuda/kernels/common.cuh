@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "launch_config.h"
 #include "params.cuh"
 
 namespace ohk {

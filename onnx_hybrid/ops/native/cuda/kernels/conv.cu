@@ -4,7 +4,7 @@
 
 namespace ohk {
 
-constexpr int kConvThreads = 128;  // threads per block, each holding kConvVec channels (below)
+constexpr int kConvThreads = launch_config::kConvThreads;  // threads per block, each holding kConvVec channels
 
 // SiLU with the fast intrinsics (ex2.approx, rcp.approx): the exact expf and IEEE division made the conv's output
 // pass arithmetic-bound, 48% of its byte floor against 63-72% with these (docs/design-notes.md#conv-fast-silu). Their
@@ -42,10 +42,10 @@ __device__ __forceinline__ float conv_bias(const ConvParams& p, int c) {
 // Every other shape walks the thread's channels one by one through the element path; both do the same
 // arithmetic in the same order, so the path never changes a bit.
 template <typename T>
-constexpr int kConvVec = 16 / sizeof(T);
+constexpr int kConvVec = launch_config::kConvVectorBytes / sizeof(T);
 constexpr int kConvTaps = 4;  // the 16-byte path's kernel size (state of 3 samples, dilation 1)
-// The output pass gives each thread a run of consecutive tokens (its length follows from the grid's height: plan.py
-// conv_tokens_per_block). A run inside one row streams its inputs in chunks of kConvChunk, each requested before
+// The output pass gives each thread a run of consecutive tokens (its length follows from the grid's height: the
+// planner's kConvShortTokens .. kConvLongTokens rule in launch_config.h). A run inside one row streams its inputs in chunks of kConvChunk, each requested before
 // the previous one is used, the addresses clamped to the run, so no per-token check sits among loads in flight
 // (one made ptxas wait for them there: a loop over chunks with per-token row checks took 73 us at 27B, 1 x 4096,
 // fp16).
@@ -274,7 +274,7 @@ __device__ __forceinline__ void conv_state(const ConvParams& p, int b) {
 }
 
 // Output pass: thread = (kConvVec channels, run of consecutive tokens of the packed axis; the run's length
-// follows from the grid's height, which the plan picks: plan.py conv_tokens_per_block). Tokens outside every
+// follows from the grid's height, which the planner picks: cuda/launch_plan.cc). Tokens outside every
 // request (malformed offsets only) are left unwritten. Reads the incoming state, writes none of it, so it runs
 // before a separate state pass when initial_state and final_state overlap. When they do not, the grid's first
 // p.state_rows rows are the state pass (row b of them: request b), which saves the second launch and its wait
@@ -347,7 +347,7 @@ __device__ __forceinline__ void conv_output(const ConvParams& p) {
       chans.load_window(conv_row_samples<T>(p, span), b, pos0, c0);
     ConvPack<T> odd[kConvChunk];
     if (t_end - t_begin == 2 * kConvChunk) {
-      // One pair (mid-sized calls' runs, plan.py CONV_MEDIUM_TOKENS): every token lies inside the run, so no load
+      // One pair (mid-sized calls' runs, kConvMediumTokens): every token lies inside the run, so no load
       // is clamped and no store predicated as in the loop below (27B fp16, 1 x 1024 / 1 x 2000: 16.8 / 28.2 us in
       // the loop, 16.2 / 27.5 here; H200; docs/design-notes.md#conv-output-loop-and-run-length).
 #pragma unroll

@@ -24,7 +24,7 @@
 #include "mma.cuh"
 
 // The image built for sm_90a (compiler.py) takes the scan body on wgmma; every other image the mma.sync one.
-// Both kernels keep their names, so plan.py only picks the shared memory per architecture.
+// Both kernels keep their names, so the planner only picks the shared memory per architecture.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define OHK_SCAN_WGMMA 1
 #include "wgmma.cuh"
@@ -35,10 +35,11 @@
 namespace ohk {
 namespace chunk {
 
-constexpr int BT = 64;       // tokens per chunk
-constexpr int D = 128;       // Dk = Dv
+constexpr int BT = launch_config::kChunkTokens;  // tokens per chunk
+constexpr int D = launch_config::kChunkD;        // Dk = Dv
 constexpr int WARPS = 8;
 constexpr int THREADS = WARPS * 32;
+static_assert(THREADS == launch_config::kChunkThreads, "the prep kernel's block is the planner's");
 constexpr int LDH = D + 8;   // halves per 128-wide row (+16 B against bank conflicts)
 constexpr int LDT = BT + 8;  // halves per 64-wide row
 constexpr int LDD = 16 + 8;  // halves per 16-wide row
@@ -83,8 +84,8 @@ static_assert(2 * PREP_SMEM_BYTES + 2048 <= 228 * 1024, "two prep CTAs per sm_90
 // and of P (8 pieces), and the bytes from row t to row t + 8 (each thread copies rows a multiple of 8 apart).
 // PRODUCER_WARPS > 0 (sm_90a, narrow width): a second warpgroup does all the copies (COPY_THREADS threads)
 // and hands the stages over through named barriers; otherwise every thread copies and computes.
-constexpr int VT_NARROW = 64;
-constexpr int VT_WIDE = 128;
+constexpr int VT_NARROW = launch_config::kChunkVt;
+constexpr int VT_WIDE = launch_config::kChunkVtWide;
 #if OHK_SCAN_WGMMA
 // W, Q and K: per key half (64 keys) [token][128 bytes], each 8-token block a 128B-swizzle atom (wgmma.cuh),
 // the two key halves of an operand KEY_STRIDE bytes apart. In the wide width (XY_FUSED) W's and Q's rows of a
@@ -172,7 +173,7 @@ struct ScanLayout {
 
 }  // namespace chunk
 
-// The workspace of one call (plan.chunk_workspace_bytes): per token, W [Hv][D] and P [Hv][BT] (fp16),
+// The workspace of one call (ChunkWorkspaceBytes in cuda/launch_plan.cc): per token, W [Hv][D] and P [Hv][BT] (fp16),
 // normalised Q and K [Hk][D] (fp16), gamma [Hv] (fp32). Rows are addressed by token, so ragged requests need
 // no chunk table.
 struct ChunkWorkspace {
@@ -428,7 +429,7 @@ __device__ __forceinline__ void prep_load_b<__nv_bfloat16>(unsigned (&b)[2][2], 
 // as fp16 to its rows r < rows at dst + r * stride, through the warp's stage (16 rows of 64 bytes, 16-byte
 // piece c of row r at c ^ (r / 2 % 4): the pair stores and the 16-byte loads meet no bank twice). Each lane
 // then stores 16 bytes, and every 32-byte sector is written whole by one instruction (dst and stride keep
-// rows 16-byte aligned: plan.chunked_aligned for the output). The caller orders earlier reads of the stage
+// rows 16-byte aligned: the planner's ChunkedAligned for the output). The caller orders earlier reads of the stage
 // before this call (__syncwarp).
 __device__ __forceinline__ void prep_store_tile(const float (&acc)[4][4], unsigned* stage, __half* dst, int stride,
                                                 int rows, int lane) {
@@ -528,7 +529,7 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int heads = p.hv / gridDim.y;  // value heads per CTA (plan.chunk_prep_heads): a divisor of the group
+  const int heads = p.hv / gridDim.y;  // value heads per CTA (the planner's choice): a divisor of the group
   const int h_first = blockIdx.y * heads;
   const int group = p.hv / p.hk;
   const ChunkWorkspace ws = chunk_workspace(p);
@@ -1661,13 +1662,24 @@ __device__ __forceinline__ void gdn_chunk_scan(const GdnParams& p) {
 
 }  // namespace ohk
 
-// Dynamic shared memory and block size of the chunked kernels, read by the tests to check the Python plan's
-// copies (a scan launched with fewer threads than its producer hand-off counts would hang).
-extern "C" __constant__ int gdn_chunked_v64_smem_bytes = ohk::chunk::ScanLayout<ohk::chunk::VT_NARROW>::SMEM_BYTES;
-extern "C" __constant__ int gdn_chunked_v128_smem_bytes = ohk::chunk::ScanLayout<ohk::chunk::VT_WIDE>::SMEM_BYTES;
-extern "C" __constant__ int gdn_chunked_v64_threads = ohk::chunk::ScanLayout<ohk::chunk::VT_NARROW>::THREADS;
-extern "C" __constant__ int gdn_chunked_v128_threads = ohk::chunk::ScanLayout<ohk::chunk::VT_WIDE>::THREADS;
-extern "C" __constant__ int gdn_chunk_prep_smem_bytes = ohk::chunk::PREP_SMEM_BYTES;
+// The planner launches these kernels with launch_config.h's shared memory and block sizes: an image whose layouts
+// disagree does not compile (a scan launched with fewer threads than its producer hand-off counts would hang).
+namespace ohk::chunk {
+#if OHK_SCAN_WGMMA
+static_assert(ScanLayout<VT_NARROW>::SMEM_BYTES == launch_config::kChunkWgmmaSmemBytes, "narrow scan, sm_90a");
+static_assert(ScanLayout<VT_WIDE>::SMEM_BYTES == launch_config::kChunkWgmmaWideSmemBytes, "wide scan, sm_90a");
+static_assert(ScanLayout<VT_NARROW>::PRODUCER_WARPS * 32 == launch_config::kChunkWgmmaProducerThreads,
+              "the narrow scan's producer warpgroup, sm_90a");
+#else
+static_assert(ScanLayout<VT_NARROW>::SMEM_BYTES == launch_config::kChunkSmemBytes, "narrow scan, mma.sync");
+static_assert(ScanLayout<VT_WIDE>::SMEM_BYTES == launch_config::kChunkWideSmemBytes, "wide scan, mma.sync");
+static_assert(ScanLayout<VT_NARROW>::PRODUCER_WARPS == 0, "mma.sync scans have no producer warps");
+#endif
+static_assert(ScanLayout<VT_WIDE>::PRODUCER_WARPS == 0, "the wide scan's warps copy and compute");
+static_assert(ScanLayout<VT_NARROW>::WARPS == VT_NARROW / 16 && ScanLayout<VT_WIDE>::WARPS == VT_WIDE / 16,
+              "the planner gives the scan a warp per 16 value columns");
+static_assert(PREP_SMEM_BYTES == launch_config::kChunkPrepSmemBytes, "the prep kernel's shared memory");
+}  // namespace ohk::chunk
 
 extern "C" __global__ void __launch_bounds__(ohk::chunk::THREADS, 2) gdn_chunk_prep_f16_d128(const GdnParams p) {
   ohk::wait_for_inputs();

@@ -20,7 +20,7 @@
 // The decode instantiations (DECODE_LOOP) give rows of one token a loop of their own: one prologue per warp,
 // no block barrier, and the chunk bookkeeping goes. In one kernel with the general loop that made ptxas
 // recompute predicates and addresses inside the verify loop (docs/design-notes.md#decode-only-instantiations), so
-// the general instantiations leave it out and plan.py picks a decode one only for calls of at most one token per
+// the general instantiations leave it out and the planner picks a decode one only for calls of at most one token per
 // row. The decode loop runs the general loop's operations in the same order: a row's bits do not depend on the
 // choice.
 //
@@ -31,7 +31,7 @@
 
 namespace ohk {
 
-constexpr int kRecWarps = 4;  // warps per block; value rows per warp (ROWS) is a template parameter
+constexpr int kRecWarps = launch_config::kRecWarps;  // value rows per warp (ROWS) is a template parameter
 // Resident blocks per SM the register allocation must allow: decode is latency-bound, so warps in flight
 // matter; the bounds are the highest at which ptxas (CUDA 13.0, sm_90) does not spill.
 __host__ __device__ constexpr int rec_min_blocks(int npl, int rows) {
@@ -937,7 +937,8 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
 }
 
 }  // namespace ohk
-// Instantiations: gdn_recurrent_<type>_k<max key size>_r<value rows per warp>[_decode]; plan.py picks one.
+// Instantiations: gdn_recurrent_<type>_k<max key size>_r<value rows per warp>[_decode]; the planner picks one
+// (cuda/launch_plan.cc) from launch_config.h's tables, which the static_asserts below hold to this list.
 #define OHK_GDN_RECURRENT_KERNEL(NAME, T, NPL, ROWS, DECODE_LOOP)                                   \
   extern "C" __global__ void __launch_bounds__(ohk::kRecWarps * 32, ohk::rec_min_blocks(NPL, ROWS))  \
       NAME(const GdnParams p) {                                                                    \
@@ -967,9 +968,19 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
 OHK_GDN_RECURRENT_ALL_K(f32, float)
 OHK_GDN_RECURRENT_ALL_K(f16, __half)
 OHK_GDN_RECURRENT_ALL_K(bf16, __nv_bfloat16)
-// Decode instantiations only where the real models are (plan.py REC_DECODE_TYPES, REC_DECODE_ROWS: K = 128,
+// Decode instantiations only where the real models are (launch_config.h kRecDecodeTypes, kRecDecodeRows: K = 128,
 // the plan's two rows per warp): each adds a second loop, and for all shapes they grew the image by 66%.
 OHK_GDN_RECURRENT_DECODE(f16, __half, 4, 128, 4)
 OHK_GDN_RECURRENT_DECODE(f16, __half, 4, 128, 8)
 OHK_GDN_RECURRENT_DECODE(bf16, __nv_bfloat16, 4, 128, 4)
 OHK_GDN_RECURRENT_DECODE(bf16, __nv_bfloat16, 4, 128, 8)
+
+// The planner sizes its calls' row groups by each key size's tokens per block pass (launch_config.h).
+namespace ohk {
+__host__ __device__ constexpr bool block_tokens_are_the_planners() {
+  for (int i = 0; i < launch_config::kRecKeyCount; ++i)
+    if (launch_config::kRecBlockTokens[i] != 2 * rec_chunk_tokens(launch_config::kRecKeySizes[i] / 32)) return false;
+  return true;
+}
+static_assert(block_tokens_are_the_planners(), "launch_config.h kRecBlockTokens: RecShared::kBlockTokens per key size");
+}  // namespace ohk

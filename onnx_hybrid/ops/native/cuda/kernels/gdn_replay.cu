@@ -5,8 +5,8 @@
 // Warps per block of the GDN replay. Both sizes fit 16 warps per SM (117 registers), but a block's slot frees
 // only when its last warp ends: 2 warps per block took 52.4 / 198.9 us at 27B, B = 32 / 128 with 2 of 4 tokens
 // accepted, 4 warps 57.7 / 218.1 us (H200; docs/design-notes.md#gdn-replay-layout).
-constexpr int kReplayWarps = 2;
-constexpr int kReplayRowsPerWarp = 8;  // value rows per warp: 4 KB of state in flight per warp at Dk = 128
+constexpr int kReplayWarps = launch_config::kReplayWarps;
+constexpr int kReplayRowsPerWarp = launch_config::kReplayRows;
 constexpr int kReplayAhead = 4;        // tokens whose capsule values are requested with the state
 
 // GDN replay, docs/op-contract.md#gateddeltanet-replay.

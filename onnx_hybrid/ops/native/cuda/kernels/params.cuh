@@ -1,6 +1,6 @@
 // Parameter structs of every kernel in the image, passed by value. Plain C++ with no CUDA header, so the
-// same file is compiled by NVRTC (through common.cuh) and by the custom-op library's launcher (g++); the
-// ctypes mirror in onnx_hybrid/cuda_ops/plan.py is checked against the library's sizeof/offsetof.
+// same file is compiled by NVRTC (through common.cuh) and by the custom-op library's launcher (g++), which fills
+// them for ORT's kernels and for onnx_hybrid.cuda_ops alike (cuda/calls.cc).
 #pragma once
 
 // GatedDeltaNet: one struct for the recurrent, chunked and tail-pass kernels.
@@ -18,7 +18,7 @@ struct GdnParams {
   void* out;                  // [T, Hv, Dv] in the activation type
   float* state_out;           // [B, Hv, Dv, Dk] or null; may alias state_in
   float* capsule;             // [B, capacity * (Hv + Hk*Dk + Hv*Dv)] or null
-  void* workspace;            // chunked engine scratch (plan.chunk_workspace_bytes) or null
+  void* workspace;            // chunked engine scratch (ChunkWorkspaceBytes in cuda/launch_plan.cc) or null
   long long q_stride;         // elements between consecutive tokens
   long long k_stride;
   long long v_stride;
@@ -60,7 +60,7 @@ struct ConvParams {
   int state_len;
   int capacity;
   int silu;
-  int state_rows;             // output pass: grid rows that run the state pass first (plan.py conv_plan), else 0
+  int state_rows;             // output pass: grid rows that run the state pass first (cuda/launch_plan.cc PlanConv), else 0
 };
 
 struct GdnReplayParams {

@@ -1,12 +1,15 @@
-"""Bitwise comparison of two trees' recurrent kernels on one GPU.
+"""Bitwise comparison of two trees' CUDA kernels on one GPU: a refactoring check (same inputs, same bits out).
 
-    PYTHONPATH=<tree> python3 scripts/recurrent_bitwise.py dump OUT.npz [SKIP]  # run the cases with that tree
-    python3 scripts/recurrent_bitwise.py compare A.npz B.npz                # every array bitwise equal?
+    python3 <tree>/scripts/gpu_bitwise.py dump OUT.npz [SKIP]  # run the cases with that tree
+    python3 scripts/gpu_bitwise.py compare A.npz B.npz          # every array bitwise equal?
 
 Each tree is loaded in its own process (one `onnx_hybrid` per interpreter). The cases are drawn from fixed
-seeds, so both dumps see the same inputs: decode and verify at the 27B geometry, ragged rows with capture, every
-update rule, per-key decay, key sizes 32..256 and several launch shapes (rows:groups per warp). SKIP: comma-separated
-substrings of case names to leave out (e.g. decode128, whose states are 400 MB each), the same in both dumps.
+seeds, so both dumps see the same inputs. GatedDeltaNet's recurrent engine: decode and verify at the 27B geometry,
+ragged rows with capture, every update rule, per-key decay, key sizes 32..512 and several launch shapes
+(rows:groups per warp); its chunked engine and the automatic choice on prefill rows (fp32, fp16, bf16, with and
+without capture); the conv on decode, verify and prefill rows; both capsule replays with ragged accepted counts.
+Outputs, final states and capsules are kept. SKIP: comma-separated substrings of case names to leave out (e.g.
+decode128, whose states are 400 MB each), the same in both dumps.
 """
 
 import sys
@@ -44,13 +47,36 @@ def cases():
                                      head_size_v=dv, capacity=4, capture=(1, 4, 4, 1), dtype="float16"), SHAPES[:1]
 
 
+def prefill_cases():
+    """(name, random_gdn_case kwargs, engines) for the chunked engine and the automatic choice."""
+    for dtype in ("float", "float16", "bfloat16"):
+        engines = ("recurrent", "auto") if dtype == "float" else ("chunked", "auto")  # no fp32 chunked kernel
+        yield f"prefill-ragged-{dtype}", dict(lengths=(1, 100, 33, 257, 64), dtype=dtype, **D128), engines
+        yield f"prefill-capture-{dtype}", dict(lengths=(70, 5, 130), capacity=4, capture=(4, 2, 3), dtype=dtype,
+                                               **D128), engines
+    yield "prefill-27b-2x700", dict(lengths=(700, 700), dtype="bfloat16", **G27), ("auto",)
+    yield "prefill-perkey", dict(lengths=(90, 40), per_key_decay=True, dtype="float16", **D128), ("recurrent", "auto")
+
+
+def conv_cases():
+    """(name, random_conv_case kwargs)."""
+    for dtype in ("float", "float16", "bfloat16"):
+        yield f"conv-ragged-{dtype}", dict(lengths=(10, 5, 1, 8, 0, 300), channels=160, dtype=dtype)
+        yield f"conv-decode-{dtype}", dict(lengths=(1,) * 32, channels=8192, capacity=4, capture=(1, 0) * 16,
+                                           dtype=dtype)
+        yield f"conv-verify-{dtype}", dict(lengths=(4, 3, 4, 1), channels=1000, capacity=4, capture=(4, 3, 2, 1),
+                                           dtype=dtype)
+    yield "conv-dilated", dict(lengths=(9, 17), channels=64, kernel_size=3, dilation=2, activation="none",
+                               with_bias=False, dtype="float16")
+
+
 def dump(path, skip=()):
     import ml_dtypes
     import torch
 
     from onnx_hybrid import cuda_ops
     from onnx_hybrid.ops import contract
-    from onnx_hybrid_testing.cases import random_gdn_case
+    from onnx_hybrid_testing.cases import random_conv_case, random_gdn_case
 
     def to_gpu(x):
         x = np.ascontiguousarray(x)
@@ -58,7 +84,10 @@ def dump(path, skip=()):
             return torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
         return torch.from_numpy(x).cuda()
 
-    def to_host(t):
+    def to_host(t):  # a torch tensor (given outputs) or a CuPy array (outputs the call allocated)
+        if not isinstance(t, torch.Tensor):
+            a = t.get()
+            return a.view(np.int16) if a.dtype == ml_dtypes.bfloat16 else a
         t = t.detach().cpu()
         return t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
 
@@ -81,6 +110,37 @@ def dump(path, skip=()):
             tag = "plan" if shape is None else f"{shape[0]}x{shape[1]}"
             for part, t in zip(("out", "state", "capsule"), results):
                 saved[f"{name}/{tag}/{part}"] = to_host(t)
+    for i, (name, kwargs, engines) in enumerate(prefill_cases()):
+        if any(x in name for x in skip):
+            continue
+        case = random_gdn_case(np.random.default_rng(500 + i), **kwargs)
+        dev = {k: to_gpu(v) for k, v in case.feeds.items()}
+        for engine in engines:
+            results = cuda_ops.gated_delta_net(dev, engine=engine, **case.attributes)
+            torch.cuda.synchronize()
+            for part, t in zip(("out", "state", "capsule"), results):
+                saved[f"{name}/{engine}/{part}"] = to_host(t)
+            if case.attributes.get("state_update_capacity"):  # replay a ragged prefix of each row's capture
+                capacity = case.attributes["state_update_capacity"]
+                accepted = [int(x) for x in np.random.default_rng(i).integers(0, capacity + 1, len(case.lengths))]
+                replayed = cuda_ops.replay_gdn(dev["initial_state"].clone(), results[2], accepted, capacity)
+                torch.cuda.synchronize()
+                saved[f"{name}/{engine}/replay"] = to_host(replayed)
+    for i, (name, kwargs) in enumerate(conv_cases()):
+        if any(x in name for x in skip):
+            continue
+        case = random_conv_case(np.random.default_rng(900 + i), **kwargs)
+        dev = {k: to_gpu(v) for k, v in case.feeds.items()}
+        results = cuda_ops.varlen_causal_conv(dev, **case.attributes)
+        torch.cuda.synchronize()
+        for part, t in zip(("out", "state", "capsule"), results):
+            saved[f"{name}/{part}"] = to_host(t)
+        if case.attributes.get("state_update_capacity"):
+            capacity = case.attributes["state_update_capacity"]
+            accepted = [int(x) for x in np.random.default_rng(i).integers(0, capacity + 1, len(case.lengths))]
+            replayed = cuda_ops.replay_conv(dev["initial_state"].clone(), results[2], accepted)
+            torch.cuda.synchronize()
+            saved[f"{name}/replay"] = to_host(replayed)
     np.savez(path, **saved)
     print(f"{path}: {len(saved)} arrays from {cuda_ops.__file__}")
 

@@ -1,0 +1,78 @@
+// The launch configuration of every kernel in the image: block sizes, shared memory, tile sizes and which
+// instantiations exist. Plain C++17 with no header, compiled by NVRTC into the kernels (which static_assert their
+// layouts against it) and by g++ into the library's planner (cuda/launch_plan.cc), so each value is written once.
+// Why each value is what it is: docs/design-notes.md.
+#pragma once
+
+namespace launch_config {
+
+// Kernel name suffix per element type, in the order of the library's ElemType (float32, float16, bfloat16).
+inline constexpr const char* kTypeSuffix[] = {"f32", "f16", "bf16"};
+
+// ---- GatedDeltaNet, recurrent engine (gdn_recurrent.cu) ----
+inline constexpr int kRecWarps = 4;  // warps per block
+// Instantiated key sizes: a call takes the smallest that holds its key head size.
+inline constexpr int kRecKeySizes[] = {32, 64, 128, 256, 512};
+inline constexpr int kRecKeyCount = sizeof(kRecKeySizes) / sizeof(kRecKeySizes[0]);
+// Per key size: the value rows per warp instantiated (0 = none). Fewer rows per warp mean more warps in flight;
+// more rows share the per-token work (loads, gate, norms).
+inline constexpr int kRecRowVariants[kRecKeyCount][4] = {{1, 2, 4, 8}, {1, 2, 4, 8}, {1, 2, 4, 8}, {2, 4}, {1, 2}};
+// Default rows per warp: the most when the batch gives several row groups per warp, else the small-batch choice
+// (docs/design-notes.md#rows-and-row-groups-per-warp).
+inline constexpr int kRecRowsLarge[kRecKeyCount] = {8, 8, 8, 4, 2};
+inline constexpr int kRecRowsSmall[kRecKeyCount] = {4, 4, 4, 4, 2};
+// Tokens per row whose per-token prologue a general kernel's block runs in one pass (two chunks); calls whose
+// rows average more take one row group per warp, which keeps its state in registers from chunk to chunk.
+inline constexpr int kRecBlockTokens[kRecKeyCount] = {8, 8, 8, 4, 2};
+// Calls of at most one token per row take a `_decode` instantiation (a loop of its own, bitwise the same), only
+// for the real models' shapes: these rows per warp (0 = none) at each key size, for the types marked 1 (ElemType
+// order). Each decode instantiation is a second loop: for every shape they grew the image by 66%.
+inline constexpr int kRecDecodeRows[kRecKeyCount][4] = {{}, {}, {4, 8}, {}, {}};
+inline constexpr int kRecDecodeTypes[] = {0, 1, 1};
+// Row groups per warp grow (1, 2, 4) while the grid keeps at least this many blocks
+// (docs/design-notes.md#decode-with-one-row-group-per-warp).
+inline constexpr int kRecMinBlocks = 1024;
+// Value rows per warp (rows x row groups) at most: a warp loads its rows' values in one access per token.
+inline constexpr int kRecMaxWarpRows = 32;
+
+// ---- GatedDeltaNet, chunked engine (gdn_chunked.cu) ----
+inline constexpr int kChunkD = 128;        // Dk = Dv
+inline constexpr int kChunkTokens = 64;    // tokens per chunk
+inline constexpr int kChunkThreads = 256;  // the prep kernel's block
+// The scan's value columns per CTA: the narrow width while its grid has at most kChunkNarrowMaxBlocks CTAs (one
+// wave on an H200's 132 SMs), beyond it the wide one (docs/design-notes.md#scan-width).
+inline constexpr int kChunkVt = 64;
+inline constexpr int kChunkVtWide = 128;
+inline constexpr int kChunkNarrowMaxBlocks = 132;
+// Dynamic shared memory of the scan (narrow, wide) on mma.sync, every image but sm_90's.
+inline constexpr int kChunkSmemBytes = 141824;
+inline constexpr int kChunkWideSmemBytes = 158208;
+// The sm_90 image (sm_90a) runs the scan on wgmma: the narrow width adds a producer warpgroup of
+// kChunkWgmmaProducerThreads threads that fills three stages; both widths stage their output rows in shared memory.
+inline constexpr int kChunkWgmmaArch = 90;
+inline constexpr int kChunkWgmmaSmemBytes = 211968;
+inline constexpr int kChunkWgmmaWideSmemBytes = 168960;
+inline constexpr int kChunkWgmmaProducerThreads = 128;
+inline constexpr int kChunkPrepSmemBytes = 115200;
+// The prep kernel serves a key head's whole group of value heads per block while that grid keeps at least this
+// many blocks (two per SM on an H200); below it, one value head per block.
+inline constexpr int kChunkPrepSharedMinBlocks = 264;
+
+// ---- VarlenCausalConvWithState (conv.cu) ----
+inline constexpr int kConvThreads = 128;
+inline constexpr int kConvVectorBytes = 16;  // channels per thread: 16 bytes (8 at 16-bit types, 4 at fp32)
+// Tokens per thread of the output pass (the kernel reads its run length from the grid's height): one token at
+// most kConvShortTokens tokens in all, runs of kConvTokens from kConvLongTokens on, else of kConvMediumTokens
+// (docs/design-notes.md#conv-output-loop-and-run-length).
+inline constexpr int kConvShortTokens = 256;
+inline constexpr int kConvMediumTokens = 8;
+inline constexpr int kConvTokens = 16;
+inline constexpr int kConvLongTokens = 2048;
+// At most this many tokens per row on average (decode, verify): one fused launch per (row, channels).
+inline constexpr int kConvRowTokens = 8;
+
+// ---- GatedDeltaNet capsule replay (gdn_replay.cu) ----
+inline constexpr int kReplayWarps = 2;
+inline constexpr int kReplayRows = 8;  // value rows per warp: 4 KB of state in flight per warp at Dk = 128
+
+}  // namespace launch_config

@@ -1,0 +1,65 @@
+"""Host time per call of ``onnx_hybrid.cuda_ops.gated_delta_net`` against FLA's recurrent kernel, same inputs.
+
+What a PyTorch caller pays on the CPU for each decode call (the launch is asynchronous): the median over
+``--reps`` loops of ``--calls`` back-to-back calls, each loop started on an idle GPU and timed on the host
+without waiting for the kernels. 27B geometry as in bench_gpu.py; decode rows (one token each) at batch 1 and 32.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+
+import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
+import torch
+from bench_gpu import benchmark_arguments, benchmark_dtypes, fla_fn, make_inputs, ours_fn
+
+from onnx_hybrid_testing.results import write_json
+
+CASES = [("decode B=1", [1]), ("decode B=32", [1] * 32)]
+
+
+def host_time(fn, calls: int, reps: int) -> float:
+    """Median host seconds per call over ``reps`` loops of ``calls`` calls."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = benchmark_arguments()
+    ap.description = __doc__
+    ap.add_argument("--calls", type=int, default=200, help="calls per timed loop")
+    ap.add_argument("--reps", type=int, default=15, help="timed loops (the median is reported)")
+    args = ap.parse_args()
+    print(f"# {datetime.date.today()} {torch.cuda.get_device_name()}  host time per call, "
+          f"{args.calls} calls x {args.reps} loops")
+    print(f"{'case':16s} {'dtype':9s} {'ours us':>9s} {'FLA us':>9s} {'FLA/ours':>9s}")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for dtype_name in benchmark_dtypes(args.dtype):
+        for name, lengths in CASES:
+            if args.cases and not any(c in name for c in args.cases.split(",")):
+                continue
+            feeds, outs, fla = make_inputs(lengths, getattr(torch, dtype_name), 0, gen)
+            ours = host_time(ours_fn(feeds, outs, 0, None), args.calls, args.reps)
+            theirs = None if args.no_fla else host_time(fla_fn(fla, 1), args.calls, args.reps)
+            ratio = f"{theirs / ours:9.2f}" if theirs else f"{'':>9s}"
+            fla_us = f"{theirs * 1e6:9.1f}" if theirs else f"{'':>9s}"
+            print(f"{name:16s} {dtype_name:9s} {ours * 1e6:9.1f} {fla_us} {ratio}")
+            rows.append({"case": name, "dtype": dtype_name, "ours_us": ours * 1e6,
+                         "fla_us": theirs * 1e6 if theirs else None})
+    write_json(args.json, "bench_gpu_host", torch.cuda.get_device_name(), rows, calls=args.calls, reps=args.reps)
+
+
+if __name__ == "__main__":
+    main()
