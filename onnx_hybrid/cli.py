@@ -85,13 +85,15 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "experts as QMoE) while they stream; default: the activation dtype")
     parser.add_argument("--weight-block", type=int, choices=BLOCK_SIZES, default=BLOCK_SIZES[0], metavar="N",
                         help="quantization block along the input axis: " + ", ".join(map(str, BLOCK_SIZES)) +
-                             f" (default {BLOCK_SIZES[0]})")
+                             f" (default {BLOCK_SIZES[0]}; larger blocks prefill faster on the CPU, but only int4 "
+                             "block 32 and int8 block 32/64 keep speculative verify steps lossless there)")
     parser.add_argument("--weight-asymmetric", action="store_true",
                         help="per-block zero points (default: symmetric blocks)")
     parser.add_argument("--accuracy-level", type=int, choices=range(5), default=None, metavar="N",
                         help="MatMulNBits/QMoE accuracy_level: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations "
-                             "(default 4 on cpu: a row's result then does not depend on the rows beside it, so "
-                             "speculative verify steps equal plain decoding; 0 on cuda)")
+                             "(default 4 on cpu: with int4 block 32 or int8 block 32/64 a row's result then does not "
+                             "depend on the rows beside it, so speculative verify steps equal plain decoding; 0 on "
+                             "cuda, where no setting does)")
     parser.add_argument("--quantize-lm-head", action="store_true", help="quantize the lm_head too")
     parser.add_argument("--quantize-embedding", action="store_true",
                         help="quantize the embedding table too (GatherBlockQuantized)")

@@ -22,7 +22,7 @@ from .graph.context import GraphContext
 from .graph.decoder import GraphOptions, assemble_model, build_decoder
 from .graph.group_query_attention import CONCAT, KV_CACHES, SHARED
 from .graph.paged_attention import KERNELS as PAGED_ATTENTION_KERNELS, PagedLayout
-from .graph.quantized import quant_options
+from .graph.quantized import quant_options, verify_not_lossless
 from .kv_pool import paged_cache, pool_num_blocks
 from .model_config import ModelConfig, load_model_config
 from .mtp import check_mtp_weights, mtp_config, mtp_tensor_count, write_mtp_head
@@ -165,6 +165,9 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     elif mtp_tensors:
         log.warning("skipping %d tensor(s) of the multi-token-prediction head (no MTP export requested)",
                     mtp_tensors)
+    if (state_update_capacity or with_mtp) and (why := verify_not_lossless(quant, execution_provider)):
+        log.warning("speculative decoding with this export may leave plain decoding's tokens: %s "
+                    "(docs/lossless-speculative.md)", why)
     logits_type = ir.DataType.from_numpy(_numpy_dtype(logits_dtype)) if logits_dtype else None
     uses_library = op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN)
     library = _op_library() if uses_library else None  # an unbuilt library fails now, not after the weights

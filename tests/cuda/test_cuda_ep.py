@@ -394,11 +394,16 @@ def test_tiny_exported_model_generates_the_cpu_tokens(tmp_path):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("accuracy_level", [0, 4])
+@pytest.mark.xfail(strict=True, reason="measured on onnxruntime-gpu 1.31.1 (H100): M = 4 differs from M = 1 by up to "
+                   "one fp16 step at every setting (its GEMV path for M = 1 sums in another order); "
+                   "docs/lossless-speculative.md#quantized-weights-on-the-gpu-orts-matmulnbits-is-not-row-invariant-"
+                   "2026-12-06-h100-onnxruntime-gpu-1311")
 def test_matmul_nbits_rows_do_not_depend_on_the_call(bits, accuracy_level):
-    """Why a verify call of quantized weights can be lossless on the GPU: ORT's CUDA MatMulNBits (fp16, as -e cuda
-    exports run it) must compute a row alone (M = 1, a decode step) bit for bit as among the rows of a verify call
-    (M = 4) and of a prompt (M = 40). The CPU kernel needs accuracy_level 4 for that
-    (tests/exporter/test_quantized_export.py); this says what the CUDA kernel does at the level exports write and at 0."""
+    """Whether a verify call of quantized weights can be lossless on the GPU: ORT's CUDA MatMulNBits (fp16, as -e
+    cuda exports run it) would have to compute a row alone (M = 1, a decode step) bit for bit as among the rows of a
+    verify call (M = 4) and of a prompt (M = 40). The CPU kernel does at accuracy_level 4
+    (tests/exporter/test_quantized_export.py); the CUDA kernel does not at any level (strict: a row-invariant ORT
+    turns this into a failure that asks for the note to be updated)."""
     from onnx import TensorProto, helper, numpy_helper
 
     from onnx_hybrid.exporter.quantize import QuantSpec, quantize

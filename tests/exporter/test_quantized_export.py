@@ -27,6 +27,7 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from onnx_hybrid.cli import main as cli_main  # noqa: E402
 from onnx_hybrid.exporter import ExportError, export  # noqa: E402
+from onnx_hybrid.exporter.graph.quantized import CPU_ROW_INVARIANT  # noqa: E402
 from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
 from onnx_hybrid.exporter.quantize import QuantSpec, dequantize, quantize  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
@@ -220,6 +221,35 @@ def test_matmul_nbits_rows_depend_on_the_call_below_accuracy_level_4(bits):
         together = session.run(None, {"A": a})[0]
         alone = np.concatenate([session.run(None, {"A": a[i:i + 1]})[0] for i in range(4)])
         assert np.array_equal(together, alone) == equal, (level, np.abs(together - alone).max())
+
+
+@pytest.mark.parametrize("bits, block", sorted(CPU_ROW_INVARIANT))
+def test_matmul_nbits_rows_are_invariant_where_the_exporter_says(bits, block):
+    """The settings at which the exporter promises lossless verify steps on the CPU (CPU_ROW_INVARIANT, accuracy
+    level 4): a row alone equals the same row among 4 and among 40, at a small and a model-sized K."""
+    rng = np.random.default_rng(bits * block)
+    for k in (256, 1024):
+        w = rng.standard_normal((48, k)).astype(np.float32)
+        a = rng.standard_normal((40, k)).astype(np.float32)
+        session = _matmul_nbits_session(w, QuantSpec(bits, block), 4)
+        alone = np.concatenate([session.run(None, {"A": a[i:i + 1]})[0] for i in range(40)])
+        for rows in (4, 40):
+            together = np.concatenate([session.run(None, {"A": a[i:i + rows]})[0] for i in range(0, 40, rows)])
+            assert np.array_equal(together, alone), (k, rows, np.abs(together - alone).max())
+
+
+def test_speculative_exports_warn_where_verify_is_not_row_invariant(text, tmp_path, caplog):
+    """Block 128 at int4 is not row-invariant on the CPU (measured; docs/lossless-speculative.md): a paged export
+    with state-update capacity says so; the default block does not."""
+    with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
+        export(text, tmp_path / "b128", weights="int4", weight_block=128, paged=True, state_update_capacity=2,
+               progress=False)
+    assert "speculative decoding with this export may leave plain decoding's tokens" in caplog.text
+    assert "block 128" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
+        export(text, tmp_path / "b32", weights="int4", paged=True, state_update_capacity=2, progress=False)
+    assert "speculative decoding" not in caplog.text
 
 
 @pytest.mark.parametrize("options, message", [

@@ -22,7 +22,7 @@ from ..weights import QuantizedWeight
 class QuantOptions:
     spec: QuantSpec
     # MatMulNBits / QMoE accuracy_level: 4 lets the CPU kernels quantize activations to int8, which also makes
-    # a row's result independent of how many rows the call has (verify steps equal one-token steps).
+    # a row's result independent of how many rows the call has at some block sizes (CPU_ROW_INVARIANT).
     accuracy_level: int = 0
     lm_head: bool = False
     embedding: bool = False
@@ -72,6 +72,25 @@ def _present(inputs: list) -> list:
 WEIGHT_TYPES = {"int4": 4, "int8": 8}
 # MatMulNBits accuracy_level per execution provider when not given: onnxruntime-genai's builder defaults.
 DEFAULT_ACCURACY_LEVELS = {"cpu": 4, "cuda": 0}
+# (bits, block size) at which ONNX Runtime 1.32's CPU MatMulNBits computes a row alone (a decode step) bit for bit
+# as among the rows of a verify step, at accuracy_level 4; measured on an AVX-512 Xeon for K = 256 to 3584
+# (docs/lossless-speculative.md#quantized-weights-on-the-cpu). No setting of onnxruntime-gpu 1.31.1's CUDA kernel does.
+CPU_ROW_INVARIANT = {(4, 32), (8, 32), (8, 64)}
+
+
+def verify_not_lossless(quant: QuantOptions | None, execution_provider: str) -> str | None:
+    """Why speculative verify steps of a quantized export may not give plain decoding's tokens (None: they do, as
+    far as measured): the MatMulNBits settings at which ONNX Runtime rounds a row by the rows beside it."""
+    if quant is None:
+        return None
+    if execution_provider != "cpu":
+        return (f"onnxruntime-gpu's {execution_provider.upper()} MatMulNBits computes a row alone (decode) and among "
+                f"others (verify) in different orders")
+    if quant.accuracy_level != 4 or (quant.spec.bits, quant.spec.block_size) not in CPU_ROW_INVARIANT:
+        return (f"ONNX Runtime's CPU MatMulNBits rounds a row by the rows beside it at {quant.spec.bits}-bit weights, "
+                f"block {quant.spec.block_size}, accuracy_level {quant.accuracy_level} (row-invariant: accuracy_level "
+                f"4 with int4 block 32, int8 block 32 or 64)")
+    return None
 
 
 def quant_options(weights: str | None, dtype: str, *, block_size: int = 32, asymmetric: bool = False,
