@@ -20,9 +20,10 @@ import numpy as np
 from onnx_hybrid.ops import contract
 
 
-def ensure_exports(work: Path, our_domains: list[str], weights: list[str]) -> dict[str, Path]:
+def ensure_exports(work: Path, our_domains: list[str], weights: list[str], blocks: list[int]) -> dict[str, Path]:
     """The builder's fp32 export first (the baseline of the ratios), then its exports and ours with each of
-    ``weights`` (fp32, int8, int4; ours with fp32 weights once per kernel domain)."""
+    ``weights`` (fp32, int8, int4; ours with fp32 weights once per kernel domain; quantized ones with each of
+    ``blocks``, the builder's at its default block of 32)."""
     from onnx_hybrid.exporter import export
     from onnx_hybrid_testing.e2e import builder_export, synthetic_checkpoint
     from onnx_hybrid_testing.synthetic import QWEN3_5_0_8B
@@ -34,15 +35,22 @@ def ensure_exports(work: Path, our_domains: list[str], weights: list[str]) -> di
         if kind != "fp32":
             models[f"builder {kind} (MatMulNBits, all logits)"] = builder_export(
                 checkpoint, work / f"builder_0.8b_{kind}", kind, "cpu", work / "cache")
-        for domain in our_domains if kind == "fp32" else [contract.DOMAIN]:
-            out = work / f"ours_0.8b_{kind}_{domain}"  # re-exported every run (seconds): the current library
-            export(checkpoint, out, op_domain=domain, overwrite=True, progress=False,
-                   weights=None if kind == "fp32" else kind)
-            models[f"ours {kind} weights ({domain} kernels, last-token logits)"] = out
-        if kind != "fp32":  # the builder quantizes its lm_head by default; ours on request
-            out = work / f"ours_0.8b_{kind}_lm_head"
-            export(checkpoint, out, overwrite=True, progress=False, weights=kind, quantize_lm_head=True)
-            models[f"ours {kind} weights and lm_head (--quantize-lm-head)"] = out
+        if kind == "fp32":
+            for domain in our_domains:
+                out = work / f"ours_0.8b_{kind}_{domain}"  # re-exported every run (seconds): the current library
+                export(checkpoint, out, op_domain=domain, overwrite=True, progress=False)
+                models[f"ours {kind} weights ({domain} kernels, last-token logits)"] = out
+            continue
+        for block in blocks:
+            tag = "" if block == 32 else f", block {block}"
+            out = work / f"ours_0.8b_{kind}_b{block}"
+            export(checkpoint, out, overwrite=True, progress=False, weights=kind, weight_block=block)
+            models[f"ours {kind} weights{tag} (last-token logits)"] = out
+            # the builder quantizes its lm_head by default; ours on request
+            out = work / f"ours_0.8b_{kind}_b{block}_lm_head"
+            export(checkpoint, out, overwrite=True, progress=False, weights=kind, weight_block=block,
+                   quantize_lm_head=True)
+            models[f"ours {kind} weights and lm_head{tag} (--quantize-lm-head)"] = out
     return models
 
 
@@ -63,6 +71,8 @@ def main() -> None:
     parser.add_argument("--domains", nargs="+", default=[contract.DOMAIN, contract.MS_DOMAIN])
     parser.add_argument("--weights", nargs="+", default=["fp32"], choices=["fp32", "int8", "int4"],
                         help="weight types to compare (int4/int8: MatMulNBits exports of both exporters)")
+    parser.add_argument("--weight-block", type=int, nargs="+", default=[32], choices=[32, 64, 128],
+                        help="block sizes of our quantized exports (the builder's stays at its default, 32)")
     parser.add_argument("--json", type=Path, help="also write the rows here (with date, commit, CPU, command)")
     args = parser.parse_args()
     from onnx_hybrid_testing.e2e import cpu_model
@@ -70,7 +80,7 @@ def main() -> None:
 
     print(f"CPU: {cpu_model()}; {args.threads} intra-op threads, prompt {args.prompt}, {args.new_tokens} new tokens, "
           f"best of {args.repeats}", flush=True)
-    models = ensure_exports(args.work, args.domains, args.weights)
+    models = ensure_exports(args.work, args.domains, args.weights, args.weight_block)
     results = {}
     for label, path in models.items():
         results[label] = run_model(path, args.threads, args.prompt, args.new_tokens, args.repeats)

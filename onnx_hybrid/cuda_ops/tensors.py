@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 ELEMENT_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
 _CAI_TYPES = {"<f4": "float32", "<f2": "float16", "<i4": "int32"}
 
 
-@dataclass(frozen=True)
-class DeviceTensor:
+class DeviceTensor(NamedTuple):  # a tuple: built on every call of the API, where a frozen dataclass costs ~1 us
     ptr: int
     shape: tuple[int, ...]
     dtype: str
@@ -46,7 +44,7 @@ def as_device_tensor(x: Any, name: str) -> DeviceTensor:
     if type(x).__module__.partition(".")[0] == "torch":  # torch's array interface costs ~5 us a tensor, DLPack more
         dtype = _torch_types().get(x.dtype)
         if dtype is not None and x.is_cuda and x.is_contiguous():
-            return DeviceTensor(x.data_ptr(), tuple(x.shape), dtype, x.device.index, x)
+            return DeviceTensor(x.data_ptr(), tuple(x.shape), dtype, x.get_device(), x)
     try:
         import cupy
     except ImportError:  # pragma: no cover - cupy is a dependency of this package's GPU extra
