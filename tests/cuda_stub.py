@@ -164,8 +164,8 @@ def planned_launches(driver: Path, calls: list[dict], *, cc: int = 90, smem: int
             results.append([])
         elif line.startswith("error "):
             results[-1] = line[len("error "):]
-        elif line.startswith("workspace "):
-            results[-1] = int(line.split()[1])
+        elif line.startswith("workspace "):  # the bytes, unless something was launched (which it must not)
+            results[-1] = int(line.split()[1]) if not results[-1] else results[-1]
         elif line.startswith("launch "):
             results[-1].append(parse_launch(line))
     assert len(results) == len(calls), done.stdout[-3000:]

@@ -6,7 +6,8 @@ through the library into the stand-in libcuda, which prints the launches. Prints
 
 A call is a dict with "op":
   gdn, gdn_workspace: dtype, batch, tokens, hk, hv, dk, dv; optional per_key, capacity, knobs (engine, rec_rows,
-      rec_groups, scan_width, prep_heads), shift (input or output name -> bytes added to its address)
+      rec_groups, scan_width, prep_heads), shift (input or output name -> bytes added to its address),
+      short_output (the given output one token short)
   conv: dtype, batch, tokens, channels; optional kernel_size (4), capacity, state_offset (final_state's address
       minus initial_state's: 0 is in place; default far apart)
   replay_gdn: batch, hk, hv, dk, dv, capacity;  replay_conv: dtype, batch, channels, state_len, capacity
@@ -45,7 +46,8 @@ def gdn_arrays(c):
     if capacity:
         shapes["capture_count"] = ((b,), "int32")
     feeds = {name: fake(shape, dt, shift.get(name, 0)) for name, (shape, dt) in shapes.items()}
-    outputs = {"output": fake((t, hv, dv), dtype, shift.get("output", 0)),
+    rows = t - 1 if c.get("short_output") else t
+    outputs = {"output": fake((rows, hv, dv), dtype, shift.get("output", 0)),
                "final_state": fake((b, hv, dv, dk), "float32", shift.get("final_state", 0)),
                "state_update": fake((b, contract.gdn_capsule_width(capacity, hv, hk, dk, dv)), "float32")}
     return feeds, outputs, attrs

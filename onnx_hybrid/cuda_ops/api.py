@@ -29,7 +29,8 @@ class PlanError(ValueError):
 
 _TYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 _ENGINES = {"auto": 0, "chunked": 1, "recurrent": 2}
-_LAUNCHED, _NEEDS_MEMORY, _CONTRACT_VIOLATION, _BAD_KNOB = 0, 1, -2, -3
+_LAUNCHED, _NEEDS_MEMORY, _OUTPUT_SHAPES, _CONTRACT_VIOLATION, _BAD_KNOB = 0, 1, 2, -2, -3
+_OUTPUT_NAMES = ("output", "final_state", "state_update")
 _prepared: set[int] = set()  # devices whose kernel image the library has
 
 
@@ -137,6 +138,24 @@ class _StreamHandle:
         return (0, self.handle)
 
 
+def _given_outputs(outputs: Mapping[str, Any], call, dtypes: tuple[str, ...]) -> list | None:
+    """All three outputs given with the expected types: their pointers and shapes into ``call``, which the library
+    checks in the call that launches (one call instead of two). Else None: the library first reports the shapes,
+    then _allocate fills in what is missing."""
+    given = [outputs.get(name) for name in _OUTPUT_NAMES]
+    if any(g is None for g in given):
+        return None
+    tensors = [as_device_tensor(g, name) for g, name in zip(given, _OUTPUT_NAMES)]
+    if any(t.dtype != dtype or len(t.shape) > 4 for t, dtype in zip(tensors, dtypes)):
+        return None
+    for i, t in enumerate(tensors):
+        call.outputs[i] = t.ptr or 1  # a present output, even when it holds no element
+        call.output_ranks[i] = len(t.shape)
+        for j, d in enumerate(t.shape):
+            call.output_dims[i][j] = d
+    return given
+
+
 def _allocate(outputs: Mapping[str, Any], call, names: tuple[str, ...], dtypes: tuple[str, ...], device: int,
               op: str) -> list:
     """The outputs, given (checked against the shapes the library resolved) or new, into ``call.outputs``."""
@@ -204,16 +223,19 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
     call.only_kernels = ",".join(only_kernels).encode() if only_kernels else None
     call.set_attributes(attrs)
     call.stream = stream_pointer(stream)
-    _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op)  # the outputs' shapes
-    out_arr, state_arr, cap_arr = _allocate(dict(outputs or {}), call, ("output", "final_state", "state_update"),
-                                            (q.dtype, "float32", "float32"), device, op)
     scratch = None
     if workspace is not None:
         scratch = as_device_tensor(workspace, "workspace")
         if scratch.device != device:
             raise ValueError(f"{op}: workspace must be on device {device}, got device {scratch.device}")
         call.workspace, call.workspace_bytes = scratch.ptr, scratch.nbytes
-    if _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op) == _NEEDS_MEMORY:
+    outputs, dtypes = dict(outputs or {}), (q.dtype, "float32", "float32")
+    arrays = _given_outputs(outputs, call, dtypes)
+    code = _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op)
+    if arrays is None or code == _OUTPUT_SHAPES:  # the library reported the outputs' shapes
+        arrays = _allocate(outputs, call, _OUTPUT_NAMES, dtypes, device, op)
+        code = _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op)
+    if code == _NEEDS_MEMORY:
         needed = call.workspace_needed
         if workspace is not None:
             raise ValueError(f"{op}: workspace must hold {needed} bytes on device {device}, got "
@@ -221,7 +243,7 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
         scratch = _pool_workspace(needed, device, call.stream or 0)  # ctypes reads a null c_void_p as None
         call.workspace, call.workspace_bytes = scratch.ptr, scratch.nbytes
         _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op)
-    return out_arr, state_arr, cap_arr
+    return tuple(arrays)
 
 
 def gdn_workspace_bytes(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any], engine: str = "auto",
@@ -239,11 +261,11 @@ def gdn_workspace_bytes(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any],
         if port.name != "state_update_active":
             _set_array(call.inputs[i], t[port.name])
     call.type, call.engine = _TYPE_CODE[q.dtype], _ENGINES[engine]
+    call.only_kernels = b""  # plan, launch none
     call.set_attributes(attrs)
     call.stream = stream_pointer(stream)
     _run(lib.onnx_hybrid_cuda_gated_delta_net, call, q.device, call.stream, op)
-    _allocate(dict(outputs), call, ("output", "final_state", "state_update"), (q.dtype, "float32", "float32"),
-              q.device, op)
+    _allocate(dict(outputs), call, _OUTPUT_NAMES, (q.dtype, "float32", "float32"), q.device, op)
     _run(lib.onnx_hybrid_cuda_gated_delta_net, call, q.device, call.stream, op)  # asks for the workspace, if any
     return int(call.workspace_needed)
 
@@ -271,10 +293,12 @@ def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] |
     call.only_kernels = ",".join(only_kernels).encode() if only_kernels else None
     call.set_attributes(attrs)
     call.stream = stream_pointer(stream)
-    _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
-    arrays = _allocate(dict(outputs or {}), call, ("output", "final_state", "state_update"),
-                       (x.dtype, x.dtype, x.dtype), device, op)
-    _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
+    outputs, dtypes = dict(outputs or {}), (x.dtype,) * 3
+    arrays = _given_outputs(outputs, call, dtypes)
+    code = _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
+    if arrays is None or code == _OUTPUT_SHAPES:  # the library reported the outputs' shapes
+        arrays = _allocate(outputs, call, _OUTPUT_NAMES, dtypes, device, op)
+        _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
     return tuple(arrays)
 
 

@@ -96,6 +96,9 @@ def test_what_no_kernel_serves_is_a_plan_error(driver):
         gdn(1, 64, knobs={"prep_heads": 2}), gdn(1, 1, knobs={"rec_rows": 3}), gdn(1, 1, hk=5, hv=8)])
     assert results[6] == "ContractError | " + contract.format_message("GatedDeltaNet", "gdn_heads_v", 8, 5)
     results = results[:6]
+    # a given output of another shape: the library finds it in the call that would launch, nothing is launched
+    (short,) = planned_launches(driver, [gdn(2, 10, short_output=True)])
+    assert short == "ValueError | GatedDeltaNet: output output must be float16 [10, 48, 128], got float16 [9, 48, 128]"
     assert all(isinstance(r, str) and r.startswith("PlanError | GatedDeltaNet: ") for r in results), results
     assert "no supported plan (head_size_qk 640 > 512)" in results[0]
     assert "the chunked engine needs float16/bfloat16, head sizes 128/128" in results[1]

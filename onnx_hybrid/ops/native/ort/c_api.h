@@ -24,7 +24,7 @@ struct OhArray {
 // Element types: 0 float32, 1 float16, 2 bfloat16 (the library's ElemType). Engines: 0 auto, 1 chunked,
 // 2 recurrent. The knobs (engine, rec_rows, rec_groups, scan_width, prep_heads; 0: the plan's choice) are
 // PlanGdn's; only_kernels (null: all) launches only the plan's kernels whose names start with one of its
-// comma-separated prefixes (per-kernel timing in the benchmarks).
+// comma-separated prefixes (per-kernel timing in the benchmarks; "" plans and launches none).
 struct OhGdnCall {
   OhArray inputs[11];
   int32_t type;
@@ -39,7 +39,8 @@ struct OhGdnCall {
   void* stream;
   void* workspace;
   int64_t workspace_bytes;
-  // Written by the call: the outputs' shapes, and the workspace the plan needs.
+  // The outputs' shapes: with all three outputs given, the caller writes theirs and the call checks them; the call
+  // writes the resolved ones (and the workspace the plan needs).
   int64_t output_dims[3][4];
   int32_t output_ranks[3];
   int64_t workspace_needed;
@@ -53,7 +54,7 @@ struct OhConvCall {
   int64_t dilation, state_update_capacity;
   void* outputs[3];
   void* stream;
-  int64_t output_dims[3][4];
+  int64_t output_dims[3][4];  // as OhGdnCall's
   int32_t output_ranks[3];
 };
 

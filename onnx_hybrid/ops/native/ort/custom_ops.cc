@@ -502,9 +502,11 @@ namespace onnx_hybrid {
 namespace {
 
 // The C entry points' results: 0 launched; 1 nothing launched, the call wants its outputs (their shapes are in
-// the call) or a larger workspace (workspace_needed); negative: an error, its text in onnx_hybrid_last_error:
-// -2 the operator contract's (the message as ORT reports it), -3 a knob no kernel serves, -1 anything else.
-constexpr int kLaunched = 0, kNeedsMemory = 1, kFailed = -1, kContractViolation = -2, kBadKnob = -3;
+// the call) or a larger workspace (workspace_needed); 2 nothing launched, the given outputs' shapes (in the call)
+// are not the resolved ones, which replace them; negative: an error, its text in onnx_hybrid_last_error: -2 the
+// operator contract's (the message as ORT reports it), -3 a knob no kernel serves, -1 anything else.
+constexpr int kLaunched = 0, kNeedsMemory = 1, kOutputShapes = 2, kFailed = -1, kContractViolation = -2,
+              kBadKnob = -3;
 
 template <int N>
 InputShapes<N> ShapesOf(const OhArray (&arrays)[N], const void* (&data)[N]) {
@@ -520,6 +522,17 @@ InputShapes<N> ShapesOf(const OhArray (&arrays)[N], const void* (&data)[N]) {
     }
   }
   return shapes;
+}
+
+bool SameShape(const Shape& shape, const int64_t (&dims)[4], int32_t rank) {
+  return static_cast<size_t>(rank) == shape.size() && std::equal(shape.begin(), shape.end(), dims);
+}
+
+// Whether all three outputs are given with the resolved shapes (the caller wrote theirs into the call).
+bool GivenOutputsMatch(const int64_t (&dims)[3][4], const int32_t (&ranks)[3], const Shape& output,
+                       const Shape& state, const Shape& capsule) {
+  return SameShape(output, dims[0], ranks[0]) && SameShape(state, dims[1], ranks[1]) &&
+         SameShape(capsule, dims[2], ranks[2]);
 }
 
 void WriteShape(const Shape& shape, int64_t (&dims)[4], int32_t* rank) {
@@ -642,11 +655,15 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_gated_delta_net(OhGdnCall* call) {
                                                   call->state_update_capacity);
     const void* data[g::kNumInputs];
     const GdnGeometry geo = ResolveGdn(ShapesOf(call->inputs, data), attrs);
+    const bool given = call->outputs[0] && call->outputs[1] && call->outputs[2];
+    const bool match = given && GivenOutputsMatch(call->output_dims, call->output_ranks, geo.output_shape,
+                                                  geo.state_shape, geo.capsule_shape());
     WriteShape(geo.output_shape, call->output_dims[0], &call->output_ranks[0]);
     WriteShape(geo.state_shape, call->output_dims[1], &call->output_ranks[1]);
     WriteShape(geo.capsule_shape(), call->output_dims[2], &call->output_ranks[2]);
     call->workspace_needed = 0;
-    if (!call->outputs[0] || !call->outputs[1] || !call->outputs[2]) return kNeedsMemory;
+    if (!given) return kNeedsMemory;
+    if (!match) return kOutputShapes;
     if (call->engine < 0 || call->engine > 2)
       throw std::invalid_argument("engine must be 0 (auto), 1 (chunked) or 2 (recurrent)");
     GdnPlanKnobs knobs;
@@ -677,10 +694,14 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_varlen_causal_conv(OhConvCall* call) {
     const ConvAttributes attrs = MakeConvAttributes(call->activation, call->dilation, call->state_update_capacity);
     const void* data[cv::kNumInputs];
     const ConvGeometry geo = ResolveConv(ShapesOf(call->inputs, data), attrs);
+    const bool given = call->outputs[0] && call->outputs[1] && call->outputs[2];
+    const bool match = given && GivenOutputsMatch(call->output_dims, call->output_ranks, geo.output_shape(),
+                                                  geo.state_shape(), geo.capsule_shape());
     WriteShape(geo.output_shape(), call->output_dims[0], &call->output_ranks[0]);
     WriteShape(geo.state_shape(), call->output_dims[1], &call->output_ranks[1]);
     WriteShape(geo.capsule_shape(), call->output_dims[2], &call->output_ranks[2]);
-    if (!call->outputs[0] || !call->outputs[1] || !call->outputs[2]) return kNeedsMemory;
+    if (!given) return kNeedsMemory;
+    if (!match) return kOutputShapes;
     cuda::Launcher launcher(call->stream);
     const ConvParams p = MakeConvParams(geo, attrs, data, call->outputs[0], call->outputs[1], call->outputs[2]);
     Enqueue(launcher, OnlyKernels(PlanConv(geo, type, p), call->only_kernels));
