@@ -148,11 +148,10 @@ def _given_outputs(outputs: Mapping[str, Any], call, dtypes: tuple[str, ...]) ->
     tensors = [as_device_tensor(g, name) for g, name in zip(given, _OUTPUT_NAMES)]
     if any(t.dtype != dtype or len(t.shape) > 4 for t, dtype in zip(tensors, dtypes)):
         return None
-    for i, t in enumerate(tensors):
-        call.outputs[i] = t.ptr or 1  # a present output, even when it holds no element
-        call.output_ranks[i] = len(t.shape)
-        for j, d in enumerate(t.shape):
-            call.output_dims[i][j] = d
+    call.outputs[:] = [t.ptr or 1 for t in tensors]  # a present output, even when it holds no element
+    call.output_ranks[:] = [len(t.shape) for t in tensors]
+    for dims, t in zip(call.output_dims, tensors):
+        dims[:len(t.shape)] = t.shape
     return given
 
 
