@@ -1,8 +1,9 @@
 """The library's C entry points outside ONNX Runtime (native/ort/c_api.h), mirrored for ctypes.
 
-* The shape checks of each op on input shapes alone: the library's (``native/shapes/``), which ORT's kernels run
-  too, so :func:`resolve_gdn` / :func:`resolve_conv` / :func:`resolve_paged_attention` here and in
-  ``contract`` give the kernels' verdicts and messages by construction.
+* The shape checks of each op on input shapes alone, and the checks of host-resident offsets (and PagedAttention's
+  past lengths and block table): the library's (``native/shapes/``), which ORT's kernels run too, so
+  :func:`resolve_gdn` / :func:`resolve_conv` / :func:`resolve_paged_attention` / :func:`check_offsets` /
+  :func:`check_paged_rows` here and in ``contract`` give the kernels' verdicts and messages by construction.
 * The call structs of ``onnx_hybrid.cuda_ops`` (GatedDeltaNet and the conv on arrays the caller owns).
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+
+import numpy as np
 from typing import Any, Mapping, Sequence
 
 from . import contract, library
@@ -100,11 +103,7 @@ def _shapes(call, op: contract.OpSpec, shapes: Mapping[str, Sequence[int] | None
 
 
 def _resolve(entry, call, out, op: str):
-    code = entry(ctypes.byref(call), ctypes.byref(out))
-    if code == CONTRACT_VIOLATION:
-        raise contract.ContractError.from_library(op)
-    if code != 0:
-        raise ValueError(library.control().onnx_hybrid_last_error().decode())
+    _raise_on(entry(ctypes.byref(call), ctypes.byref(out)), op)
     return out
 
 
@@ -144,3 +143,39 @@ def resolve_paged_attention(shapes: Mapping[str, Sequence[int] | None],
         batch=g.batch, num_tokens=g.num_tokens, num_heads=g.num_heads, kv_num_heads=g.kv_num_heads,
         head_size=g.head_size, num_blocks=g.num_blocks, block_size=g.block_size, max_num_blocks=g.max_num_blocks,
         scale=attributes["scale"] or 1.0 / math.sqrt(g.head_size))  # in double precision, for the reference
+
+
+def check_offsets(op: str, offsets: Sequence[int], total_tokens: int) -> list[tuple[int, int]]:
+    """Host-resident offsets of GatedDeltaNet or the conv checked as the CPU kernels check them; (start, length) per
+    request."""
+    arr = np.ascontiguousarray(offsets, dtype=np.int32).reshape(-1)
+    batch = len(arr) - 1
+    if batch < 1:
+        raise ValueError(f"{op}: offsets must hold at least 2 values, got {len(arr)}")
+    rows = np.empty(2 * max(batch, 0), dtype=np.int64)
+    code = library.control().onnx_hybrid_check_offsets(op.encode(), arr.ctypes.data, batch, total_tokens,
+                                                       rows.ctypes.data)
+    _raise_on(code, op)
+    return [(int(rows[2 * b]), int(rows[2 * b + 1])) for b in range(batch)]
+
+
+def check_paged_rows(geo: contract.PagedAttentionGeometry, offsets: Sequence[int], past: Sequence[int],
+                     block_table) -> list[tuple[int, int, int]]:
+    """PagedAttention's offsets, past lengths and the block_table columns each request reaches, checked as its CPU
+    kernel checks them; (start, length, past) per request."""
+    g = PagedAttentionGeometryOut(geo.batch, geo.num_tokens, geo.num_heads, geo.kv_num_heads, geo.head_size,
+                                  geo.num_blocks, geo.block_size, geo.max_num_blocks, geo.scale)
+    arrays = [np.ascontiguousarray(offsets, dtype=np.int32), np.ascontiguousarray(past, dtype=np.int32),
+              np.ascontiguousarray(block_table, dtype=np.int32).reshape(geo.batch, geo.max_num_blocks)]
+    rows = np.empty(3 * geo.batch, dtype=np.int64)
+    code = library.control().onnx_hybrid_check_paged_rows(ctypes.addressof(g), *(a.ctypes.data for a in arrays),
+                                                          rows.ctypes.data)
+    _raise_on(code, contract.PAGED_ATTENTION.name)
+    return [tuple(int(v) for v in rows[3 * b:3 * b + 3]) for b in range(geo.batch)]
+
+
+def _raise_on(code: int, op: str) -> None:
+    if code == CONTRACT_VIOLATION:
+        raise contract.ContractError.from_library(op)
+    if code != 0:
+        raise ValueError(library.control().onnx_hybrid_last_error().decode())

@@ -10,11 +10,12 @@ is our CPU subset of ORT's CUDA op). Each rule has one source:
   reaches the CUDA kernels as an NVRTC define (``cuda_ops/compiler.py``); the exporter emits nodes through
   :func:`make_onnx_node` / :func:`make_ir_node`, the config validator computes capsule widths with
   :func:`gdn_capsule_width` / :func:`conv_capsule_shape`.
-* **Shape and presence checks, in the library** (``native/shapes/*.cc``). ORT's kernels must check their inputs
-  without calling back into Python, so the C++ checks are the implementation; :func:`resolve_gdn`,
-  :func:`resolve_conv` and :func:`resolve_paged_attention` (the float64 reference's, the tests', the CUDA API's)
-  and the presence rules of :func:`layout_node` call them through the library's C entry points
-  (``ops/c_api.py``), and a rejection comes back as :class:`ContractError` with its ``key``.
+* **Shape, presence and offset checks, in the library** (``native/shapes/*.cc``). ORT's kernels must check their
+  inputs without calling back into Python, so the C++ checks are the implementation; :func:`resolve_gdn`,
+  :func:`resolve_conv`, :func:`resolve_paged_attention`, :func:`check_offsets` and :func:`check_paged_rows` (the
+  float64 reference's, the tests', the CUDA API's) and the presence rules of :func:`layout_node` call them through
+  the library's C entry points (``ops/c_api.py``), and a rejection comes back as :class:`ContractError` with its
+  ``key``.
 
 The module itself depends on nothing outside the standard library, so that the build can import it; the checks
 load the library when first called.
@@ -510,19 +511,11 @@ def resolve_gdn(shapes: Mapping[str, Sequence[int] | None], attributes: Mapping[
 
 
 def check_offsets(op: str, offsets: Sequence[int], total_tokens: int) -> list[tuple[int, int]]:
-    """Validate host-resident offsets like ORT 1.32 CPU; return (start, length) per request."""
-    names = {GATED_DELTA_NET.name: ("gdn_cu_bounds", "gdn_cu_order"),
-             VARLEN_CAUSAL_CONV.name: ("conv_cu_bounds", "conv_cu_order"),
-             PAGED_ATTENTION.name: ("pa_cu_bounds", "pa_cu_order")}[op]
-    b = len(offsets) - 1
-    if offsets[0] != 0 or offsets[b] != total_tokens:
-        raise ContractError(op, names[0], b, total_tokens, int(offsets[0]), int(offsets[b]))
-    rows = []
-    for i in range(b):
-        if offsets[i + 1] < offsets[i]:
-            raise ContractError(op, names[1], i + 1, int(offsets[i + 1]), i, int(offsets[i]))
-        rows.append((int(offsets[i]), int(offsets[i + 1] - offsets[i])))
-    return rows
+    """Validate host-resident offsets like ORT 1.32 CPU; return (start, length) per request. The native library's
+    check (GatedDeltaNet, VarlenCausalConvWithState)."""
+    from .c_api import check_offsets as native
+
+    return native(op, offsets, total_tokens)
 
 
 @dataclass(frozen=True)
@@ -555,22 +548,11 @@ def resolve_paged_attention(shapes: Mapping[str, Sequence[int] | None],
 def check_paged_rows(geo: PagedAttentionGeometry, offsets: Sequence[int], past: Sequence[int],
                      block_table) -> list[tuple[int, int, int]]:
     """Validate the host-resident offsets, past lengths and the block_table columns each request reaches;
-    return (start, length, past) per request. ``block_table`` is indexable as ``block_table[b][c]``."""
-    op = PAGED_ATTENTION.name
-    rows = []
-    for b, (start, length) in enumerate(check_offsets(op, offsets, geo.num_tokens)):
-        p = int(past[b])
-        if not 0 <= p <= INT32_MAX - length:
-            raise ContractError(op, "pa_past_range", b, INT32_MAX - length, p)
-        columns = -(-(p + length) // geo.block_size)
-        if columns > geo.max_num_blocks:
-            raise ContractError(op, "pa_block_columns", b, p + length - 1, columns, geo.max_num_blocks)
-        for c in range(columns):
-            block = int(block_table[b][c])
-            if not 0 <= block < geo.num_blocks:
-                raise ContractError(op, "pa_block_index", b, c, block, geo.num_blocks)
-        rows.append((start, length, p))
-    return rows
+    return (start, length, past) per request. ``block_table`` is [batch, max_num_blocks]. The native library's
+    check."""
+    from .c_api import check_paged_rows as native
+
+    return native(geo, offsets, past, block_table)
 
 
 @dataclass(frozen=True)

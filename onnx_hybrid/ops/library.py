@@ -101,6 +101,11 @@ def control() -> ctypes.CDLL:
     for name in ("onnx_hybrid_resolve_gdn", "onnx_hybrid_resolve_conv", "onnx_hybrid_resolve_paged_attention"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         getattr(lib, name).restype = ctypes.c_int
+    lib.onnx_hybrid_check_offsets.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                              ctypes.c_void_p]
+    lib.onnx_hybrid_check_offsets.restype = ctypes.c_int
+    lib.onnx_hybrid_check_paged_rows.argtypes = [ctypes.c_void_p] * 5
+    lib.onnx_hybrid_check_paged_rows.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_gated_delta_net.argtypes = [ctypes.c_void_p]
     lib.onnx_hybrid_cuda_gated_delta_net.restype = ctypes.c_int
     lib.onnx_hybrid_cuda_varlen_causal_conv.argtypes = [ctypes.c_void_p]

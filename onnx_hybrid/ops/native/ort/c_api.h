@@ -1,7 +1,8 @@
 // The library's C entry points outside ORT, called through ctypes (their structs mirrored field for field in
 // onnx_hybrid/ops/c_api.py):
-// * the shape checks of each op on input shapes alone, which onnx_hybrid.ops.contract's resolve_* use, so the
-//   rules and messages exist once (onnx_hybrid_resolve_gdn, _conv, _paged_attention);
+// * the shape checks of each op on input shapes alone and the checks of host-resident offsets, which
+//   onnx_hybrid.ops.contract's resolve_* and check_* use, so the rules and messages exist once
+//   (onnx_hybrid_resolve_gdn, _conv, _paged_attention; onnx_hybrid_check_offsets, _check_paged_rows in ort/);
 // * the CUDA ops on arrays the caller owns (onnx_hybrid.cuda_ops): the same shape checks, parameters, plan and
 //   launches as ORT's CUDA kernels, on the caller's stream.
 #pragma once

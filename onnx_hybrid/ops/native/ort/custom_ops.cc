@@ -645,6 +645,53 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_resolve_paged_attention(const OhPagedAttentio
   });
 }
 
+// The checks of host-resident offsets (GatedDeltaNet's cu_seqlens, the conv's cumulative_sequence_length) as the
+// CPU kernels run them: `batch` rows (start, length) into `rows` (2 int64 each), or -2 with the contract's message.
+ONNX_HYBRID_EXPORT int onnx_hybrid_check_offsets(const char* op, const int32_t* offsets, int64_t batch,
+                                                 int64_t total_tokens, int64_t* rows) {
+  const std::string name = op ? op : "";
+  return EntryPoint(name.c_str(), [&] {
+    std::vector<RequestRow> found;
+    if (name == contract::gdn::kName) {
+      GdnGeometry geo{};
+      geo.layout = GdnLayout::kRagged;
+      geo.batch = batch;
+      geo.total_tokens = total_tokens;
+      found = GdnRows(geo, offsets);
+    } else if (name == contract::conv::kName) {
+      ConvGeometry geo{};
+      geo.batch = batch;
+      geo.total_tokens = total_tokens;
+      found = ConvRows(geo, offsets);
+    } else {
+      throw std::runtime_error("onnx_hybrid_check_offsets: no host offsets for op '" + name + "'");
+    }
+    for (size_t b = 0; b < found.size(); ++b) {
+      rows[2 * b] = found[b].start;
+      rows[2 * b + 1] = found[b].length;
+    }
+    return 0;
+  });
+}
+
+// PagedAttention's host-side checks (offsets, past lengths, every block_table entry a request reaches, the table
+// [batch, max_num_blocks] int32) as its CPU kernel runs them: rows (start, length, past) into `rows` (3 int64
+// each), or -2 with the contract's message.
+ONNX_HYBRID_EXPORT int onnx_hybrid_check_paged_rows(const OhPagedAttentionGeometry* g, const int32_t* offsets,
+                                                    const int32_t* past, const int32_t* block_table, int64_t* rows) {
+  return EntryPoint(contract::paged::kName, [&] {
+    const PagedAttentionGeometry geo{g->batch,      g->num_tokens, g->num_heads,  g->kv_num_heads, g->head_size,
+                                     g->num_blocks, g->block_size, g->max_num_blocks, g->scale};
+    const std::vector<PagedRow> found = PagedRows(geo, offsets, past, block_table);
+    for (size_t b = 0; b < found.size(); ++b) {
+      rows[3 * b] = found[b].start;
+      rows[3 * b + 1] = found[b].length;
+      rows[3 * b + 2] = found[b].past;
+    }
+    return 0;
+  });
+}
+
 // GatedDeltaNet on the caller's stream (OhGdnCall in ort/c_api.h).
 ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_gated_delta_net(OhGdnCall* call) {
   namespace g = contract::gdn;

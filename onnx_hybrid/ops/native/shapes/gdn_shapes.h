@@ -56,7 +56,7 @@ struct RequestRow {
   int64_t start, length;
 };
 
-// Host-visible offsets, validated like ORT 1.32 CPU (check_offsets); or uniform rows without them.
+// Host-visible offsets, validated like ORT 1.32 CPU (contract.check_offsets calls this); or uniform rows without them.
 std::vector<RequestRow> GdnRows(const GdnGeometry& geometry, const int32_t* cu_seqlens);
 
 // Where token t, head h of q, k and v live (element offsets), for separate and packed QKV alike.
