@@ -135,10 +135,11 @@ def stub_environment(driver: Path, cc: int = 90, smem: int = H100_SMEM, **extra:
 
 
 def parse_launch(line: str) -> dict:
-    """A stub "launch" line as {kernel, grid, block, smem} plus the plan's parameter fields it printed."""
+    """A stub "launch" line as {kernel, grid, block, smem, first_pointer (the parameter struct's first field: q,
+    x or state_in)} plus the plan's parameter fields it printed."""
     fields = line.split()
     launch = {"kernel": fields[1], "grid": tuple(map(int, fields[2:5])), "block": tuple(map(int, fields[5:8])),
-              "smem": int(fields[8])}
+              "smem": int(fields[8]), "first_pointer": (int(fields[10]) & 0xFFFFFFFF) | (int(fields[11]) << 32)}
     launch.update({k: int(v) for k, v in (f.split("=") for f in fields[12:])})
     return launch
 

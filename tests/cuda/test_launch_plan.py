@@ -79,6 +79,15 @@ def test_misaligned_inputs_fall_back_to_the_recurrent_kernel(driver):
     assert results[3][1]["kernel"] == "gdn_chunked_f16_d128_v64"
 
 
+def test_a_repeated_call_launches_with_its_own_arrays(driver):
+    """Calls of the same shapes reuse the checked call struct (host time at decode); each launches with the
+    addresses of its own arrays, and a call of other shapes is planned again."""
+    first, second, other = planned_launches(driver, [gdn(32, 32), gdn(32, 32), gdn(8, 8)])
+    assert [ln["kernel"] for ln in first] == [ln["kernel"] for ln in second] == ["gdn_recurrent_f16_k128_r8_decode"]
+    assert first[0]["grid"] == second[0]["grid"] == (4, 48, 32) and other[0]["grid"][2] == 8
+    assert len({first[0]["first_pointer"], second[0]["first_pointer"], other[0]["first_pointer"]}) == 3
+
+
 def test_chunked_workspace_follows_the_geometry(driver):
     ws = dict(op="gdn_workspace")
     results = planned_launches(driver, [{**gdn(2, 120), **ws}, {**gdn(32, 32), **ws},
