@@ -206,7 +206,7 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
     # checked and filled call struct: only pointers, the stream and the active flag change.
     signature = _signature(t, outputs, given_attributes, (engine, rec_rows, rec_groups, scan_width, prep_heads,
                                                           only_kernels, active is None))
-    prepared = _prepared_calls().get(signature) if signature else None
+    prepared = _prepared_calls().get((op, signature)) if signature else None
     if prepared is not None:
         return _run_prepared(prepared, t, outputs, active, stream, workspace, op)
     q = t["query"]
@@ -254,8 +254,8 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
     if code == _NEEDS_MEMORY:
         _launch_with_workspace(lib.onnx_hybrid_cuda_gated_delta_net, call, device, workspace, scratch, op)
     if signature:
-        _prepared_calls()[signature] = _PreparedCall(call, active_host, device, lib.onnx_hybrid_cuda_gated_delta_net,
-                                                     t)
+        entry = lib.onnx_hybrid_cuda_gated_delta_net
+        _prepared_calls()[(op, signature)] = _PreparedCall(call, active_host, device, entry, t)
     return tuple(arrays)
 
 
@@ -322,7 +322,7 @@ def _run_prepared(prepared: _PreparedCall, tensors: Mapping[str, DeviceTensor | 
         if scratch.device != prepared.device:
             raise ValueError(f"{op}: workspace must be on device {prepared.device}, got device {scratch.device}")
         call.workspace, call.workspace_bytes = scratch.ptr, scratch.nbytes
-    else:
+    elif isinstance(call, GdnCall):  # the conv takes none
         call.workspace, call.workspace_bytes = None, 0
     if _run(prepared.entry, call, prepared.device, stream_handle, op) == _NEEDS_MEMORY:
         _launch_with_workspace(prepared.entry, call, prepared.device, workspace, scratch, op)
@@ -357,8 +357,14 @@ def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] |
                        only_kernels: tuple[str, ...] | None = None, **attributes):
     """Run VarlenCausalConvWithState; returns (output, final_state, state_update) as device arrays."""
     op = contract.VARLEN_CAUSAL_CONV.name
-    attrs = _attributes(op, tuple(sorted(attributes.items())))
+    given_attributes = tuple(sorted(attributes.items()))
+    attrs = _attributes(op, given_attributes)
     t = _tensors(contract.VARLEN_CAUSAL_CONV, feeds)
+    outputs = dict(outputs or {})
+    signature = _signature(t, outputs, given_attributes, (only_kernels,))
+    prepared = _prepared_calls().get((op, signature)) if signature else None
+    if prepared is not None:
+        return _run_prepared(prepared, t, outputs, None, stream, None, op)
     x = t["input"]
     _check_type(op, "input", x, ("float32", "float16", "bfloat16"))
     for name in ("weight", "bias", "initial_state"):
@@ -376,12 +382,15 @@ def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] |
     call.only_kernels = ",".join(only_kernels).encode() if only_kernels else None
     call.set_attributes(attrs)
     call.stream = stream_pointer(stream)
-    outputs, dtypes = dict(outputs or {}), (x.dtype,) * 3
+    dtypes = (x.dtype,) * 3
     arrays = _given_outputs(outputs, call, dtypes)
     code = _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
     if arrays is None or code == _OUTPUT_SHAPES:  # the library reported the outputs' shapes
         arrays = _allocate(outputs, call, _OUTPUT_NAMES, dtypes, device, op)
         _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
+    if signature:
+        entry = lib.onnx_hybrid_cuda_varlen_causal_conv
+        _prepared_calls()[(op, signature)] = _PreparedCall(call, None, device, entry, t)
     return tuple(arrays)
 
 

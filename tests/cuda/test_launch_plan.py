@@ -82,10 +82,13 @@ def test_misaligned_inputs_fall_back_to_the_recurrent_kernel(driver):
 def test_a_repeated_call_launches_with_its_own_arrays(driver):
     """Calls of the same shapes reuse the checked call struct (host time at decode); each launches with the
     addresses of its own arrays, and a call of other shapes is planned again."""
-    first, second, other = planned_launches(driver, [gdn(32, 32), gdn(32, 32), gdn(8, 8)])
+    conv = dict(op="conv", dtype="float16", batch=32, tokens=32, channels=1024, capacity=0)
+    first, second, other, conv1, conv2 = planned_launches(driver, [gdn(32, 32), gdn(32, 32), gdn(8, 8), conv, conv])
     assert [ln["kernel"] for ln in first] == [ln["kernel"] for ln in second] == ["gdn_recurrent_f16_k128_r8_decode"]
     assert first[0]["grid"] == second[0]["grid"] == (4, 48, 32) and other[0]["grid"][2] == 8
     assert len({first[0]["first_pointer"], second[0]["first_pointer"], other[0]["first_pointer"]}) == 3
+    assert [ln["kernel"] for ln in conv1] == [ln["kernel"] for ln in conv2] == ["conv_decode_f16"]
+    assert conv1[0]["first_pointer"] != conv2[0]["first_pointer"]
 
 
 def test_chunked_workspace_follows_the_geometry(driver):
