@@ -146,21 +146,25 @@ class _StreamHandle:
         return (0, self.handle)
 
 
-def _given_outputs(outputs: Mapping[str, Any], call, dtypes: tuple[str, ...]) -> list | None:
-    """All three outputs given with the expected types: their pointers and shapes into ``call``, which the library
-    checks in the call that launches (one call instead of two). Else None: the library first reports the shapes,
-    then _allocate fills in what is missing."""
+def _output_tensors(outputs: Mapping[str, Any]) -> list[DeviceTensor] | None:
+    """The three outputs as device tensors when all are given, else None."""
     given = [outputs.get(name) for name in _OUTPUT_NAMES]
     if any(g is None for g in given):
         return None
-    tensors = [as_device_tensor(g, name) for g, name in zip(given, _OUTPUT_NAMES)]
-    if any(t.dtype != dtype or len(t.shape) > 4 for t, dtype in zip(tensors, dtypes)):
-        return None
-    call.outputs[:] = [t.ptr or 1 for t in tensors]  # a present output, even when it holds no element
-    call.output_ranks[:] = [len(t.shape) for t in tensors]
-    for dims, t in zip(call.output_dims, tensors):
+    return [as_device_tensor(g, name) for g, name in zip(given, _OUTPUT_NAMES)]
+
+
+def _set_given_outputs(outs: list[DeviceTensor] | None, call, dtypes: tuple[str, ...]) -> bool:
+    """All three outputs given with the expected types: their pointers and shapes into ``call``, which the library
+    checks in the call that launches (one call instead of two). Else False: the library first reports the shapes,
+    then _allocate fills in what is missing."""
+    if outs is None or any(t.dtype != dtype or len(t.shape) > 4 for t, dtype in zip(outs, dtypes)):
+        return False
+    call.outputs[:] = [t.ptr or 1 for t in outs]  # a present output, even when it holds no element
+    call.output_ranks[:] = [len(t.shape) for t in outs]
+    for dims, t in zip(call.output_dims, outs):
         dims[:len(t.shape)] = t.shape
-    return given
+    return True
 
 
 def _allocate(outputs: Mapping[str, Any], call, names: tuple[str, ...], dtypes: tuple[str, ...], device: int,
@@ -202,13 +206,14 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
     t = _tensors(contract.GATED_DELTA_NET, feeds, host=("state_update_active",))
     active = _host_flag(feeds.get("state_update_active"))
     outputs = dict(outputs or {})
+    outs = _output_tensors(outputs)
     # A call like an earlier one (same shapes, types, devices, attributes and knobs, outputs given) reuses its
     # checked and filled call struct: only pointers, the stream and the active flag change.
-    signature = _signature(t, outputs, given_attributes, (engine, rec_rows, rec_groups, scan_width, prep_heads,
-                                                          only_kernels, active is None))
+    signature = _signature(t, outs, given_attributes, (engine, rec_rows, rec_groups, scan_width, prep_heads,
+                                                       only_kernels, active is None))
     prepared = _prepared_calls().get((op, signature)) if signature else None
     if prepared is not None:
-        return _run_prepared(prepared, t, outputs, active, stream, workspace, op)
+        return _run_prepared(prepared, t, outputs, outs, active, stream, workspace, op)
     q = t["query"]
     act_types = ("float32", "float16", "bfloat16")
     _check_type(op, "query", q, act_types)
@@ -223,32 +228,21 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
     _check_device(op, t, device)
     lib = _library(device)
 
-    call = GdnCall()
-    active_host = None
-    for i, port in enumerate(contract.GATED_DELTA_NET.inputs):
-        if port.name == "state_update_active":
-            if active is not None:
-                active_host = ctypes.c_int32(active)
-                call.inputs[i].set((1,), ctypes.addressof(active_host))
-        else:
-            _set_array(call.inputs[i], t[port.name])
-    call.type = _TYPE_CODE[q.dtype]
-    call.engine = _ENGINES[engine]
+    call, active_host = _gdn_call(t, active, engine, attrs, stream)
     call.rec_rows, call.rec_groups = rec_rows or 0, rec_groups or 0
     call.scan_width, call.prep_heads = scan_width or 0, prep_heads or 0
     call.only_kernels = ",".join(only_kernels).encode() if only_kernels else None
-    call.set_attributes(attrs)
-    call.stream = stream_pointer(stream)
     scratch = None
     if workspace is not None:
         scratch = as_device_tensor(workspace, "workspace")
         if scratch.device != device:
             raise ValueError(f"{op}: workspace must be on device {device}, got device {scratch.device}")
         call.workspace, call.workspace_bytes = scratch.ptr, scratch.nbytes
-    outputs, dtypes = dict(outputs or {}), (q.dtype, "float32", "float32")
-    arrays = _given_outputs(outputs, call, dtypes)
+    dtypes = (q.dtype, "float32", "float32")
+    given = _set_given_outputs(outs, call, dtypes)
+    arrays = [outputs[name] for name in _OUTPUT_NAMES] if given else None
     code = _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op)
-    if arrays is None or code == _OUTPUT_SHAPES:  # the library reported the outputs' shapes
+    if not given or code == _OUTPUT_SHAPES:  # the library reported the outputs' shapes
         arrays = _allocate(outputs, call, _OUTPUT_NAMES, dtypes, device, op)
         code = _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op)
     if code == _NEEDS_MEMORY:
@@ -257,6 +251,24 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
         entry = lib.onnx_hybrid_cuda_gated_delta_net
         _prepared_calls()[(op, signature)] = _PreparedCall(call, active_host, device, entry, t)
     return tuple(arrays)
+
+
+def _gdn_call(tensors: Mapping[str, DeviceTensor | None], active: int | None, engine: str, attrs: Mapping[str, Any],
+              stream: Any) -> tuple[GdnCall, ctypes.c_int32 | None]:
+    """A GdnCall with the inputs, element type, engine, attributes and stream, and the host int its
+    state_update_active points at (kept alive by the caller)."""
+    call = GdnCall()
+    active_host = None
+    for i, (name, t) in enumerate(tensors.items()):
+        if name != "state_update_active":
+            _set_array(call.inputs[i], t)
+        elif active is not None:
+            active_host = ctypes.c_int32(active)
+            call.inputs[i].set((1,), ctypes.addressof(active_host))
+    call.type, call.engine = _TYPE_CODE[tensors["query"].dtype], _ENGINES[engine]
+    call.set_attributes(attrs)
+    call.stream = stream_pointer(stream)
+    return call, active_host
 
 
 def _launch_with_workspace(entry, call, device: int, workspace: Any, scratch: DeviceTensor | None, op: str) -> None:
@@ -294,27 +306,25 @@ def _prepared_calls() -> dict:
     return calls
 
 
-def _signature(tensors: Mapping[str, DeviceTensor | None], outputs: Mapping[str, Any], attributes: tuple,
+def _signature(tensors: Mapping[str, DeviceTensor | None], outs: list[DeviceTensor] | None, attributes: tuple,
                knobs: tuple) -> tuple | None:
-    """What the checks and the call struct depend on besides pointers; None unless every output is given (a call
-    that allocates its outputs is not the one a decode loop repeats)."""
-    given = [outputs.get(name) for name in _OUTPUT_NAMES]
-    if any(g is None for g in given):
+    """What the checks and the call struct depend on besides pointers (shapes, types, devices); None unless every
+    output is given (a call that allocates its outputs is not the one a decode loop repeats)."""
+    if outs is None:
         return None
-    outs = tuple(as_device_tensor(g, name)[1:4] for g, name in zip(given, _OUTPUT_NAMES))
-    return (attributes, knobs, outs, tuple(None if x is None else x[1:4] for x in tensors.values()))
+    inputs = tuple(None if x is None else x[1:4] for x in tensors.values())
+    return attributes, knobs, tuple(o[1:4] for o in outs), inputs
 
 
 def _run_prepared(prepared: _PreparedCall, tensors: Mapping[str, DeviceTensor | None], outputs: Mapping[str, Any],
-                  active: int | None, stream: Any, workspace: Any, op: str) -> tuple:
+                  outs: list[DeviceTensor], active: int | None, stream: Any, workspace: Any, op: str) -> tuple:
     call = prepared.call
     if prepared.active is not None:
         prepared.active.value = active
     values = list(tensors.values())
     for i, slot in prepared.slots:
         slot.data = values[i].ptr or 1  # 1: a present input that holds no element
-    given = [outputs[name] for name in _OUTPUT_NAMES]
-    call.outputs[:] = [as_device_tensor(g, name).ptr or 1 for g, name in zip(given, _OUTPUT_NAMES)]
+    call.outputs[:] = [o.ptr or 1 for o in outs]
     call.stream = stream_handle = stream_pointer(stream)
     scratch = None
     if workspace is not None:
@@ -326,7 +336,7 @@ def _run_prepared(prepared: _PreparedCall, tensors: Mapping[str, DeviceTensor | 
         call.workspace, call.workspace_bytes = None, 0
     if _run(prepared.entry, call, prepared.device, stream_handle, op) == _NEEDS_MEMORY:
         _launch_with_workspace(prepared.entry, call, prepared.device, workspace, scratch, op)
-    return tuple(given)
+    return tuple(outputs[name] for name in _OUTPUT_NAMES)
 
 
 def gdn_workspace_bytes(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any], engine: str = "auto",
@@ -339,14 +349,8 @@ def gdn_workspace_bytes(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any],
     attrs = _attributes(op, tuple(sorted(attributes.items())))
     q = t["query"]
     lib = _library(q.device)
-    call = GdnCall()
-    for i, port in enumerate(contract.GATED_DELTA_NET.inputs):
-        if port.name != "state_update_active":
-            _set_array(call.inputs[i], t[port.name])
-    call.type, call.engine = _TYPE_CODE[q.dtype], _ENGINES[engine]
+    call, _ = _gdn_call(t, None, engine, attrs, stream)
     call.only_kernels = b""  # plan, launch none
-    call.set_attributes(attrs)
-    call.stream = stream_pointer(stream)
     _run(lib.onnx_hybrid_cuda_gated_delta_net, call, q.device, call.stream, op)
     _allocate(dict(outputs), call, _OUTPUT_NAMES, (q.dtype, "float32", "float32"), q.device, op)
     _run(lib.onnx_hybrid_cuda_gated_delta_net, call, q.device, call.stream, op)  # asks for the workspace, if any
@@ -361,10 +365,11 @@ def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] |
     attrs = _attributes(op, given_attributes)
     t = _tensors(contract.VARLEN_CAUSAL_CONV, feeds)
     outputs = dict(outputs or {})
-    signature = _signature(t, outputs, given_attributes, (only_kernels,))
+    outs = _output_tensors(outputs)
+    signature = _signature(t, outs, given_attributes, (only_kernels,))
     prepared = _prepared_calls().get((op, signature)) if signature else None
     if prepared is not None:
-        return _run_prepared(prepared, t, outputs, None, stream, None, op)
+        return _run_prepared(prepared, t, outputs, outs, None, stream, None, op)
     x = t["input"]
     _check_type(op, "input", x, ("float32", "float16", "bfloat16"))
     for name in ("weight", "bias", "initial_state"):
@@ -383,9 +388,10 @@ def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] |
     call.set_attributes(attrs)
     call.stream = stream_pointer(stream)
     dtypes = (x.dtype,) * 3
-    arrays = _given_outputs(outputs, call, dtypes)
+    given = _set_given_outputs(outs, call, dtypes)
+    arrays = [outputs[name] for name in _OUTPUT_NAMES] if given else None
     code = _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
-    if arrays is None or code == _OUTPUT_SHAPES:  # the library reported the outputs' shapes
+    if not given or code == _OUTPUT_SHAPES:  # the library reported the outputs' shapes
         arrays = _allocate(outputs, call, _OUTPUT_NAMES, dtypes, device, op)
         _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
     if signature:
