@@ -559,6 +559,16 @@ std::vector<CudaLaunch<Params>> OnlyKernels(std::vector<CudaLaunch<Params>> laun
   return kept;
 }
 
+// A call's attributes, checked as at kernel creation.
+GdnAttributes AttributesOf(const OhGdnCall& call) {
+  return MakeGdnAttributes(call.update_rule, call.scale, call.gate_activation, call.beta_activation, call.qk_l2_norm,
+                           call.chunk_size, call.state_update_capacity);
+}
+
+ConvAttributes AttributesOf(const OhConvCall& call) {
+  return MakeConvAttributes(call.activation, call.dilation, call.state_update_capacity);
+}
+
 ElemType CheckedType(int32_t type) {
   if (type < 0 || type > 2) throw std::invalid_argument("element type must be 0, 1 or 2, got " + std::to_string(type));
   return static_cast<ElemType>(type);
@@ -596,9 +606,7 @@ using namespace onnx_hybrid;
 ONNX_HYBRID_EXPORT int onnx_hybrid_resolve_gdn(const OhGdnCall* call, OhGdnGeometry* out) {
   namespace g = contract::gdn;
   return EntryPoint(g::kName, [&] {
-    const GdnAttributes attrs = MakeGdnAttributes(call->update_rule, call->scale, call->gate_activation,
-                                                  call->beta_activation, call->qk_l2_norm, call->chunk_size,
-                                                  call->state_update_capacity);
+    const GdnAttributes attrs = AttributesOf(*call);
     const void* data[g::kNumInputs];
     const GdnGeometry geo = ResolveGdn(ShapesOf(call->inputs, data), attrs);
     *out = OhGdnGeometry{};
@@ -621,7 +629,7 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_resolve_gdn(const OhGdnCall* call, OhGdnGeome
 ONNX_HYBRID_EXPORT int onnx_hybrid_resolve_conv(const OhConvCall* call, OhConvGeometry* out) {
   namespace cv = contract::conv;
   return EntryPoint(cv::kName, [&] {
-    const ConvAttributes attrs = MakeConvAttributes(call->activation, call->dilation, call->state_update_capacity);
+    const ConvAttributes attrs = AttributesOf(*call);
     const void* data[cv::kNumInputs];
     const ConvGeometry geo = ResolveConv(ShapesOf(call->inputs, data), attrs);
     *out = OhConvGeometry{geo.batch, geo.total_tokens, geo.channels, geo.kernel_size, geo.state_length, geo.capacity};
@@ -697,9 +705,7 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_gated_delta_net(OhGdnCall* call) {
   namespace g = contract::gdn;
   return EntryPoint(g::kName, [&] {
     const ElemType type = CheckedType(call->type);
-    const GdnAttributes attrs = MakeGdnAttributes(call->update_rule, call->scale, call->gate_activation,
-                                                  call->beta_activation, call->qk_l2_norm, call->chunk_size,
-                                                  call->state_update_capacity);
+    const GdnAttributes attrs = AttributesOf(*call);
     const void* data[g::kNumInputs];
     const GdnGeometry geo = ResolveGdn(ShapesOf(call->inputs, data), attrs);
     const bool given = call->outputs[0] && call->outputs[1] && call->outputs[2];
@@ -738,7 +744,7 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_varlen_causal_conv(OhConvCall* call) {
   namespace cv = contract::conv;
   return EntryPoint(cv::kName, [&] {
     const ElemType type = CheckedType(call->type);
-    const ConvAttributes attrs = MakeConvAttributes(call->activation, call->dilation, call->state_update_capacity);
+    const ConvAttributes attrs = AttributesOf(*call);
     const void* data[cv::kNumInputs];
     const ConvGeometry geo = ResolveConv(ShapesOf(call->inputs, data), attrs);
     const bool given = call->outputs[0] && call->outputs[1] && call->outputs[2];
