@@ -10,8 +10,8 @@ time, and then the op types that took the most time.
 ``--prompt-run`` profiles the prompt's run instead (where prefill time goes).
 
 With ``--kernels`` (a GPU and Nsight Compute's ``ncu`` on the PATH) the same process runs twice under
-``ncu --metrics gpu__time_duration.sum`` (--steps and 2 x --steps decode steps); the difference over the extra
-steps is the CUDA kernels one decode step launches and their GPU time, by kernel name. ncu serialises every
+``ncu`` (--steps and 2 x --steps decode steps); the difference over the extra steps is the CUDA kernels one decode
+step launches, their GPU time and the DRAM bytes they read and write, by kernel name. ncu serialises every
 launch, so these durations are kernel times without overlap or launch gaps; the wall time of a step is the
 profiler-free number of scripts/bench_e2e_gpu.py.
 
@@ -103,7 +103,12 @@ def node_profile(model: str, args) -> dict:
                                                       for s in steps for node in s).items()}}
 
 
+_NCU_METRICS = {"gpu__time_duration.sum": "ns", "dram__bytes_read.sum": "read", "dram__bytes_write.sum": "written"}
+_UNITS = {"nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+
+
 def kernel_profile(model: str, args) -> dict:
+    """Per kernel name: launches, GPU time (us) and DRAM bytes (read + written) per decode step."""
     ncu = shutil.which("ncu")
     if ncu is None:
         raise RuntimeError("--kernels needs Nsight Compute's ncu on the PATH")
@@ -112,21 +117,28 @@ def kernel_profile(model: str, args) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             log = Path(tmp) / "ncu.csv"
             run_worker({"model": model, "batch": args.batch, "prompt": args.prompt, "steps": steps, "timeout": 1200},
-                       prefix=[ncu, "--clock-control", "none", "--metrics", "gpu__time_duration.sum", "--csv",
+                       prefix=[ncu, "--clock-control", "none", "--metrics", ",".join(_NCU_METRICS), "--csv",
                                "--log-file", str(log)])
             rows = [r for r in csv.DictReader(io.StringIO(_csv_part(log.read_text())))
-                    if r.get("Metric Name") == "gpu__time_duration.sum"]
-        launches, ns = Counter(), defaultdict(float)
+                    if r.get("Metric Name") in _NCU_METRICS]
+        launches, totals = Counter(), defaultdict(lambda: defaultdict(float))
         for r in rows:
             name = r["Kernel Name"].split("(")[0].split("<")[0]
-            launches[name] += 1
-            scale = {"nsecond": 1.0, "usecond": 1e3, "msecond": 1e6}.get(r.get("Metric Unit", "nsecond"), 1.0)
-            ns[name] += float(r["Metric Value"].replace(",", "")) * scale
-        counts.append((launches, ns))
+            what = _NCU_METRICS[r["Metric Name"]]
+            if what == "ns":
+                launches[name] += 1
+            value = float(r["Metric Value"].replace(",", "")) * _UNITS.get(r.get("Metric Unit", ""), 1.0)
+            totals[name]["bytes" if what != "ns" else "ns"] += value
+        counts.append((launches, totals))
     (l1, t1), (l2, t2) = counts
-    per_kernel = {k: ((l2[k] - l1[k]) / args.steps, (t2[k] - t1[k]) / args.steps / 1e3) for k in l2}
-    per_kernel = {k: v for k, v in per_kernel.items() if v[0] > 0}
+    per_kernel = {}
+    for k in l2:
+        n = (l2[k] - l1[k]) / args.steps
+        if n > 0:
+            per_kernel[k] = (n, (t2[k]["ns"] - t1[k]["ns"]) / args.steps / 1e3,
+                             (t2[k]["bytes"] - t1[k]["bytes"]) / args.steps / 1e9)
     return {"launches": sum(v[0] for v in per_kernel.values()), "gpu_us": sum(v[1] for v in per_kernel.values()),
+            "gb": sum(v[2] for v in per_kernel.values()),
             "kernels": dict(sorted(per_kernel.items(), key=lambda kv: -kv[1][1]))}
 
 
@@ -141,23 +153,29 @@ def report(results: dict[str, dict], args) -> str:
     what = "the prompt's run" if args.prompt_run else "decode steps"
     out = [f"{what} profiled per export: batch {args.batch}, prompt {args.prompt}, eager (no CUDA graph)", "",
            "| export | nodes/step | by provider | node time µs/step | run µs/step |" +
-           (" kernels/step | kernel time µs/step |" if args.kernels else ""),
-           "|---|---|---|---|---|" + ("---|---|" if args.kernels else "")]
+           (" kernels/step | kernel time µs/step | DRAM GB/step | TB/s over kernel time |" if args.kernels else ""),
+           "|---|---|---|---|---|" + ("---|---|---|---|" if args.kernels else "")]
     for name, r in results.items():
         nodes = r["nodes"]
         providers = ", ".join(f"{k.replace('ExecutionProvider', '')} {v:.0f}" for k, v in nodes["by_provider"].items())
         row = f"| {name} | {nodes['nodes']:.0f} | {providers} | {nodes['node_us']:.0f} | {nodes['run_us']:.0f} |"
         if args.kernels:
-            row += f" {r['kernels']['launches']:.0f} | {r['kernels']['gpu_us']:.0f} |"
+            k = r["kernels"]
+            row += f" {k['launches']:.0f} | {k['gpu_us']:.0f} | {k['gb']:.3f} | {_rate(k['gb'], k['gpu_us'])} |"
         out.append(row)
     for name, r in results.items():
         out += ["", f"{name}: op types by time per step (count, µs)", ""]
         nodes = r["nodes"]
         out += [f"- {op}: {nodes['op_count'][op]:.0f}, {us:.0f}" for op, us in list(nodes["op_us"].items())[:args.top]]
         if args.kernels:
-            out += ["", f"{name}: kernels by GPU time per step (launches, µs)", ""]
-            out += [f"- {k}: {c:.0f}, {us:.1f}" for k, (c, us) in list(r["kernels"]["kernels"].items())[:args.top]]
+            out += ["", f"{name}: kernels by GPU time per step (launches, µs, DRAM GB, TB/s)", ""]
+            out += [f"- {k}: {c:.0f}, {us:.1f}, {gb:.4f}, {_rate(gb, us)}"
+                    for k, (c, us, gb) in list(r["kernels"]["kernels"].items())[:args.top]]
     return "\n".join(out) + "\n"
+
+
+def _rate(gb: float, us: float) -> str:
+    return f"{gb / us * 1e3:.2f}" if us > 0 else "-"  # GB per us = 1000 TB/s
 
 
 def main(argv=None) -> int:

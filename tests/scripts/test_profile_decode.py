@@ -53,3 +53,33 @@ def test_ncu_log_keeps_only_the_csv():
     log = '==PROF== Connected to process 7\n==PROF== Disconnected\n"ID","Kernel Name","Metric Name"\n"0","k","m"\n'
     assert profile._csv_part(log) == '"ID","Kernel Name","Metric Name"\n"0","k","m"'
     assert profile._csv_part("==PROF== nothing profiled\n") == ""
+
+
+FAKE_NCU = r'''#!/usr/bin/env python3
+"""Stands in for ncu: writes the CSV ncu would for a prompt kernel and 2 launches of `gemv` per decode step."""
+import json, sys
+argv = sys.argv[1:]
+log = argv[argv.index("--log-file") + 1]
+steps = json.loads(argv[argv.index("--worker") + 1])["steps"]
+rows = ['"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"']
+launches = [("prompt_kernel(float*)", 50.0)] + [("void gemv<half>(int)", 10.0)] * (2 * (steps + 1))
+for i, (name, us) in enumerate(launches):
+    rows += [f'"{i}","{name}","gpu__time_duration.sum","usecond","{us}"',
+             f'"{i}","{name}","dram__bytes_read.sum","Mbyte","24"',
+             f'"{i}","{name}","dram__bytes_write.sum","byte","1,000"']
+open(log, "w").write("==PROF== Disconnected\n" + "\n".join(rows) + "\n")
+'''
+
+
+def test_kernels_per_step_are_the_difference_of_two_runs(tmp_path, monkeypatch):
+    """Per decode step: launches, GPU time and DRAM bytes (units converted), over the extra steps of the second run."""
+    ncu = tmp_path / "ncu"
+    ncu.write_text(FAKE_NCU)
+    ncu.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    got = profile.kernel_profile("unused", type("Args", (), {"steps": 3, "batch": 1, "prompt": 4})())
+    assert list(got["kernels"]) == ["void gemv"]
+    launches, us, gb = got["kernels"]["void gemv"]
+    assert launches == 2 and us == pytest.approx(20.0) and gb == pytest.approx(2 * 24.001e-3)
+    assert got["launches"] == 2 and got["gpu_us"] == pytest.approx(20.0)
+    assert profile._rate(gb, us) == "2.40"
