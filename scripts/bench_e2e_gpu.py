@@ -15,7 +15,9 @@ Exports (names used in row ids):
   ours-paged      export-hybrid --paged --state-update-capacity C, with the MTP head (og.Engine)
   builder-paged   the builder with use_paged_attention=true, with the MTP head (og.Engine)
 
-Measurements (row id SIZE/EXPORT/GRAPH/MEASURE, GRAPH = eager or graph, i.e. enable_cuda_graph off or on):
+Measurements (row id SIZE/EXPORT/GRAPH/MEASURE, GRAPH = eager or graph, i.e. enable_cuda_graph off or on, or
+graph-2buf: on, with onnxruntime-genai's recurrent states double-buffered instead of updated in place, i.e.
+ORTGENAI_SHARE_RECURRENT_STATE_UNDER_GRAPH_CAPTURE=0 in the worker's environment):
   prefill-P       og.Generator, batch 1: append_tokens of a P-token prompt (includes the first logits), ms
   decode-bB       og.Generator, batch B, a --decode-prompt-token prompt, --new-tokens greedy tokens: tokens/s
                   of all rows together over the whole run (og.Generator's batch limit is 32), and the steady
@@ -137,8 +139,13 @@ def _kv(options: dict[str, str]) -> tuple[str, ...]:
     return tuple(f"{k}={v}" for k, v in options.items())
 
 
+# onnxruntime-genai 0.18 updates recurrent states in place under CUDA graphs and so backs them up through pinned host
+# memory around each new generator's capture; with this variable at 0 it keeps two buffers and two graphs instead.
+DOUBLE_BUFFER_ENV = {"ORTGENAI_SHARE_RECURRENT_STATE_UNDER_GRAPH_CAPTURE": "0"}
+
+
 def graph_modes(device: str) -> list[str]:
-    return ["eager", "graph"] if device == "cuda" else ["eager"]
+    return ["eager", "graph", "graph-2buf"] if device == "cuda" else ["eager"]
 
 
 def all_rows(args) -> list[Row]:
@@ -149,6 +156,11 @@ def all_rows(args) -> list[Row]:
             for graph in graph_modes(args.device):
                 def add(measure, **params):
                     rows.append(Row(f"{size}/{e.name}/{graph}/{measure}", size, e.name, graph, measure, params))
+                if graph == "graph-2buf":  # changes only the generator's decode steps
+                    if not e.paged:
+                        for batch in args.batches:
+                            add(f"decode-b{batch}", batch=batch)
+                    continue
                 if e.paged:
                     add(f"engine-{args.engine_requests}", mtp=False)
                     add(f"engine-{args.engine_requests}-mtp", mtp=True)
@@ -308,6 +320,7 @@ def worker(spec_path: Path) -> None:
     if spec["kind"] == "copy":
         emit("copy-rate", copy_rate(spec["device"]))
         return
+    os.environ.update(spec.get("env", {}))  # read by onnxruntime-genai when it makes a generator's states
     from onnx_hybrid_testing.e2e import load_model
 
     threads = spec["threads"] if spec["device"] == "cpu" else None
@@ -599,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
             if not measured:
                 continue
             spec = {"kind": "measure", "device": args.device,
-                    "graph": graph == "graph" if args.device == "cuda" else None, "package": str(package),
+                    "graph": graph != "eager" if args.device == "cuda" else None, "package": str(package),
+                    "env": DOUBLE_BUFFER_ENV if graph == "graph-2buf" else {},
                     "plain_package": str(plain) if plain else None, "threads": args.threads,
                     "vocab": GEOMETRIES[SIZES[size]].vocab, "repeats": args.repeats,
                     "decode_prompt": args.decode_prompt, "new_tokens": args.new_tokens,

@@ -100,12 +100,13 @@ def export_for_test(checkpoint, out, eos: int, **options) -> Path:
 
 
 def genai(model: Path, mode: str, prompts, new_tokens: int = NEW_TOKENS, drafts_from=None, forced=None,
-          cuda_graph: bool | None = None) -> dict:
+          cuda_graph: bool | None = None, environment: dict | None = None) -> dict:
     """Run onnxruntime-genai on ``model`` in a fresh interpreter that imports nothing of onnx_hybrid; ``cuda_graph``
-    overrides the export's enable_cuda_graph (None keeps it)."""
+    overrides the export's enable_cuda_graph (None keeps it); ``environment`` adds variables to the child's."""
     job = {"model": str(model), "mode": mode, "prompts": prompts, "new_tokens": new_tokens, "drafts_from": drafts_from,
            "forced": forced, "cuda_graph": cuda_graph}
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ONNX_HYBRID_CUDA_IMAGES")}
+    env.update(environment or {})
     path = os.pathsep.join(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                            if p and not (Path(p) / "onnx_hybrid").is_dir())
     if path:  # keep carried site folders, drop the checkout: the child must not be able to import the package
@@ -188,8 +189,9 @@ def test_generator_gives_transformers_tokens(layout, dtype, tmp_path):
 def test_shared_kv_generator_with_cuda_graph(layout, tmp_path):
     """--kv-cache shared in fp16 (ORT's CUDA GroupQueryAttention; the -e cuda default): its logits are
     transformers' within FP16_REL_RMS_TOL, and on CUDA og.Generator with enable_cuda_graph (the default, which
-    needs the shared buffers) picks the tokens it picks eagerly, one prompt at a time and as one batch. The CPU
-    dry run checks the export without the graph option."""
+    needs the shared buffers) picks the tokens it picks eagerly, one prompt at a time and as one batch, with the
+    recurrent states updated in place (onnxruntime-genai's default) and double-buffered. The CPU dry run checks the
+    export without the graph option."""
     checkpoint, hf, want, eos = layout
     out = export_for_test(checkpoint, tmp_path / "out", eos, dtype="fp16", kv_cache="shared")
     assert json.loads((out / "genai_config.json").read_text())["search"]["past_present_share_buffer"] is True
@@ -199,8 +201,10 @@ def test_shared_kv_generator_with_cuda_graph(layout, tmp_path):
     if PROVIDER == "cuda":
         assert genai(out, "generator", PROMPTS, cuda_graph=True)["tokens"] == eager
         rows = [PROMPTS[0][i:i + 4] for i in range(0, 12, 4)]  # a batch of 3: og.Generator's decode at B > 1
-        assert genai(out, "batch", rows, cuda_graph=True)["tokens"] == genai(out, "batch", rows,
-                                                                             cuda_graph=False)["tokens"]
+        batch_eager = genai(out, "batch", rows, cuda_graph=False)["tokens"]
+        assert genai(out, "batch", rows, cuda_graph=True)["tokens"] == batch_eager
+        double_buffered = {"ORTGENAI_SHARE_RECURRENT_STATE_UNDER_GRAPH_CAPTURE": "0"}
+        assert genai(out, "batch", rows, cuda_graph=True, environment=double_buffered)["tokens"] == batch_eager
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])

@@ -50,8 +50,11 @@ def test_rows_cover_every_export_graph_mode_and_measurement_and_select_by_patter
             "9B/builder-fp16/eager/decode-b1", "9B/builder-int4/graph/prefill-8192", "9B/ours-paged/eager/engine-16",
             "9B/ours-paged/graph/engine-16-mtp", "9B/builder-paged/eager/engine-16-mtp"} <= set(ids)
     assert not [i for i in ids if "paged" in i and ("prefill" in i or "decode" in i)]  # the Engine rows only
+    assert [i for i in ids if i.startswith("9B/ours/graph-2buf/")] == ["9B/ours/graph-2buf/decode-b1",
+                                                                      "9B/ours/graph-2buf/decode-b32"]
+    assert not [i for i in ids if "paged/graph-2buf" in i]
     assert len(ids) == len(set(ids))
-    chosen = [r.id for r in bench.select(bench.all_rows(args), ["9B/ours/*", "copy-rate"], ["*/graph/*"])]
+    chosen = [r.id for r in bench.select(bench.all_rows(args), ["9B/ours/*", "copy-rate"], ["*/graph*/*"])]
     assert chosen == ["copy-rate", "9B/ours/weights", "9B/ours/eager/prefill-512", "9B/ours/eager/prefill-8192",
                       "9B/ours/eager/decode-b1", "9B/ours/eager/decode-b32"]
     cpu = bench.parse_args(["--device", "cpu"])
