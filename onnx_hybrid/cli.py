@@ -104,7 +104,8 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                         help="write enable_cuda_graph for the CUDA provider: onnxruntime-genai captures decode "
                              "steps in CUDA graphs and replays them (default: on for -e cuda with shared KV buffers "
-                             "and no MTP head)")
+                             "and no MTP head); for batches > 1 run onnxruntime-genai with "
+                             "ORTGENAI_SHARE_RECURRENT_STATE_UNDER_GRAPH_CAPTURE=0 (README)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bar and no summary (warnings and errors still go to stderr)")
