@@ -3,6 +3,8 @@
 What a PyTorch caller pays on the CPU for each decode call (the launch is asynchronous): the median over
 ``--reps`` loops of ``--calls`` back-to-back calls, each loop started on an idle GPU and timed on the host
 without waiting for the kernels. 27B geometry as in bench_gpu.py; decode rows (one token each) at batch 1 and 32.
+"ours" is a gated_delta_net call with torch tensors, outputs given and the stream's handle taken once (a decode
+loop runs on one stream); "bound" is the same call bound once with bind_gated_delta_net and then called.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import time
 
 import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import torch
-from bench_gpu import benchmark_arguments, benchmark_dtypes, fla_fn, make_inputs, ours_fn
+from bench_gpu import ATTRS, benchmark_arguments, benchmark_dtypes, fla_fn, make_inputs
 
+from onnx_hybrid import cuda_ops
 from onnx_hybrid_testing.results import write_json
 
 CASES = [("decode B=1", [1]), ("decode B=32", [1] * 32)]
@@ -43,7 +46,8 @@ def main() -> None:
     args = ap.parse_args()
     print(f"# {datetime.date.today()} {torch.cuda.get_device_name()}  host time per call, "
           f"{args.calls} calls x {args.reps} loops")
-    print(f"{'case':16s} {'dtype':9s} {'ours us':>9s} {'FLA us':>9s} {'FLA/ours':>9s}")
+    print(f"{'case':16s} {'dtype':9s} {'ours us':>9s} {'bound us':>9s} {'FLA us':>9s} {'FLA/ours':>9s} "
+          f"{'FLA/bound':>9s}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for dtype_name in benchmark_dtypes(args.dtype):
@@ -51,12 +55,16 @@ def main() -> None:
             if args.cases and not any(c in name for c in args.cases.split(",")):
                 continue
             feeds, outs, fla = make_inputs(lengths, getattr(torch, dtype_name), 0, gen)
-            ours = host_time(ours_fn(feeds, outs, 0, None), args.calls, args.reps)
+            stream = torch.cuda.current_stream().cuda_stream
+            ours = host_time(lambda: cuda_ops.gated_delta_net(feeds, outputs=outs, stream=stream, **ATTRS),
+                             args.calls, args.reps)
+            bound = host_time(cuda_ops.bind_gated_delta_net(feeds, outputs=outs, stream=stream, **ATTRS),
+                              args.calls, args.reps)
             theirs = None if args.no_fla else host_time(fla_fn(fla, 1), args.calls, args.reps)
-            ratio = f"{theirs / ours:9.2f}" if theirs else f"{'':>9s}"
+            ratios = f"{theirs / ours:9.2f} {theirs / bound:9.2f}" if theirs else f"{'':>9s} {'':>9s}"
             fla_us = f"{theirs * 1e6:9.1f}" if theirs else f"{'':>9s}"
-            print(f"{name:16s} {dtype_name:9s} {ours * 1e6:9.1f} {fla_us} {ratio}")
-            rows.append({"case": name, "dtype": dtype_name, "ours_us": ours * 1e6,
+            print(f"{name:16s} {dtype_name:9s} {ours * 1e6:9.1f} {bound * 1e6:9.1f} {fla_us} {ratios}")
+            rows.append({"case": name, "dtype": dtype_name, "ours_us": ours * 1e6, "bound_us": bound * 1e6,
                          "fla_us": theirs * 1e6 if theirs else None})
     write_json(args.json, "bench_gpu_host", torch.cuda.get_device_name(), rows, calls=args.calls, reps=args.reps)
 

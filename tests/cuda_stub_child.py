@@ -8,6 +8,8 @@ A call is a dict with "op":
   gdn, gdn_workspace: dtype, batch, tokens, hk, hv, dk, dv; optional per_key, capacity, knobs (engine, rec_rows,
       rec_groups, scan_width, prep_heads), shift (input or output name -> bytes added to its address),
       short_output (the given output one token short)
+  gdn_bound, conv_bound: as gdn / conv, bound (bind_*) and then launched "launches" times; gdn_bound binds without
+      a workspace unless "workspace" is true
   conv: dtype, batch, tokens, channels; optional kernel_size (4), capacity, state_offset (final_state's address
       minus initial_state's: 0 is in place; default far apart)
   replay_gdn: batch, hk, hv, dk, dv, capacity;  replay_conv: dtype, batch, channels, state_len, capacity
@@ -55,7 +57,22 @@ def gdn_arrays(c):
 
 def run(c):
     op = c["op"]
-    if op in ("gdn", "gdn_workspace"):
+    if op == "gdn_bound":
+        feeds, outputs, attrs = gdn_arrays(c)
+        workspace = fake((1 << 28,), "int32") if c.get("workspace") else None
+        bound = api.bind_gated_delta_net(feeds, outputs=outputs, stream=0x10, workspace=workspace, **attrs)
+        for _ in range(c["launches"]):
+            bound()
+    elif op == "conv_bound":
+        b, t, ch, dtype = c["batch"], c["tokens"], c["channels"], c["dtype"]
+        feeds = {"input": fake((t, ch), dtype), "weight": fake((ch, 1, 4), dtype), "bias": fake((ch,), dtype),
+                 "initial_state": fake((b, ch, 3), dtype), "cumulative_sequence_length": fake((b + 1,), "int32")}
+        outputs = {"output": fake((t, ch), dtype), "final_state": fake((b, ch, 3), dtype),
+                   "state_update": fake((b, 0, ch), dtype)}
+        bound = api.bind_varlen_causal_conv(feeds, outputs=outputs, stream=0x10)
+        for _ in range(c["launches"]):
+            bound()
+    elif op in ("gdn", "gdn_workspace"):
         feeds, outputs, attrs = gdn_arrays(c)
         knobs = c.get("knobs", {})
         if op == "gdn_workspace":

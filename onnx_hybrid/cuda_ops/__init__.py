@@ -7,8 +7,9 @@
   configuration the kernels compile against (ops/native/cuda/kernels/launch_config.h).
 """
 
-from .api import PlanError, gated_delta_net, gdn_workspace_bytes, replay_conv, replay_gdn, varlen_causal_conv
+from .api import (BoundCall, PlanError, bind_gated_delta_net, bind_varlen_causal_conv, gated_delta_net,
+                  gdn_workspace_bytes, replay_conv, replay_gdn, varlen_causal_conv)
 from .compiler import compile_image
 
-__all__ = ["PlanError", "compile_image", "gated_delta_net", "gdn_workspace_bytes", "replay_conv", "replay_gdn",
-           "varlen_causal_conv"]
+__all__ = ["BoundCall", "PlanError", "bind_gated_delta_net", "bind_varlen_causal_conv", "compile_image",
+           "gated_delta_net", "gdn_workspace_bytes", "replay_conv", "replay_gdn", "varlen_causal_conv"]

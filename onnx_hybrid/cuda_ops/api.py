@@ -198,11 +198,20 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
     ``engine`` (auto | chunked | recurrent), ``rec_rows``, ``rec_groups``, ``scan_width`` and ``prep_heads`` are
     test and tuning knobs of the library's plan; ``only_kernels`` launches only the plan's kernels whose names
     start with one of these prefixes (per-kernel timing)."""
+    return _gdn(feeds, outputs, stream, workspace, engine, (rec_rows, rec_groups, scan_width, prep_heads),
+                only_kernels, attributes)[0]
+
+
+def _gdn(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: Any, workspace: Any, engine: str,
+         knobs: tuple, only_kernels: tuple[str, ...] | None, attributes: dict,
+         binding: bool = False) -> tuple[tuple, _PreparedCall | None]:
+    """gated_delta_net's work; also returns the checked call it ran (None where the outputs were not all given).
+    ``binding``: a missing workspace is an error, not one from CuPy's pool (the bound call launches again later)."""
+    rec_rows, rec_groups, scan_width, prep_heads = knobs
     op = contract.GATED_DELTA_NET.name
     if engine not in _ENGINES:
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
-    given_attributes = tuple(sorted(attributes.items()))
-    attrs = _attributes(op, given_attributes)
+    given_attributes = tuple(attributes.items())  # in the caller's order: the reuse key, not the rule
     t = _tensors(contract.GATED_DELTA_NET, feeds, host=("state_update_active",))
     active = _host_flag(feeds.get("state_update_active"))
     outputs = dict(outputs or {})
@@ -211,9 +220,10 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
     # checked and filled call struct: only pointers, the stream and the active flag change.
     signature = _signature(t, outs, given_attributes, (engine, rec_rows, rec_groups, scan_width, prep_heads,
                                                        only_kernels, active is None))
-    prepared = _prepared_calls().get((op, signature)) if signature else None
+    prepared = _prepared_calls().get((op, signature)) if signature and not binding else None
     if prepared is not None:
-        return _run_prepared(prepared, t, outputs, outs, active, stream, workspace, op)
+        return _run_prepared(prepared, t, outputs, outs, active, stream, workspace, op), prepared
+    attrs = _attributes(op, tuple(sorted(given_attributes)))
     q = t["query"]
     act_types = ("float32", "float16", "bfloat16")
     _check_type(op, "query", q, act_types)
@@ -231,7 +241,7 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
     call, active_host = _gdn_call(t, active, engine, attrs, stream)
     call.rec_rows, call.rec_groups = rec_rows or 0, rec_groups or 0
     call.scan_width, call.prep_heads = scan_width or 0, prep_heads or 0
-    call.only_kernels = ",".join(only_kernels).encode() if only_kernels else None
+    call.only_kernels = _kernel_filter(only_kernels)
     scratch = None
     if workspace is not None:
         scratch = as_device_tensor(workspace, "workspace")
@@ -246,11 +256,20 @@ def gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | No
         arrays = _allocate(outputs, call, _OUTPUT_NAMES, dtypes, device, op)
         code = _run(lib.onnx_hybrid_cuda_gated_delta_net, call, device, call.stream, op)
     if code == _NEEDS_MEMORY:
+        if binding and workspace is None:
+            raise ValueError(f"{op}: this call runs the chunked kernels; bind it with a workspace of at least "
+                             f"{call.workspace_needed} bytes (gdn_workspace_bytes)")
         _launch_with_workspace(lib.onnx_hybrid_cuda_gated_delta_net, call, device, workspace, scratch, op)
+    prepared = None
     if signature:
-        entry = lib.onnx_hybrid_cuda_gated_delta_net
-        _prepared_calls()[(op, signature)] = _PreparedCall(call, active_host, device, entry, t)
-    return tuple(arrays)
+        prepared = _PreparedCall(call, active_host, device, lib.onnx_hybrid_cuda_gated_delta_net, t)
+        _prepared_calls()[(op, signature)] = prepared
+    return tuple(arrays), prepared
+
+
+def _kernel_filter(only_kernels: tuple[str, ...] | None) -> bytes | None:
+    """The library's kernel filter: None launches the whole plan, an empty tuple none of it."""
+    return None if only_kernels is None else ",".join(only_kernels).encode()
 
 
 def _gdn_call(tensors: Mapping[str, DeviceTensor | None], active: int | None, engine: str, attrs: Mapping[str, Any],
@@ -360,16 +379,22 @@ def gdn_workspace_bytes(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any],
 def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None, stream: Any = None,
                        only_kernels: tuple[str, ...] | None = None, **attributes):
     """Run VarlenCausalConvWithState; returns (output, final_state, state_update) as device arrays."""
+    return _conv(feeds, outputs, stream, only_kernels, attributes)[0]
+
+
+def _conv(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: Any,
+          only_kernels: tuple[str, ...] | None, attributes: dict) -> tuple[tuple, _PreparedCall | None]:
+    """varlen_causal_conv's work; also returns the checked call it ran (None where the outputs were not all given)."""
     op = contract.VARLEN_CAUSAL_CONV.name
-    given_attributes = tuple(sorted(attributes.items()))
-    attrs = _attributes(op, given_attributes)
+    given_attributes = tuple(attributes.items())
     t = _tensors(contract.VARLEN_CAUSAL_CONV, feeds)
     outputs = dict(outputs or {})
     outs = _output_tensors(outputs)
     signature = _signature(t, outs, given_attributes, (only_kernels,))
     prepared = _prepared_calls().get((op, signature)) if signature else None
     if prepared is not None:
-        return _run_prepared(prepared, t, outputs, outs, None, stream, None, op)
+        return _run_prepared(prepared, t, outputs, outs, None, stream, None, op), prepared
+    attrs = _attributes(op, tuple(sorted(given_attributes)))
     x = t["input"]
     _check_type(op, "input", x, ("float32", "float16", "bfloat16"))
     for name in ("weight", "bias", "initial_state"):
@@ -384,7 +409,7 @@ def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] |
     for i, port in enumerate(contract.VARLEN_CAUSAL_CONV.inputs):
         _set_array(call.inputs[i], t[port.name])
     call.type = _TYPE_CODE[x.dtype]
-    call.only_kernels = ",".join(only_kernels).encode() if only_kernels else None
+    call.only_kernels = _kernel_filter(only_kernels)
     call.set_attributes(attrs)
     call.stream = stream_pointer(stream)
     dtypes = (x.dtype,) * 3
@@ -394,10 +419,70 @@ def varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any] |
     if not given or code == _OUTPUT_SHAPES:  # the library reported the outputs' shapes
         arrays = _allocate(outputs, call, _OUTPUT_NAMES, dtypes, device, op)
         _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
+    prepared = None
     if signature:
-        entry = lib.onnx_hybrid_cuda_varlen_causal_conv
-        _prepared_calls()[(op, signature)] = _PreparedCall(call, None, device, entry, t)
-    return tuple(arrays)
+        prepared = _PreparedCall(call, None, device, lib.onnx_hybrid_cuda_varlen_causal_conv, t)
+        _prepared_calls()[(op, signature)] = prepared
+    return tuple(arrays), prepared
+
+
+class BoundCall:
+    """An operator call checked and planned once over fixed arrays; calling it launches that call again on its
+    stream, for about one library call of host time (a decode loop that writes each step's inputs into the same
+    buffers). Returns the outputs, like the call it binds. The bound arrays are kept alive; their memory and shapes
+    must not change while it is in use. ``state_update_active`` (GatedDeltaNet bound with that input) sets the host
+    flag for this launch and the next ones."""
+
+    __slots__ = ("_call", "_entry", "_device", "_stream", "_op", "_active", "_results", "_arrays")
+
+    def __init__(self, prepared: _PreparedCall, results: tuple, op: str, feeds: Mapping[str, Any]):
+        # A struct of its own: later calls of the unbound API that reuse the prepared one write theirs.
+        self._call = type(prepared.call).from_buffer_copy(prepared.call)
+        self._call.only_kernels = None
+        self._entry, self._device, self._stream, self._op = prepared.entry, prepared.device, self._call.stream, op
+        self._active = None
+        if prepared.active is not None:
+            self._active = ctypes.c_int32(prepared.active.value)
+            self._call.inputs[_ACTIVE_INPUT].set((1,), ctypes.addressof(self._active))
+        self._results, self._arrays = results, dict(feeds)
+
+    def __call__(self, state_update_active: int | None = None) -> tuple:
+        if state_update_active is not None:
+            if self._active is None:
+                raise ValueError(f"{self._op}: bound without state_update_active")
+            self._active.value = state_update_active
+        _run(self._entry, self._call, self._device, self._stream, self._op)
+        return self._results
+
+
+_ACTIVE_INPUT = next(p.index for p in contract.GATED_DELTA_NET.inputs if p.name == "state_update_active")
+
+
+def bind_gated_delta_net(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any], stream: Any = None,
+                         workspace: Any = None, engine: str = "auto", **attributes) -> BoundCall:
+    """gated_delta_net over these arrays, checked and planned now, launched by each call of the result. All three
+    outputs must be given, and a ``workspace`` where the plan runs the chunked kernels (``gdn_workspace_bytes``).
+    Launches nothing."""
+    op = contract.GATED_DELTA_NET.name
+    _require_outputs(op, outputs)
+    results, prepared = _gdn(feeds, outputs, stream, workspace, engine, (None,) * 4, (), attributes, binding=True)
+    return BoundCall(prepared, results, op, {**feeds, **outputs, "workspace": workspace})
+
+
+def bind_varlen_causal_conv(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any], stream: Any = None,
+                            **attributes) -> BoundCall:
+    """varlen_causal_conv over these arrays, checked and planned now, launched by each call of the result (all
+    three outputs given). Launches nothing."""
+    op = contract.VARLEN_CAUSAL_CONV.name
+    _require_outputs(op, outputs)
+    results, prepared = _conv(feeds, outputs, stream, (), attributes)
+    return BoundCall(prepared, results, op, {**feeds, **outputs})
+
+
+def _require_outputs(op: str, outputs: Mapping[str, Any]) -> None:
+    missing = [name for name in _OUTPUT_NAMES if outputs.get(name) is None]
+    if missing:
+        raise ValueError(f"{op}: a bound call needs all three outputs; missing {', '.join(missing)}")
 
 
 def _accepted(accepted: Any, batch: int, device: int) -> DeviceTensor:

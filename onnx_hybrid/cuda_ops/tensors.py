@@ -8,7 +8,7 @@ cost more host time than a decode kernel takes); other producers' bfloat16 arriv
 from __future__ import annotations
 
 import ctypes
-import functools
+import sys
 from typing import Any, NamedTuple
 
 ELEMENT_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
@@ -41,10 +41,11 @@ def _contiguous_strides(shape, itemsize):
 def as_device_tensor(x: Any, name: str) -> DeviceTensor:
     if isinstance(x, DeviceTensor):
         return x
-    if type(x).__module__.partition(".")[0] == "torch":  # torch's array interface costs ~5 us a tensor, DLPack more
-        dtype = _torch_types().get(x.dtype)
-        if dtype is not None and x.is_cuda and x.is_contiguous():
-            return DeviceTensor(x.data_ptr(), tuple(x.shape), dtype, x.get_device(), x)
+    torch_tensor = _TORCH[0] or _torch_tensor_type()
+    if torch_tensor is not None and isinstance(x, torch_tensor):  # its array interface costs ~5 us, DLPack more
+        dtype, device = _TORCH[1].get(x.dtype), x.get_device()  # device -1: CPU
+        if dtype is not None and device >= 0 and x.is_contiguous():
+            return DeviceTensor(x.data_ptr(), x.shape, dtype, device, x)  # torch.Size is a tuple
     try:
         import cupy
     except ImportError:  # pragma: no cover - cupy is a dependency of this package's GPU extra
@@ -73,11 +74,18 @@ def as_device_tensor(x: Any, name: str) -> DeviceTensor:
                     f"got {type(x).__name__}")
 
 
-@functools.cache
-def _torch_types() -> dict:
-    import torch
+_TORCH: list = [None, {}]  # torch.Tensor and torch's element types by name, once torch is imported
 
-    return {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int32: "int32"}
+
+def _torch_tensor_type():
+    """torch.Tensor if the process has imported torch (an array can only be a torch tensor then), else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "Tensor"):
+        return None
+    _TORCH[1].update({torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+                      torch.int32: "int32"})
+    _TORCH[0] = torch.Tensor
+    return torch.Tensor
 
 
 def _device_of(x: Any, ptr: int) -> int:

@@ -348,6 +348,63 @@ def test_in_place_state_and_two_call_continuation():
     assert rel_err(to_host(state), ref_state) <= 3e-2
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_bound_calls_equal_unbound_calls_step_by_step(dtype):
+    """A decode loop over bound buffers (bind_gated_delta_net / bind_varlen_causal_conv; each step's inputs written
+    into them, the states updated in place, state_update_active toggled) gives bitwise what unbound calls on fresh
+    arrays give."""
+    attrs = dict(update_rule="gated_delta", gate_activation="qwen", beta_activation="sigmoid", qk_l2_norm=1,
+                 state_update_capacity=2)
+    first = random_gdn_case(np.random.default_rng(11), lengths=(1, 1, 1), dtype=dtype, capacity=2, active=1, **D128)
+    buffers = {k: (v if k == "state_update_active" else to_gpu(v)) for k, v in first.feeds.items()}
+    act = TORCH_TYPES[np.dtype(first.feeds["query"].dtype)]
+    width = contract.gdn_capsule_width(2, 4, 2, 128, 128)
+    bound_out = {"output": poisoned((3, 4, 128), act), "final_state": buffers["initial_state"],
+                 "state_update": poisoned((3, width), torch.float32)}
+    gdn = cuda_ops.bind_gated_delta_net(buffers, outputs=bound_out, **attrs)
+    conv_case = random_conv_case(np.random.default_rng(12), lengths=(1, 1, 1), channels=40, dtype=dtype)
+    conv_buffers = {k: to_gpu(v) for k, v in conv_case.feeds.items()}
+    conv_out = {"output": torch.empty_like(conv_buffers["input"]), "final_state": conv_buffers["initial_state"],
+                "state_update": torch.empty((3, 0, 40), dtype=act, device="cuda")}
+    conv = cuda_ops.bind_varlen_causal_conv(conv_buffers, outputs=conv_out, **conv_case.attributes)
+    state, conv_state = buffers["initial_state"].clone(), conv_buffers["initial_state"].clone()
+    for step in range(4):
+        case = random_gdn_case(np.random.default_rng(20 + step), lengths=(1, 1, 1), dtype=dtype, **D128)
+        fresh = {k: to_gpu(case.feeds[k]) for k in ("query", "key", "value", "decay", "beta")}
+        for k, v in fresh.items():
+            buffers[k].copy_(v)
+        active = step % 2
+        out, _, capsule = gdn(state_update_active=active)
+        want = cuda_ops.gated_delta_net({**buffers, **fresh, "initial_state": state, "state_update_active": active},
+                                        outputs={"output": torch.empty_like(out), "final_state": state,
+                                                 "state_update": torch.empty_like(capsule)}, **attrs)
+        x = to_gpu(random_conv_case(np.random.default_rng(30 + step), lengths=(1, 1, 1), channels=40,
+                                    dtype=dtype).feeds["input"])
+        conv_buffers["input"].copy_(x)
+        conv_got = conv()
+        conv_want = cuda_ops.varlen_causal_conv({**conv_buffers, "input": x, "initial_state": conv_state},
+                                                outputs={"output": torch.empty_like(x), "final_state": conv_state,
+                                                         "state_update": torch.empty_like(conv_out["state_update"])},
+                                                **conv_case.attributes)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want[0]) and torch.equal(buffers["initial_state"], state)
+        assert torch.equal(capsule, want[2])  # all zeros on the inactive steps
+        assert torch.equal(conv_got[0], conv_want[0]) and torch.equal(conv_buffers["initial_state"], conv_state)
+
+
+def test_binding_needs_every_output_and_a_chunked_workspace():
+    case = random_gdn_case(np.random.default_rng(13), lengths=(70,), dtype="float16", **D128)
+    feeds = {k: to_gpu(v) for k, v in case.feeds.items()}
+    with pytest.raises(ValueError, match="a bound call needs all three outputs; missing state_update"):
+        cuda_ops.bind_gated_delta_net(feeds, outputs={"output": torch.empty((70, 4, 128), dtype=torch.float16,
+                                                                            device="cuda"),
+                                                      "final_state": feeds["initial_state"]}, **case.attributes)
+    outputs = {"output": torch.empty((70, 4, 128), dtype=torch.float16, device="cuda"),
+               "final_state": feeds["initial_state"], "state_update": torch.empty((1, 0), device="cuda")}
+    with pytest.raises(ValueError, match="runs the chunked kernels; bind it with a workspace of at least"):
+        cuda_ops.bind_gated_delta_net(feeds, outputs=outputs, **case.attributes)
+
+
 def test_programmatic_chain_in_a_graph_is_bitwise_plain():
     """A 64-token prefill (chunked engine: prep, scan, tail pass) and six decode steps, chained through one
     in-place state and captured into a CUDA graph with programmatic dependent launch (the default on sm_90+),

@@ -91,6 +91,24 @@ def test_a_repeated_call_launches_with_its_own_arrays(driver):
     assert conv1[0]["first_pointer"] != conv2[0]["first_pointer"]
 
 
+def test_a_bound_call_launches_its_plan_each_time_and_nothing_when_bound(driver):
+    """bind_* checks and plans without launching; each call of the bound call launches the plan over the bound
+    arrays, as the unbound call of those shapes does. A plan with the chunked kernels needs a bound workspace."""
+    conv = dict(op="conv_bound", dtype="float16", batch=32, tokens=32, channels=1024)
+    bound0, bound3, unbound, conv0, conv2, chunked, chunked_ws = planned_launches(driver, [
+        {**gdn(32, 32), "op": "gdn_bound", "launches": 0}, {**gdn(32, 32), "op": "gdn_bound", "launches": 3},
+        gdn(32, 32), {**conv, "launches": 0}, {**conv, "launches": 2},
+        {**gdn(2, 120), "op": "gdn_bound", "launches": 1},
+        {**gdn(2, 120), "op": "gdn_bound", "launches": 1, "workspace": True}])
+    assert bound0 == [] and conv0 == []
+    assert [ln["kernel"] for ln in bound3] == ["gdn_recurrent_f16_k128_r8_decode"] * 3
+    assert [ln["grid"] for ln in bound3] == [unbound[0]["grid"]] * 3
+    assert len({ln["first_pointer"] for ln in bound3}) == 1 and bound3[0]["first_pointer"] != unbound[0]["first_pointer"]
+    assert [ln["kernel"] for ln in conv2] == ["conv_decode_f16"] * 2
+    assert chunked.startswith("ValueError | GatedDeltaNet: this call runs the chunked kernels; bind it with a workspace")
+    assert [ln["kernel"] for ln in chunked_ws] == [ln["kernel"] for ln in planned_launches(driver, [gdn(2, 120)])[0]]
+
+
 def test_chunked_workspace_follows_the_geometry(driver):
     ws = dict(op="gdn_workspace")
     results = planned_launches(driver, [{**gdn(2, 120), **ws}, {**gdn(32, 32), **ws},
