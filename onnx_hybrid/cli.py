@@ -94,7 +94,9 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 4 on cpu: with int4 block 32 or int8 block 32/64 a row's result then does not "
                              "depend on the rows beside it, so speculative verify steps equal plain decoding; 0 on "
                              "cuda, where no setting does)")
-    parser.add_argument("--quantize-lm-head", action="store_true", help="quantize the lm_head too")
+    parser.add_argument("--quantize-lm-head", action="store_true",
+                        help="quantize the lm_head too, as the builder's int4 export does (0.8B, int4, 2 CPU threads: "
+                             "decode 16.4 -> 30.7 tok/s; it is the largest matrix a decode step reads)")
     parser.add_argument("--quantize-embedding", action="store_true",
                         help="quantize the embedding table too (GatherBlockQuantized)")
     parser.add_argument("--kv-cache", choices=list(KV_CACHES), default=None,
