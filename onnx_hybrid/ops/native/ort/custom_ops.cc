@@ -528,16 +528,24 @@ bool SameShape(const Shape& shape, const int64_t (&dims)[4], int32_t rank) {
   return static_cast<size_t>(rank) == shape.size() && std::equal(shape.begin(), shape.end(), dims);
 }
 
-// Whether all three outputs are given with the resolved shapes (the caller wrote theirs into the call).
-bool GivenOutputsMatch(const int64_t (&dims)[3][4], const int32_t (&ranks)[3], const Shape& output,
-                       const Shape& state, const Shape& capsule) {
-  return SameShape(output, dims[0], ranks[0]) && SameShape(state, dims[1], ranks[1]) &&
-         SameShape(capsule, dims[2], ranks[2]);
-}
-
 void WriteShape(const Shape& shape, int64_t (&dims)[4], int32_t* rank) {
   *rank = static_cast<int32_t>(shape.size());
   for (size_t i = 0; i < shape.size() && i < 4; ++i) dims[i] = shape[i];
+}
+
+// Writes the three resolved output shapes into an OhGdnCall / OhConvCall; kLaunched when all three outputs are
+// given with those shapes (the caller wrote theirs), else what the entry point returns: kNeedsMemory (one is
+// missing) or kOutputShapes (given with other shapes).
+template <class Call>
+int ReportOutputs(Call* call, const Shape& output, const Shape& state, const Shape& capsule) {
+  const bool given = call->outputs[0] && call->outputs[1] && call->outputs[2];
+  const bool match = given && SameShape(output, call->output_dims[0], call->output_ranks[0]) &&
+                     SameShape(state, call->output_dims[1], call->output_ranks[1]) &&
+                     SameShape(capsule, call->output_dims[2], call->output_ranks[2]);
+  WriteShape(output, call->output_dims[0], &call->output_ranks[0]);
+  WriteShape(state, call->output_dims[1], &call->output_ranks[1]);
+  WriteShape(capsule, call->output_dims[2], &call->output_ranks[2]);
+  return !given ? kNeedsMemory : match ? kLaunched : kOutputShapes;
 }
 
 // The plan's launches whose kernel names start with one of the comma-separated prefixes (null: all of them).
@@ -708,15 +716,9 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_gated_delta_net(OhGdnCall* call) {
     const GdnAttributes attrs = AttributesOf(*call);
     const void* data[g::kNumInputs];
     const GdnGeometry geo = ResolveGdn(ShapesOf(call->inputs, data), attrs);
-    const bool given = call->outputs[0] && call->outputs[1] && call->outputs[2];
-    const bool match = given && GivenOutputsMatch(call->output_dims, call->output_ranks, geo.output_shape,
-                                                  geo.state_shape, geo.capsule_shape());
-    WriteShape(geo.output_shape, call->output_dims[0], &call->output_ranks[0]);
-    WriteShape(geo.state_shape, call->output_dims[1], &call->output_ranks[1]);
-    WriteShape(geo.capsule_shape(), call->output_dims[2], &call->output_ranks[2]);
     call->workspace_needed = 0;
-    if (!given) return kNeedsMemory;
-    if (!match) return kOutputShapes;
+    const int outputs = ReportOutputs(call, geo.output_shape, geo.state_shape, geo.capsule_shape());
+    if (outputs != kLaunched) return outputs;
     if (call->engine < 0 || call->engine > 2)
       throw std::invalid_argument("engine must be 0 (auto), 1 (chunked) or 2 (recurrent)");
     GdnPlanKnobs knobs;
@@ -747,14 +749,8 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_varlen_causal_conv(OhConvCall* call) {
     const ConvAttributes attrs = AttributesOf(*call);
     const void* data[cv::kNumInputs];
     const ConvGeometry geo = ResolveConv(ShapesOf(call->inputs, data), attrs);
-    const bool given = call->outputs[0] && call->outputs[1] && call->outputs[2];
-    const bool match = given && GivenOutputsMatch(call->output_dims, call->output_ranks, geo.output_shape(),
-                                                  geo.state_shape(), geo.capsule_shape());
-    WriteShape(geo.output_shape(), call->output_dims[0], &call->output_ranks[0]);
-    WriteShape(geo.state_shape(), call->output_dims[1], &call->output_ranks[1]);
-    WriteShape(geo.capsule_shape(), call->output_dims[2], &call->output_ranks[2]);
-    if (!given) return kNeedsMemory;
-    if (!match) return kOutputShapes;
+    const int outputs = ReportOutputs(call, geo.output_shape(), geo.state_shape(), geo.capsule_shape());
+    if (outputs != kLaunched) return outputs;
     cuda::Launcher launcher(call->stream);
     const ConvParams p = MakeConvParams(geo, attrs, data, call->outputs[0], call->outputs[1], call->outputs[2]);
     Enqueue(launcher, OnlyKernels(PlanConv(geo, type, p), call->only_kernels));
