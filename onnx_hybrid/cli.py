@@ -108,6 +108,10 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "steps in CUDA graphs and replays them (default: on for -e cuda with shared KV buffers "
                              "and no MTP head); for batches > 1 run onnxruntime-genai with "
                              "ORTGENAI_SHARE_RECURRENT_STATE_UNDER_GRAPH_CAPTURE=0 (README)")
+    parser.add_argument("--linear-op", action=argparse.BooleanOptionalAction, default=None,
+                        help="projections in the activation type as onnx_hybrid::Linear instead of Gemm: the same "
+                             "product, whose CUDA kernel reads a decode or verify step's weights (up to 8 rows) at "
+                             "the copy rate (default: on for -e cuda with fp16/bf16 and our ops)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bar and no summary (warnings and errors still go to stderr)")
@@ -133,7 +137,7 @@ def _run_export(args: argparse.Namespace) -> None:
                  weight_block=args.weight_block, weight_asymmetric=args.weight_asymmetric,
                  accuracy_level=args.accuracy_level, quantize_lm_head=args.quantize_lm_head,
                  quantize_embedding=args.quantize_embedding, kv_cache=args.kv_cache, cuda_graph=args.cuda_graph,
-                 **paged_options)
+                 linear_op=args.linear_op, **paged_options)
     if not args.quiet:
         print("\n".join(summarize(args.model_dir, out, time.perf_counter() - start).lines()))
 

@@ -8,6 +8,7 @@ process per (export, CUDA graph on/off), so memory and CUDA state never leak fro
 Exports (names used in row ids):
   ours            export-hybrid -e cuda, fp16 (fp32 on --device cpu), our GatedDeltaNet / conv kernels; on
                   CUDA its defaults: GroupQueryAttention over shared KV buffers, enable_cuda_graph on
+  ours-gemm       ours with --no-linear-op: ONNX's Gemm for the projections instead of our Linear
   ours-ms         the same with --op-domain com.microsoft (ONNX Runtime's own kernels)
   ours-int4       ours with --weights int4 (MatMulNBits, block 32, symmetric)
   ours-int4-head  ours-int4 with --quantize-lm-head (the builder's int4 export quantizes its lm_head too)
@@ -127,6 +128,7 @@ def exports(args) -> list[Export]:
     extra = dict(kv.split("=", 1) for kv in args.builder_option)
     return [
         Export("ours", False, options=("--dtype", float_type, "--no-mtp")),
+        Export("ours-gemm", False, options=("--dtype", float_type, "--no-mtp", "--no-linear-op")),
         Export("ours-int4", False, options=("--dtype", float_type, "--no-mtp", "--weights", "int4")),
         Export("ours-int4-head", False, options=("--dtype", float_type, "--no-mtp", "--weights", "int4",
                                                  "--quantize-lm-head")),
@@ -483,7 +485,7 @@ def markdown(results: dict, args) -> str:
 
 
 def _export_order(name: str) -> int:
-    order = ["ours", "ours-int4", "ours-int4-head", "ours-ms", "builder-fp16", "builder-fp32", "builder-int4",
+    order = ["ours", "ours-gemm", "ours-int4", "ours-int4-head", "ours-ms", "builder-fp16", "builder-fp32", "builder-int4",
              "ours-paged", "builder-paged"]
     return order.index(name) if name in order else len(order)
 

@@ -61,7 +61,8 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
            mtp: bool = True, logits_dtype: str | None = None, max_draft_tokens: int | None = None,
            execution_provider: str = "cpu", cuda_archs=None, weights: str | None = None, weight_block: int = 32,
            weight_asymmetric: bool = False, accuracy_level: int | None = None, quantize_lm_head: bool = False,
-           quantize_embedding: bool = False, kv_cache: str | None = None, cuda_graph: bool | None = None) -> Path:
+           quantize_embedding: bool = False, kv_cache: str | None = None, cuda_graph: bool | None = None,
+           linear_op: bool | None = None) -> Path:
     """Export ``model_dir`` to ``out_dir`` (model.onnx + external data, genai_config.json, tokenizer).
 
     ``execution_provider`` (``cpu`` or ``cuda``) is written into the session options of the decoder and the
@@ -103,6 +104,11 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     ``cuda_graph`` writes the CUDA provider's ``enable_cuda_graph``, so onnxruntime-genai captures decode steps
     in CUDA graphs and replays them. Default: on for a CUDA export with shared KV buffers and no MTP head (the
     head's verify steps change shape from step to step, which a captured graph cannot follow).
+
+    ``linear_op`` writes the projections kept in the activation type as ``onnx_hybrid::Linear`` instead of
+    ``Gemm(transB=1)``: the same product, whose CUDA kernel reads the weights of a step of up to 8 rows (decode,
+    verify) at the copy rate and hands larger ones to cuBLAS as ORT's Gemm does. Default: on for a fp16/bf16
+    CUDA export that uses the library (docs/op-contract.md#linear).
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if execution_provider not in EXECUTION_PROVIDERS:
@@ -169,14 +175,16 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
         log.warning("speculative decoding with this export may leave plain decoding's tokens: %s "
                     "(docs/lossless-speculative.md)", why)
     logits_type = ir.DataType.from_numpy(_numpy_dtype(logits_dtype)) if logits_dtype else None
-    uses_library = op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN)
+    if linear_op is None:
+        linear_op = on_cuda and np_act != np.float32 and op_domain == contract.DOMAIN
+    uses_library = op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN) or linear_op
     library = _op_library() if uses_library else None  # an unbuilt library fails now, not after the weights
     library_name = library.name if library else None
     archs = _cuda_archs(cuda_archs) if on_cuda and library else ()
 
     ctx = GraphContext(config=cfg, weights=Weights(checkpoint), act=ir.DataType.from_numpy(np_act),
                        np_act=np_act, op_domain=op_domain, capacity=state_update_capacity, quant=quant,
-                       kv_cache=kv_cache)
+                       kv_cache=kv_cache, linear_op=linear_op)
     layout = PagedLayout(block_size, paged_attention) if paged else None
     num_blocks = pool_num_blocks(num_blocks, cfg, block_size=block_size, kernel=paged_attention,
                                  itemsize=np_act.itemsize, head_layers=int(with_mtp)) if paged else num_blocks

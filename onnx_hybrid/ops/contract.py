@@ -190,7 +190,23 @@ PAGED_ATTENTION = OpSpec(
     inplace=((3, 1), (4, 2)),
 )
 
-OPS: dict[str, OpSpec] = {op.name: op for op in (GATED_DELTA_NET, VARLEN_CAUSAL_CONV, PAGED_ATTENTION)}
+# A projection y = input @ weight^T with the weight stored [out_features, in_features] as checkpoints hold it: what
+# ONNX's Gemm(transB=1) computes. Its CUDA kernel reads the weight at the copy rate for the few rows of a decode
+# or verify step, the same bits for a row whichever rows share the call (docs/op-contract.md#linear).
+LINEAR = OpSpec(
+    name="Linear",
+    inputs=(
+        Port(0, "input", "T", False, doc="[rows, in_features]"),
+        Port(1, "weight", "T", False, doc="[out_features, in_features]"),
+    ),
+    outputs=(Port(0, "output", "T", False, doc="[rows, out_features]"),),
+    attributes=(),
+)
+
+OPS: dict[str, OpSpec] = {op.name: op for op in (GATED_DELTA_NET, VARLEN_CAUSAL_CONV, PAGED_ATTENTION, LINEAR)}
+# The ops the library also registers under com.microsoft (ORT's own names for the two state ops, which a graph may
+# use with --op-domain com.microsoft); PagedAttention and Linear live in our domain only.
+MS_DOMAIN_OPS = frozenset({GATED_DELTA_NET.name, VARLEN_CAUSAL_CONV.name})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -280,6 +296,11 @@ MESSAGES: dict[str, str] = {
                       "got {2} and {3}",
     "conv_cu_order": "cumulative_sequence_length must be non-decreasing: cumulative_sequence_length[{0}] = "
                      "{1} follows cumulative_sequence_length[{2}] = {3}",
+    # Linear, run
+    "linear_rank": "input must be rank 2 [rows, in_features] and weight rank 2 [out_features, in_features]; got "
+                   "input shape {0}, weight shape {1}",
+    "linear_in_features": "weight in_features must equal input's: expected {0}, got {1}",
+    "linear_empty_features": "in_features must be positive, got {0}",
     # PagedAttention, kernel creation
     "pa_num_heads": "num_heads must be a positive int32, got {0}",
     "pa_kv_num_heads": "kv_num_heads must be a positive int32, got {0}",
@@ -631,7 +652,8 @@ def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mappi
 
 def _check_presence(op: OpSpec, present: set[str], attrs: Mapping[str, Any]) -> None:
     """The kernels' shape checks on placeholder shapes of one token, one request and unit head sizes, for the
-    inputs in ``present``: the shapes always agree, so only a presence or attribute rule can fail."""
+    inputs in ``present``: the shapes always agree, so only a presence or attribute rule can fail. (Linear has
+    neither optional inputs nor attributes.)"""
     if op is GATED_DELTA_NET:
         packed = "key" not in present and "value" not in present
         ragged = "cu_seqlens" in present
@@ -645,7 +667,7 @@ def _check_presence(op: OpSpec, present: set[str], attrs: Mapping[str, Any]) -> 
         shapes = {"input": (1, 1), "weight": (1, 1, 2), "cumulative_sequence_length": (2,), "bias": (1,),
                   "initial_state": (1, 1, conv_state_length(2, attrs["dilation"])), "capture_count": (1,)}
         resolve_conv({k: v for k, v in shapes.items() if k in present}, attrs)
-    else:
+    elif op is PAGED_ATTENTION:
         hq, hkv = attrs["num_heads"], attrs["kv_num_heads"]
         resolve_paged_attention({"query": (1, hq), "key": (1, hkv), "value": (1, hkv), "key_cache": (1, 1, hkv, 1),
                                  "value_cache": (1, 1, hkv, 1), "cumulative_sequence_lengths": (2,),
@@ -734,7 +756,7 @@ def ir_element_type(value) -> str | None:
         if node.domain in ("", "ai.onnx") and node.op_type in SAME_TYPE_AS_FIRST_INPUT:
             value = node.inputs[0]
         elif node.op_type in OPS and (node.domain == DOMAIN or (node.domain == MS_DOMAIN
-                                                                and node.op_type != PAGED_ATTENTION.name)):
+                                                                and node.op_type in MS_DOMAIN_OPS)):
             op = OPS[node.op_type]
             port = op.outputs[value.index()]
             if port.type != "T":

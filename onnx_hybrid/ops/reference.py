@@ -1,5 +1,5 @@
-"""float64 NumPy reference of GatedDeltaNet and VarlenCausalConvWithState, and of PagedAttention
-(docs/op-contract.md: #sequential-definition, #chunked-engine, #conv-math-and-state-layout, #pagedattention).
+"""float64 NumPy reference of GatedDeltaNet and VarlenCausalConvWithState, and of PagedAttention and Linear
+(docs/op-contract.md: #sequential-definition, #chunked-engine, #conv-math-and-state-layout, #pagedattention, #linear).
 
 Every function takes ``feeds`` exactly as an ONNX Runtime feed dict (the contract's input names; absent inputs
 missing or None) plus the node's attributes, checks shapes through the contract, and returns the op's three
@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import contract
-from .contract import GATED_DELTA_NET, PAGED_ATTENTION, UPDATE_RULES, VARLEN_CAUSAL_CONV
+from .contract import GATED_DELTA_NET, LINEAR, PAGED_ATTENTION, UPDATE_RULES, VARLEN_CAUSAL_CONV
 
 Feeds = Mapping[str, Any]
 
@@ -287,3 +287,15 @@ def paged_attention(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray,
             probs /= probs.sum(axis=1, keepdims=True)
             out[start + t] = np.einsum("hp,phd->hd", probs, values[:visible, kv_head])
     return out.reshape(n, -1), key_cache, value_cache
+
+
+# --------------------------------------------------------------------------------------------------
+# Linear
+# --------------------------------------------------------------------------------------------------
+
+
+def linear(feeds: Feeds) -> np.ndarray:
+    """output [rows, out_features] = input [rows, in_features] @ weight^T (weight [out_features, in_features])."""
+    _reject_unknown_inputs(LINEAR, feeds)
+    return _f64(feeds["input"]) @ _f64(feeds["weight"]).T
+

@@ -79,16 +79,20 @@ def _greedy(out_dir, domain=contract.DOMAIN, **kwargs):
     return GreedyDriver(make_session(out_dir, domain)).generate(PROMPTS, NEW_TOKENS, **kwargs)
 
 
-def test_layout_matches_transformers(case, tmp_path):
+@pytest.mark.parametrize("linear_op", [False, True], ids=["gemm", "linear"])
+def test_layout_matches_transformers(case, tmp_path, linear_op):
+    """Projections as ONNX's Gemm or as our Linear (the CUDA exports' default; here its CPU kernel)."""
     name, model_dir, ref = case
-    out = export(model_dir, tmp_path / "onnx", progress=False)
+    out = export(model_dir, tmp_path / "onnx", progress=False, linear_op=linear_op)
+    graph = onnx.load(out / "model.onnx", load_external_data=False).graph
+    op_types = {node.op_type for node in graph.node}
+    assert ("Linear" in op_types, "Gemm" in op_types) == (linear_op, not linear_op)
     result = _greedy(out)
     assert result.tokens == ref.tokens
     # Row 1 is left-padded in the batch; its last position is still the prompt's last token.
     for row in range(len(PROMPTS)):
         np.testing.assert_allclose(result.prefill_logits[row, -1], ref.last_logits[row], atol=LOGITS_TOL, rtol=0)
     if "multimodal" in name:  # vision tower and MTP weights are skipped
-        graph = onnx.load(out / "model.onnx", load_external_data=False).graph
         assert not [i.name for i in graph.initializer if "visual" in i.name or i.name.startswith("mtp.")]
 
 

@@ -1,8 +1,8 @@
 """What every layer module needs while it emits nodes: the tape, dtypes, weights and shared tensors.
 
 Activations inside the decoder are token-major 2-D ``[N, H]`` with ``N = batch * sequence``: every
-projection is then a ``Gemm(transB=1)`` straight on the checkpoint's ``[out, in]`` weight (no
-transposed copy at export, and ORT prepacks Gemm's B once), the conv op takes ``[T, C]`` as is, and
+projection is then a ``Gemm(transB=1)`` (or our ``Linear``, the same product) straight on the checkpoint's
+``[out, in]`` weight (no transposed copy at export, and ORT prepacks Gemm's B once), the conv op takes ``[T, C]`` as is, and
 GatedDeltaNet takes the conv output ``[N, q | k | v]`` whole, in its packed-QKV form.
 Only attention needs ``[B, S, ...]`` views, built from one shared shape tensor.
 """
@@ -91,6 +91,9 @@ class GraphContext:
     layer_prefix: str = "model.layers."
     quant: QuantOptions | None = None  # quantized projections (None: every weight in the activation type)
     kv_cache: str = "concat"  # non-paged KV: "concat" (grows per step) or "shared" (group_query_attention.py)
+    # Projections in the activation type as onnx_hybrid::Linear (CUDA: the weights of a decode step read at the
+    # copy rate) instead of Gemm(transB=1)
+    linear_op: bool = False
     tape: ir.tape.Tape = field(default_factory=ir.tape.Tape)
     shared: SharedInputs | None = None
     _constants: dict = field(default_factory=dict)
@@ -141,6 +144,10 @@ class GraphContext:
         """x [N, in] @ W^T with W stored [out, in] as in the checkpoint (or quantized so)."""
         if isinstance(weight, QuantizedWeight):
             return matmul_nbits(self, x, weight, self.quant.accuracy_level)
+        if self.linear_op:
+            y = ir.Value()
+            self.add_node(contract.make_ir_node(contract.LINEAR, {"input": x, "weight": weight}, [y]))
+            return y
         return self.op("Gemm", x, weight, transB=1)
 
     def embed(self, token_ids: ir.Value) -> ir.Value:

@@ -100,6 +100,8 @@ def render(c) -> str:
         "",
         *op_block(c, c.PAGED_ATTENTION, "paged"),
         "",
+        *op_block(c, c.LINEAR, "linear"),
+        "",
         "// Rejection templates with positional fields {0}, {1}, ...; the op name and \": \" go in front.",
         "namespace msg {",
         *(f"inline constexpr char k{camel(key)}[] = {c_string(text)};" for key, text in c.MESSAGES.items()),

@@ -1,6 +1,8 @@
 #include "cuda/calls.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 namespace onnx_hybrid {
 
@@ -78,6 +80,20 @@ int64_t GdnWorkspaceBytes(const GdnGeometry& geo, ElemType type, const GdnParams
                           const cuda::DeviceInfo& device, GdnCudaEngine engine) {
   const int64_t bytes = ChunkWorkspaceBytes(geo);
   return bytes > 0 && GdnUsesChunked(geo, type, params, device.arch, device.smem_optin, engine) ? bytes : 0;
+}
+
+LinearParams MakeLinearParams(const LinearGeometry& geo, const void* const* inputs, void* out) {
+  namespace ln = contract::linear;
+  LinearParams p{};
+  p.x = inputs[ln::kInputInput];
+  p.w = inputs[ln::kInputWeight];
+  p.y = out;
+  // Row counts beyond int32 only reach cuBLAS's own check (LinearUsesRows needs at most a few rows).
+  p.rows = static_cast<int>(std::min<int64_t>(geo.rows, INT32_MAX));
+  p.n = static_cast<int>(std::min<int64_t>(geo.out_features, INT32_MAX));
+  p.k = static_cast<int>(std::min<int64_t>(geo.in_features, INT32_MAX));
+  p.splits = 1;
+  return p;
 }
 
 }  // namespace onnx_hybrid

@@ -21,6 +21,9 @@ GdnParams MakeGdnParams(const GdnGeometry& geo, const GdnAttributes& attrs, Elem
 ConvParams MakeConvParams(const ConvGeometry& geo, const ConvAttributes& attrs, const void* const* inputs,
                           void* out, void* final_state, void* capsule);
 
+// Linear's parameters (LinearRows; splits are the plan's).
+LinearParams MakeLinearParams(const LinearGeometry& geo, const void* const* inputs, void* out);
+
 // The workspace the call's plan needs in params.workspace: the chunked engine's scratch, else 0.
 int64_t GdnWorkspaceBytes(const GdnGeometry& geo, ElemType type, const GdnParams& params,
                           const cuda::DeviceInfo& device, GdnCudaEngine engine);

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 
 #include "cuda/kernels/launch_config.h"
@@ -235,6 +236,28 @@ std::vector<CudaLaunch<GdnReplayParams>> PlanGdnReplay(const GdnReplayParams& pa
 std::vector<CudaLaunch<ConvReplayParams>> PlanConvReplay(ElemType type, const ConvReplayParams& params) {
   return {{KernelName("conv_replay_", type), {ConvChannelBlocks(params.channels, type), U(params.batch), 1},
            {U(cp::kConvThreads), 1, 1}, 0, params}};
+}
+
+bool LinearUsesRows(ElemType type, const LinearParams& params) {
+  constexpr int kMaxRows = cp::kLinearRowVariants[std::size(cp::kLinearRowVariants) - 1];
+  return type != ElemType::kFloat && params.rows >= 1 && params.rows <= kMaxRows && params.k % 8 == 0 &&
+         Aligned(params.x, 16) && Aligned(params.w, 16);
+}
+
+std::vector<CudaLaunch<LinearParams>> PlanLinear(ElemType type, const LinearParams& params) {
+  int rows = 0;
+  for (int r : cp::kLinearRowVariants) {
+    if (r >= params.rows) {
+      rows = r;
+      break;
+    }
+  }
+  LinearParams p = params;
+  p.splits = 1;
+  while (p.splits < cp::kLinearWarps && int64_t(p.n) * p.splits < cp::kLinearMinWarps) p.splits *= 2;
+  const int columns_per_block = cp::kLinearWarps / p.splits;
+  return {{KernelName("linear_rows_", type).Append("_r").Append(rows), {U(CeilDiv(p.n, columns_per_block)), 1, 1},
+           {U(cp::kLinearWarps * 32), 1, 1}, 0, p}};
 }
 
 }  // namespace onnx_hybrid

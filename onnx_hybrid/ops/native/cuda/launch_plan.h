@@ -11,6 +11,7 @@
 #include "shapes/conv_shapes.h"
 #include "cuda/driver.h"
 #include "shapes/gdn_shapes.h"
+#include "shapes/linear_shapes.h"
 #include "cuda/kernels/params.cuh"
 
 namespace onnx_hybrid {
@@ -78,5 +79,13 @@ std::vector<CudaLaunch<GdnReplayParams>> PlanGdnReplay(const GdnReplayParams& pa
 
 // A thread per 16 bytes of channels, a row of blocks per request.
 std::vector<CudaLaunch<ConvReplayParams>> PlanConvReplay(ElemType type, const ConvReplayParams& params);
+
+// Whether LinearRows serves a Linear call: a 16-bit type, at most the largest instantiated row count, in_features a
+// multiple of 8 and 16-byte aligned input and weight. Other calls go to cuBLAS (cuda/cublas.h).
+bool LinearUsesRows(ElemType type, const LinearParams& params);
+
+// LinearRows with the smallest row count that holds the call's rows and enough warps per output feature to fill
+// the GPU (launch_config.h kLinearMinWarps).
+std::vector<CudaLaunch<LinearParams>> PlanLinear(ElemType type, const LinearParams& params);
 
 }  // namespace onnx_hybrid

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "cuda/calls.h"
+#include "cuda/cublas.h"
 #include "ort/ort_glue.h"
 
 namespace onnx_hybrid {
@@ -35,6 +36,15 @@ class Scratch {
   OrtAllocator* allocator_;
   void* data_ = nullptr;
 };
+
+// The cuBLAS handle ORT keeps for the kernel's compute stream (its CudaResource::cublas_handle_t, version 1 on).
+void* CublasHandle(OrtKernelContext* context) {
+  constexpr int kCudaResourceVersion = 1, kCublasHandle = 10002;
+  void* handle = nullptr;
+  Ort::ThrowOnError(Ort::GetApi().KernelContext_GetResource(context, kCudaResourceVersion, kCublasHandle, &handle));
+  if (handle == nullptr) throw std::runtime_error("ORT lent no cuBLAS handle to the kernel");
+  return handle;
+}
 
 }  // namespace
 
@@ -88,6 +98,26 @@ OrtStatusPtr ConvCudaKernel::ComputeV2(OrtKernelContext* context) {
     return nullptr;
   } catch (const std::exception& e) {
     return ToStatus(e, cv::kName);
+  }
+}
+
+OrtStatusPtr LinearCudaKernel::ComputeV2(OrtKernelContext* context) {
+  namespace ln = contract::linear;
+  try {
+    const Inputs<ln::kNumInputs> in(context, ln::kInputPorts);
+    const LinearGeometry geo = ResolveLinear(in);
+    void* out = Output(context, ln::kOutputOutput, geo.output_shape());
+    if (geo.rows == 0 || geo.out_features == 0) return nullptr;
+    const LinearParams p = MakeLinearParams(geo, in.data, out);
+    if (LinearUsesRows(type_, p)) {
+      cuda::Launcher launcher(Stream(context));
+      Enqueue(launcher, PlanLinear(type_, p));
+    } else {
+      cublas::LinearGemm(CublasHandle(context), type_, p.x, p.w, out, geo.rows, geo.in_features, geo.out_features);
+    }
+    return nullptr;
+  } catch (const std::exception& e) {
+    return ToStatus(e, ln::kName);
   }
 }
 

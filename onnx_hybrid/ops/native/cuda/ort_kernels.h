@@ -6,6 +6,7 @@
 
 #include "shapes/conv_shapes.h"
 #include "shapes/gdn_shapes.h"
+#include "shapes/linear_shapes.h"
 #include "ort/ort_api.h"
 
 namespace onnx_hybrid {
@@ -34,6 +35,16 @@ class ConvCudaKernel {
  private:
   ElemType type_;
   ConvAttributes attrs_;
+};
+
+// Linear: LinearRows for the few rows of decode and verify steps, cuBLAS (ORT's handle) for the rest.
+class LinearCudaKernel {
+ public:
+  LinearCudaKernel(const OrtKernelInfo* info, ElemType type) : type_(type) {}
+  OrtStatusPtr ComputeV2(OrtKernelContext* context);
+
+ private:
+  ElemType type_;
 };
 
 }  // namespace onnx_hybrid

@@ -22,6 +22,7 @@
 #include "cuda/launch_plan.h"
 #include "cpu/float_mode.h"
 #include "cpu/gdn_cpu.h"
+#include "cpu/linear_cpu.h"
 #include "cpu/paged_attention_cpu.h"
 #include "ort/ort_api.h"
 #include "ort/ort_glue.h"
@@ -241,6 +242,27 @@ class PagedAttentionCpuKernel {
   PagedAttentionAttributes attrs_;
 };
 
+class LinearCpuKernel {
+ public:
+  LinearCpuKernel(const OrtKernelInfo* info, ElemType type) : type_(type) {}
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    namespace ln = contract::linear;
+    try {
+      const Inputs<ln::kNumInputs> in(context, ln::kInputPorts);
+      const LinearGeometry geo = ResolveLinear(in);
+      void* out = Output(context, ln::kOutputOutput, geo.output_shape());
+      RunLinearCpu(geo, type_, in.data[ln::kInputInput], in.data[ln::kInputWeight], out, OrtParallelFor(context));
+      return nullptr;
+    } catch (const std::exception& e) {
+      return ToStatus(e, ln::kName);
+    }
+  }
+
+ private:
+  ElemType type_;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Op declarations: the ports come from the contract; one object per (op, execution provider, element
 // type), all objects of an op under one name (docs/native-library.md#one-name-several-kernels).
@@ -265,6 +287,13 @@ struct PagedAttentionSpec {
   static constexpr const auto& kInputs = contract::paged::kInputPorts;
   static constexpr const auto& kOutputs = contract::paged::kOutputPorts;
   static constexpr const auto& kInplace = contract::paged::kInplace;
+};
+
+struct LinearSpec {
+  static constexpr const char* kName = contract::linear::kName;
+  static constexpr const auto& kInputs = contract::linear::kInputPorts;
+  static constexpr const auto& kOutputs = contract::linear::kOutputPorts;
+  static constexpr const auto& kInplace = contract::linear::kInplace;
 };
 
 template <class Spec, class Kernel, const char* kProvider>
@@ -320,11 +349,11 @@ constexpr ElemType kTypes[] = {ElemType::kFloat, ElemType::kFloat16, ElemType::k
 
 // Op objects and domains live until the process ends (ORT keeps the library loaded), so they are
 // allocated once and never freed. A CUDA variant in a CPU-only ORT is never chosen, so registering it
-// there is harmless. PagedAttention is CPU-only and only in our domain: its I/O is a subset of
-// com.microsoft::PagedAttention's, so it must not shadow ORT's CUDA kernel under that name.
+// there is harmless. PagedAttention (CPU-only) and Linear are only in our domain: PagedAttention's I/O is a subset
+// of com.microsoft::PagedAttention's, so it must not shadow ORT's CUDA kernel under that name.
 struct Registry {
   std::vector<OrtCustomOp*> state_ops;  // GatedDeltaNet and VarlenCausalConvWithState, CPU and CUDA
-  std::vector<OrtCustomOp*> paged;
+  std::vector<OrtCustomOp*> own_ops;    // PagedAttention (CPU) and Linear (CPU and CUDA)
   OrtCustomOpDomain* hybrid = nullptr;
   OrtCustomOpDomain* microsoft = nullptr;
 
@@ -334,10 +363,12 @@ struct Registry {
       state_ops.push_back(new KernelOp<GdnSpec, GdnCudaKernel, kCudaProvider>(t));
       state_ops.push_back(new KernelOp<ConvSpec, ConvCpuKernel, kCpuProvider>(t));
       state_ops.push_back(new KernelOp<ConvSpec, ConvCudaKernel, kCudaProvider>(t));
-      paged.push_back(new KernelOp<PagedAttentionSpec, PagedAttentionCpuKernel, kCpuProvider>(t));
+      own_ops.push_back(new KernelOp<PagedAttentionSpec, PagedAttentionCpuKernel, kCpuProvider>(t));
+      own_ops.push_back(new KernelOp<LinearSpec, LinearCpuKernel, kCpuProvider>(t));
+      own_ops.push_back(new KernelOp<LinearSpec, LinearCudaKernel, kCudaProvider>(t));
     }
     hybrid = MakeDomain(contract::kDomain);
-    for (OrtCustomOp* op : paged) Ort::ThrowOnError(Ort::GetApi().CustomOpDomain_Add(hybrid, op));
+    for (OrtCustomOp* op : own_ops) Ort::ThrowOnError(Ort::GetApi().CustomOpDomain_Add(hybrid, op));
     microsoft = MakeDomain(contract::kMsDomain);
   }
 

@@ -4,3 +4,4 @@
 #include "gdn_chunked.cu"
 #include "conv.cu"
 #include "gdn_replay.cu"
+#include "linear.cu"

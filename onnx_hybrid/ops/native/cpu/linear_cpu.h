@@ -1,0 +1,13 @@
+// Linear on the CPU (docs/op-contract.md#linear): fp32 dot products rounded once to T, each output element
+// dot()'s result whatever the rows beside it; parallel over tiles of output features.
+#pragma once
+
+#include "common.h"
+#include "shapes/linear_shapes.h"
+
+namespace onnx_hybrid {
+
+void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, const void* weight, void* output,
+                  const ParallelFor& parallel);
+
+}  // namespace onnx_hybrid

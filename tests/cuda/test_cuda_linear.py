@@ -1,0 +1,112 @@
+"""Our CUDA Linear inside ONNX Runtime sessions on the CUDA EP (docs/op-contract.md#linear): LinearRows for calls of
+up to 8 rows, cuBLAS (ORT's handle) beyond and wherever LinearRows does not apply (fp32, in_features not a multiple
+of 8), each against the float64 reference and ORT's own CUDA Gemm(transB=1) on the same inputs; a row's bits
+independent of the rows beside it within LinearRows (what a lossless verify step needs); a CUDA-graph replay with
+new inputs; and the CPU kernel's rejections.
+"""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from onnx_hybrid.ops import contract, reference
+from onnx_hybrid_testing import single_op
+from test_cuda_ep import SKIP
+
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+
+if SKIP is None:
+    import cupy
+    import ml_dtypes
+
+    from test_cuda_ep import bind_inputs, cuda_session, to_device
+
+    DTYPES = {"float": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+    ONNX_TYPES = {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
+else:
+    DTYPES = {}
+
+OP = contract.LINEAR.name
+# fp32 accumulation against float64, relative to the largest |output|, then one rounding to T (half an ulp:
+# fp16 2^-11, bf16 2^-8); cuBLAS's fp32 may run on TF32 tensor cores, whose 10-bit operands leave ~1e-3.
+TOLERANCE = {"float": 2e-3, "float16": 1e-3, "bfloat16": 8e-3}
+# (rows, in_features, out_features): LinearRows at 1-8 rows with K % 8 == 0, one to eight warps per feature
+# (few features get more); cuBLAS at 9+ rows and at K % 8 != 0.
+SHAPES = [(1, 64, 3), (2, 136, 257), (3, 4096, 130), (4, 1032, 4099), (5, 520, 33), (8, 12288, 64),
+          (9, 256, 129), (17, 96, 1000), (4, 100, 77), (1, 4104, 20000)]
+
+
+def random_feeds(rng, rows, in_features, out_features, dtype):
+    return {"input": rng.standard_normal((rows, in_features)).astype(DTYPES[dtype]),
+            "weight": (rng.standard_normal((out_features, in_features)) / np.sqrt(in_features)).astype(DTYPES[dtype])}
+
+
+def relative_error(got, want):
+    return float(np.abs(got.astype(np.float64) - want).max() / max(np.abs(want).max(), 1.0))
+
+
+def run_linear(feeds):
+    return single_op.run_session(cuda_session(single_op.single_op_model(OP, feeds)), feeds)["output"]
+
+
+def run_gemm(feeds, dtype):
+    t = ONNX_TYPES[dtype]
+    graph = helper.make_graph([helper.make_node("Gemm", ["input", "weight"], ["output"], transB=1)], "gemm",
+                              [helper.make_tensor_value_info(n, t, list(feeds[n].shape)) for n in ("input", "weight")],
+                              [helper.make_tensor_value_info("output", t, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", single_op.AI_ONNX_OPSET)],
+                              ir_version=single_op.IR_VERSION)
+    return single_op.run_session(cuda_session(model, with_library=False), feeds)["output"]
+
+
+@pytest.mark.parametrize("rows, in_features, out_features", SHAPES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float"])
+def test_against_reference_and_ort_gemm(rows, in_features, out_features, dtype):
+    feeds = random_feeds(np.random.default_rng(rows + in_features), rows, in_features, out_features, dtype)
+    got = run_linear(feeds)
+    want = reference.linear(feeds)
+    assert got.shape == (rows, out_features) and got.dtype == DTYPES[dtype]
+    assert relative_error(got, want) <= TOLERANCE[dtype], relative_error(got, want)
+    assert relative_error(got, run_gemm(feeds, dtype).astype(np.float64)) <= 2 * TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("out_features", [64, 1000, 20000])  # eight, two and one warps per feature
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_row_has_the_same_bits_in_every_call_of_up_to_8_rows(out_features, dtype):
+    feeds = random_feeds(np.random.default_rng(out_features), 8, 2048, out_features, dtype)
+    alone = np.concatenate([run_linear({"input": feeds["input"][i:i + 1], "weight": feeds["weight"]})
+                            for i in range(8)])
+    for rows in (2, 3, 5, 8):
+        together = np.concatenate([run_linear({"input": feeds["input"][i:i + rows], "weight": feeds["weight"]})
+                                   for i in range(0, 8 - rows + 1, rows)])
+        np.testing.assert_array_equal(together.view(np.uint16), alone[:len(together)].view(np.uint16),
+                                      err_msg=f"{rows} rows against one")
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])  # LinearRows, and cuBLAS inside the captured graph
+def test_cuda_graph_replays_a_step_with_new_inputs(rows):
+    rng = np.random.default_rng(rows)
+    feeds = random_feeds(rng, rows, 1024, 384, "float16")
+    session = cuda_session(single_op.single_op_model(OP, feeds), graph=True)
+    io = session.io_binding()
+    arrays = bind_inputs(io, feeds)
+    out = cupy.empty((rows, 384), dtype=np.float16)
+    io.bind_output("output", "cuda", 0, np.float16, [rows, 384], out.data.ptr)
+    for step in range(4):
+        step_feeds = feeds if step == 0 else random_feeds(rng, rows, 1024, 384, "float16")
+        for name, array in arrays.items():
+            array[...] = to_device(step_feeds[name])
+        cupy.cuda.runtime.deviceSynchronize()
+        session.run_with_iobinding(io)
+        assert relative_error(cupy.asnumpy(out), reference.linear(step_feeds)) <= TOLERANCE["float16"], step
+
+
+def test_errors_match_the_cpu_kernel():
+    feeds = {"input": np.zeros((2, 8), np.float16), "weight": np.zeros((4, 16), np.float16)}
+    model = single_op.single_op_model(OP, feeds, validate=False)
+    messages = []
+    for session in (cuda_session(model), single_op.make_session(model)):
+        with pytest.raises(Exception) as raised:
+            single_op.run_session(session, feeds)
+        messages.append(str(raised.value).split("Linear: ", 1)[-1])
+    assert messages[0] == messages[1] == "weight in_features must equal input's: expected 8, got 16"

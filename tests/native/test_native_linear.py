@@ -1,0 +1,92 @@
+"""Our CPU Linear (onnx_hybrid domain) against the float64 reference and ORT's own Gemm(transB=1) on the same inputs
+(docs/op-contract.md#linear): odd shapes, the three element types, a row's result independent of the rows beside
+it and of the thread count, and clean rejections of mismatched shapes. The CUDA kernel: tests/cuda/test_cuda_linear.py.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+from onnx_hybrid.ops import contract, reference
+from onnx_hybrid_testing.single_op import (AI_ONNX_OPSET, IR_VERSION, make_session, run_session, run_single_op,
+                                           single_op_model)
+
+OP = contract.LINEAR.name
+DTYPES = {"float": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+# fp32 dot products against float64, relative to the largest |output| (1e-5, the project rule), then one rounding
+# to T: half an ulp (fp16 2^-11, bf16 2^-8) of that magnitude.
+TOLERANCE = {"float": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
+
+
+def random_feeds(rng, rows, in_features, out_features, dtype):
+    return {"input": rng.standard_normal((rows, in_features)).astype(DTYPES[dtype]),
+            "weight": rng.standard_normal((out_features, in_features)).astype(DTYPES[dtype])}
+
+
+def relative_error(got, want):
+    return float(np.abs(got.astype(np.float64) - want).max() / max(np.abs(want).max(), 1.0)) if want.size else 0.0
+
+
+def gemm(feeds):
+    """ORT's own Gemm(transB=1) on the same inputs: the node Linear stands for in our exports."""
+    t = {np.dtype(v): k for k, v in {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16,
+                                     TensorProto.BFLOAT16: ml_dtypes.bfloat16}.items()}[feeds["input"].dtype]
+    x, w = feeds["input"], feeds["weight"]
+    graph = helper.make_graph([helper.make_node("Gemm", ["input", "weight"], ["output"], transB=1)], "gemm",
+                              [helper.make_tensor_value_info("input", t, list(x.shape)),
+                               helper.make_tensor_value_info("weight", t, list(w.shape))],
+                              [helper.make_tensor_value_info("output", t, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", AI_ONNX_OPSET)], ir_version=IR_VERSION)
+    return run_session(make_session(model, with_library=False), feeds)["output"]
+
+
+@pytest.mark.parametrize("rows, in_features, out_features", [
+    (1, 64, 3), (2, 37, 130), (5, 100, 257), (33, 136, 65), (0, 8, 4), (7, 1, 1)])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_against_reference_and_gemm(rows, in_features, out_features, dtype):
+    feeds = random_feeds(np.random.default_rng(rows * 1000 + in_features), rows, in_features, out_features, dtype)
+    got = run_single_op(OP, feeds)["output"]
+    want = reference.linear(feeds)
+    assert got.shape == (rows, out_features) and got.dtype == DTYPES[dtype]
+    assert relative_error(got, want) <= TOLERANCE[dtype]
+    if dtype != "bfloat16":  # ORT's CPU Gemm has no bfloat16 kernel
+        assert relative_error(got, gemm(feeds).astype(np.float64)) <= 2 * TOLERANCE[dtype]
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 12), in_features=st.integers(1, 300), out_features=st.integers(1, 200),
+       dtype=st.sampled_from(list(DTYPES)), seed=st.integers(0, 2**32 - 1))
+def test_random_shapes(rows, in_features, out_features, dtype, seed):
+    feeds = random_feeds(np.random.default_rng(seed), rows, in_features, out_features, dtype)
+    assert relative_error(run_single_op(OP, feeds)["output"], reference.linear(feeds)) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_a_row_alone_equals_the_row_among_others(dtype):
+    """A decode step (one row) and a verify or prompt step (several) give a row the same bits."""
+    feeds = random_feeds(np.random.default_rng(9), 12, 200, 70, dtype)
+    together = run_single_op(OP, feeds)["output"]
+    for i in range(12):
+        alone = run_single_op(OP, {"input": feeds["input"][i:i + 1], "weight": feeds["weight"]})["output"]
+        np.testing.assert_array_equal(alone.view(np.uint8), together[i:i + 1].view(np.uint8))
+    one = run_single_op(OP, feeds, intra_op_threads=1)["output"]
+    np.testing.assert_array_equal(one.view(np.uint8), together.view(np.uint8))
+
+
+@pytest.mark.parametrize("input_shape, weight_shape, message", [
+    ((2, 8), (4, 9), "Linear: weight in_features must equal input's: expected 8, got 9"),
+    ((2, 3, 8), (4, 8), "Linear: input must be rank 2 [rows, in_features] and weight rank 2 [out_features, "
+                        "in_features]; got input shape [2, 3, 8], weight shape [4, 8]"),
+    ((2, 0), (4, 0), "Linear: in_features must be positive, got 0"),
+])
+def test_rejections_name_the_tensor(input_shape, weight_shape, message):
+    feeds = {"input": np.zeros(input_shape, np.float32), "weight": np.zeros(weight_shape, np.float32)}
+    session = make_session(single_op_model(OP, feeds))
+    with pytest.raises(Exception) as raised:
+        run_session(session, feeds)
+    assert message in str(raised.value)
