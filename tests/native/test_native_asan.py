@@ -4,7 +4,7 @@
 process with libasan preloaded and ONNX_HYBRID_LIBRARY naming that copy: every malformed-offset case
 (negative, decreasing, past the end, wrong length, cu[0] != 0, last offset != T) and every shape rejection of the
 state ops, PagedAttention's malformed metadata, and valid calls at the edges of each engine (ragged with
-zero-length rows, capture, chunk tails, wide and deep convs, pools in every element type). An out-of-bounds
+zero-length rows, capture, chunk tails, wide and deep convs, pools in every element type, Linear's feature tiles). An out-of-bounds
 access aborts the process with an ASan report; a rejection must come back as an ORT error naming the op.
 Without that set-up (a plain ``pytest`` run) the marker deselects them; tests/native/test_native_library.py runs the
 ``quick`` ones this way in the normal suite.
@@ -95,6 +95,9 @@ VALID_PAGED = [dict(lengths=[1, 0, 40, 16], past=[15, 9, 0, 16], spare_blocks=0,
                dict(lengths=[5, 1], past=[27, 63], dtype="float16", head_size=17, block_size=32),
                dict(lengths=[2, 3], past=[0, 14], dtype="bfloat16", num_heads=8, kv_num_heads=1)]
 
+# Linear (rows, in_features, out_features, dtype): no rows, one feature, a partial last tile of 64 features.
+VALID_LINEAR = [(0, 8, 3, "float"), (1, 1, 1, "float16"), (5, 33, 129, "bfloat16"), (2, 640, 65, "float")]
+
 
 def _valid(cases, quick):  # the first cases also run in the quick selection
     return [pytest.param(c, id=f"{'quick-' if i < quick else ''}{i}") for i, c in enumerate(cases)]
@@ -119,3 +122,14 @@ def test_valid_paged_attention_edges(case):
     case = dict(case)
     paged = random_paged_attention_case(np.random.default_rng(1), case.pop("lengths"), case.pop("past"), **case)
     run_single_op("PagedAttention", paged.feeds, paged.attributes)
+
+
+@pytest.mark.parametrize("case", _valid(VALID_LINEAR, 1))
+def test_valid_linear_edges(case):
+    import ml_dtypes
+
+    rows, in_features, out_features, dtype = case
+    np_type = {"float": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    rng = np.random.default_rng(1)
+    run_single_op("Linear", {"input": rng.standard_normal((rows, in_features)).astype(np_type),
+                             "weight": rng.standard_normal((out_features, in_features)).astype(np_type)})
