@@ -191,8 +191,8 @@ PAGED_ATTENTION = OpSpec(
 )
 
 # A projection y = input @ weight^T with the weight stored [out_features, in_features] as checkpoints hold it: what
-# ONNX's Gemm(transB=1) computes. Its CUDA kernel reads the weight at the copy rate for the few rows of a decode
-# or verify step, the same bits for a row whichever rows share the call (docs/op-contract.md#linear).
+# ONNX's Gemm(transB=1) computes. Its CUDA kernel reads the weight at the copy rate for the one row of a decode
+# step (docs/op-contract.md#linear).
 LINEAR = OpSpec(
     name="Linear",
     inputs=(

@@ -5,7 +5,6 @@
 #include <charconv>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
 #include <stdexcept>
 
 #include "cuda/kernels/launch_config.h"
@@ -239,24 +238,19 @@ std::vector<CudaLaunch<ConvReplayParams>> PlanConvReplay(ElemType type, const Co
 }
 
 bool LinearUsesRows(ElemType type, const LinearParams& params) {
-  constexpr int kMaxRows = cp::kLinearRowVariants[std::size(cp::kLinearRowVariants) - 1];
-  return type != ElemType::kFloat && params.rows >= 1 && params.rows <= kMaxRows && params.k % 8 == 0 &&
+  return type != ElemType::kFloat && params.rows == 1 && params.k % 8 == 0 &&
          Aligned(params.x, 16) && Aligned(params.w, 16);
 }
 
 std::vector<CudaLaunch<LinearParams>> PlanLinear(ElemType type, const LinearParams& params) {
-  int rows = 0;
-  for (int r : cp::kLinearRowVariants) {
-    if (r >= params.rows) {
-      rows = r;
-      break;
-    }
-  }
   LinearParams p = params;
   p.splits = 1;
-  while (p.splits < cp::kLinearWarps && int64_t(p.n) * p.splits < cp::kLinearMinWarps) p.splits *= 2;
-  const int columns_per_block = cp::kLinearWarps / p.splits;
-  return {{KernelName("linear_rows_", type).Append("_r").Append(rows), {U(CeilDiv(p.n, columns_per_block)), 1, 1},
+  // More warps per feature while the grid is short of kLinearMinWarps and each lane keeps kLinearAhead pieces.
+  const int64_t pieces = p.k / 8;
+  while (p.splits < cp::kLinearWarps && int64_t(p.n) * p.splits < cp::kLinearMinWarps &&
+         pieces >= int64_t(2) * p.splits * 32 * cp::kLinearAhead)
+    p.splits *= 2;
+  return {{KernelName("linear_rows_", type), {U(CeilDiv(p.n, cp::kLinearWarps / p.splits)), 1, 1},
            {U(cp::kLinearWarps * 32), 1, 1}, 0, p}};
 }
 

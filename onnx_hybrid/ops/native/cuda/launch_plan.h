@@ -80,12 +80,11 @@ std::vector<CudaLaunch<GdnReplayParams>> PlanGdnReplay(const GdnReplayParams& pa
 // A thread per 16 bytes of channels, a row of blocks per request.
 std::vector<CudaLaunch<ConvReplayParams>> PlanConvReplay(ElemType type, const ConvReplayParams& params);
 
-// Whether LinearRows serves a Linear call: a 16-bit type, at most the largest instantiated row count, in_features a
-// multiple of 8 and 16-byte aligned input and weight. Other calls go to cuBLAS (cuda/cublas.h).
+// Whether LinearRows serves a Linear call: a 16-bit type, one row, in_features a multiple of 8 and 16-byte aligned
+// input and weight. Other calls go to cuBLAS (cuda/cublas.h).
 bool LinearUsesRows(ElemType type, const LinearParams& params);
 
-// LinearRows with the smallest row count that holds the call's rows and enough warps per output feature to fill
-// the GPU (launch_config.h kLinearMinWarps).
+// LinearRows with enough warps per feature group to fill the GPU (launch_config.h kLinearMinWarps).
 std::vector<CudaLaunch<LinearParams>> PlanLinear(ElemType type, const LinearParams& params);
 
 }  // namespace onnx_hybrid

@@ -76,11 +76,10 @@ inline constexpr int kReplayWarps = 2;
 inline constexpr int kReplayRows = 8;  // value rows per warp: 4 KB of state in flight per warp at Dk = 128
 
 // ---- LinearRows (linear.cu) ----
-inline constexpr int kLinearWarps = 8;   // warps per block
-inline constexpr int kLinearAhead = 4;   // 16-byte pieces of w each lane has requested before using one
-// Instantiated row counts: a call takes the smallest that holds its rows; more rows go to cuBLAS.
-inline constexpr int kLinearRowVariants[] = {1, 2, 4, 8};
-// Warps per output feature double (1, 2, 4, 8) until the grid has at least this many warps.
-inline constexpr int kLinearMinWarps = 16384;
+inline constexpr int kLinearWarps = 8;    // warps per block
+inline constexpr int kLinearAhead = 4;    // 16-byte pieces of w each lane has requested before using one
+// Warps per output feature double (1, 2, 4, 8) until the grid has at least this many warps, while each lane keeps
+// kLinearAhead pieces (docs/design-notes.md#linearrows).
+inline constexpr int kLinearMinWarps = 32768;
 
 }  // namespace launch_config

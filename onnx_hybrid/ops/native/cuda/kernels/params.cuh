@@ -87,13 +87,13 @@ struct ConvReplayParams {
   int capacity;
 };
 
-// LinearRows (linear.cu): y = x @ w^T, a few rows of x.
+// LinearRows (linear.cu): y = x @ w^T for one row of x.
 struct LinearParams {
   const void* x;              // [rows, k], contiguous, 16-byte aligned
   const void* w;              // [n, k], contiguous, 16-byte aligned
   void* y;                    // [rows, n]
-  int rows;                   // at most the instantiation's row count
+  int rows;                   // 1 (LinearUsesRows)
   int n;
   int k;                      // a multiple of 8
-  int splits;                 // warps per output column: 1, 2, 4 or 8
+  int splits;                 // warps per output feature: 1, 2, 4 or 8
 };
