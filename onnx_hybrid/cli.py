@@ -110,8 +110,8 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "ORTGENAI_SHARE_RECURRENT_STATE_UNDER_GRAPH_CAPTURE=0 (README)")
     parser.add_argument("--linear-op", action=argparse.BooleanOptionalAction, default=None,
                         help="projections in the activation type as onnx_hybrid::Linear instead of Gemm: the same "
-                             "product, whose CUDA kernel reads a decode or verify step's weights (up to 8 rows) at "
-                             "the copy rate (default: on for -e cuda with fp16/bf16 and our ops)")
+                             "product, whose CUDA kernel reads a one-row decode step's weights at the copy rate "
+                             "(default: on for -e cuda with fp16/bf16 and our ops, unless the export verifies drafts)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bar and no summary (warnings and errors still go to stderr)")

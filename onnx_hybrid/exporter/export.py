@@ -106,9 +106,11 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     head's verify steps change shape from step to step, which a captured graph cannot follow).
 
     ``linear_op`` writes the projections kept in the activation type as ``onnx_hybrid::Linear`` instead of
-    ``Gemm(transB=1)``: the same product, whose CUDA kernel reads the weights of a step of up to 8 rows (decode,
-    verify) at the copy rate and hands larger ones to cuBLAS as ORT's Gemm does. Default: on for a fp16/bf16
-    CUDA export that uses the library (docs/op-contract.md#linear).
+    ``Gemm(transB=1)``: the same product, whose CUDA kernel reads the weights of a one-row step (decode at batch 1)
+    at the copy rate and hands larger ones to cuBLAS as ORT's Gemm does. Default: on for a fp16/bf16 CUDA export
+    that uses the library and verifies no drafts (no MTP head, no state-update capacity): the one-row kernel and
+    cuBLAS round a row differently, so a verify row would not be the decode step it stands for
+    (docs/op-contract.md#linear).
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if execution_provider not in EXECUTION_PROVIDERS:
@@ -171,12 +173,13 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     elif mtp_tensors:
         log.warning("skipping %d tensor(s) of the multi-token-prediction head (no MTP export requested)",
                     mtp_tensors)
-    if (state_update_capacity or with_mtp) and (why := verify_not_lossless(quant, execution_provider)):
+    verifies = bool(state_update_capacity or with_mtp)
+    if linear_op is None:
+        linear_op = on_cuda and np_act != np.float32 and op_domain == contract.DOMAIN and not verifies
+    if verifies and (why := verify_not_lossless(quant, execution_provider, linear_op)):
         log.warning("speculative decoding with this export may leave plain decoding's tokens: %s "
                     "(docs/lossless-speculative.md)", why)
     logits_type = ir.DataType.from_numpy(_numpy_dtype(logits_dtype)) if logits_dtype else None
-    if linear_op is None:
-        linear_op = on_cuda and np_act != np.float32 and op_domain == contract.DOMAIN
     uses_library = op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN) or linear_op
     library = _op_library() if uses_library else None  # an unbuilt library fails now, not after the weights
     library_name = library.name if library else None

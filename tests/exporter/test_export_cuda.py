@@ -174,3 +174,23 @@ def test_a_pool_og_cannot_size_is_refused_by_the_validator_and_og(checkpoint, tm
     assert [f.rule for f in validate(out).errors] == ["engine.num_blocks"]
     with pytest.raises(Exception, match="key-value cache budget is too small"):
         og.Engine(og.Model(str(out)))
+
+
+def op_types(out, name="model.onnx"):
+    return {node.op_type for node in onnx.load(str(out / name), load_external_data=False).graph.node}
+
+
+def test_projections_are_linear_only_where_no_drafts_are_verified(checkpoint, tmp_path, caplog):
+    """docs/op-contract.md#linear: the one-row CUDA kernel and cuBLAS round a row differently, so exports that verify
+    drafts (an MTP head, state-update capacity) keep Gemm unless asked, and are warned when asked."""
+    plain = export(checkpoint, tmp_path / "plain", execution_provider="cuda", mtp=False, progress=False)
+    assert "Linear" in op_types(plain) and "Gemm" not in op_types(plain)
+    with_head = export(checkpoint, tmp_path / "head", execution_provider="cuda", progress=False)
+    assert "Linear" not in op_types(with_head) and "Linear" not in op_types(with_head, "mtp.onnx")
+    caplog.clear()
+    forced = export(checkpoint, tmp_path / "forced", execution_provider="cuda", linear_op=True, progress=False)
+    assert "Linear" in op_types(forced) and "Linear" in op_types(forced, "mtp.onnx")
+    assert "Linear (--linear-op) computes a one-row decode step with its own kernel" in caplog.text
+    assert validate(forced).ok
+    fp32 = export(checkpoint, tmp_path / "fp32", execution_provider="cuda", dtype="fp32", mtp=False, progress=False)
+    assert "Linear" not in op_types(fp32)

@@ -78,9 +78,13 @@ DEFAULT_ACCURACY_LEVELS = {"cpu": 4, "cuda": 0}
 CPU_ROW_INVARIANT = {(4, 32), (8, 32), (8, 64)}
 
 
-def verify_not_lossless(quant: QuantOptions | None, execution_provider: str) -> str | None:
-    """Why speculative verify steps of a quantized export may not give plain decoding's tokens (None: they do, as
-    far as measured): the MatMulNBits settings at which ONNX Runtime rounds a row by the rows beside it."""
+def verify_not_lossless(quant: QuantOptions | None, execution_provider: str, linear_op: bool = False) -> str | None:
+    """Why speculative verify steps of an export may not give plain decoding's tokens (None: they do, as far as
+    measured): the MatMulNBits settings at which ONNX Runtime rounds a row by the rows beside it, or our Linear on
+    CUDA, whose one-row kernel and cuBLAS round a row differently."""
+    if linear_op and execution_provider != "cpu":
+        return ("Linear (--linear-op) computes a one-row decode step with its own kernel and a verify step's rows "
+                "with cuBLAS, which round a row differently")
     if quant is None:
         return None
     if execution_provider != "cpu":
