@@ -5,13 +5,21 @@ of each row gets a scale (and, asymmetric, a zero point) and its values become `
 
     dequantized = (code - zero_point) * scale
 
-Symmetric blocks use the ops' default zero point 2^(bits-1) and ``scale = max|w| / (2^(bits-1) - 1)``, so
-0 and +-max|w| are exact; asymmetric blocks span [min(w, 0), max(w, 0)] with ``2^bits - 1`` steps and a
-rounded zero point. Codes are packed along K low bits first (two 4-bit codes a byte), which is
-``com.microsoft::MatMulNBits`` B ``[N, k_blocks, blob]``, ``QMoE`` ``[E, N, K * bits / 8]`` and
-``GatherBlockQuantized`` ``[V, K * bits / 8]`` alike; zero points are packed the same way along the blocks.
-Scales are rounded to their stored type before the codes are computed, so the stored scale is the one
-the codes were rounded against.
+Symmetric blocks use the ops' default zero point Z = 2^(bits-1) and spend all 2^bits codes, as ONNX Runtime's
+own block quantizer (and so onnxruntime-genai's builder) does: the block's value of largest magnitude over -Z is
+the scale, so that value lands exactly on code 0 and its sign gets Z steps, the other sign Z - 1; a value of the
+other sign beyond Z - 1/2 steps is clipped to code 2^bits - 1 (at most one step off). Against a scale of
+max|w| / (Z - 1) (both signs exact, no clipping) the step is (Z - 1) / Z as large, and the codes are the builder's,
+so the two exports' accuracy is compared like for like (docs/benchmarks-quantized-cpu.md#accuracy). Asymmetric
+blocks span [min(w, 0), max(w, 0)] with ``2^bits - 1`` steps and a rounded zero point.
+
+Codes are packed along K low bits first (two 4-bit codes a byte), which is ``com.microsoft::MatMulNBits`` B
+``[N, k_blocks, blob]``, ``QMoE`` ``[E, N, K * bits / 8]`` and ``GatherBlockQuantized`` ``[V, K * bits / 8]``
+alike; zero points are packed the same way along the blocks.
+Scales are rounded to their stored type before the codes are computed, so the stored scale is the one the
+codes were rounded against; the asymmetric zero point comes from the scale before that rounding, and halves round
+up. Both as ONNX Runtime's own quantizer does: scales, zero points and codes equal its own bit for bit
+(tests/exporter/test_quantize.py).
 """
 
 from __future__ import annotations
@@ -104,25 +112,33 @@ def quantize(w: np.ndarray, spec: QuantSpec, scale_dtype=np.float32) -> Quantize
     blocks[:, :k] = w
     blocks = blocks.reshape(rows, nb, bs)
     if spec.symmetric:
-        half = spec.default_zero_point - 1  # 7 or 127: +-max|w| both exact
-        scale = (np.abs(blocks).max(axis=-1) / half).astype(scale_dtype)
+        scale = _symmetric_scales(blocks, spec, scale_dtype)
         zero = np.full((rows, nb), spec.default_zero_point, work)
-        low, high = -spec.default_zero_point, half
     else:
         lo = np.minimum(blocks.min(axis=-1), 0)
         hi = np.maximum(blocks.max(axis=-1), 0)
-        scale = ((hi - lo) / spec.levels).astype(scale_dtype)
-        low, high = 0, spec.levels
+        exact = (hi - lo) / spec.levels
+        scale = exact.astype(scale_dtype)
+        # The zero point from the scale before it is stored, as ONNX Runtime's quantizer computes it.
+        zero = np.clip(_round_half_up(-lo / np.where(exact == 0, 1, exact)), 0, spec.levels)
     safe = np.where(scale == 0, 1, scale.astype(work))  # an all-zero block: any scale codes it exactly
-    if not spec.symmetric:
-        zero = np.clip(np.rint(-lo / safe), 0, spec.levels)
-    offset = 0 if spec.symmetric else zero[..., None]
-    codes = np.clip(np.rint(blocks / safe[..., None]) + offset, low, high)
-    if spec.symmetric:
-        codes = codes + spec.default_zero_point
+    codes = np.clip(_round_half_up(blocks / safe[..., None] + zero[..., None]), 0, spec.levels)
     packed = pack(codes.astype(np.uint8), spec.bits)
     zero_points = None if spec.symmetric else pack(zero.astype(np.uint8), spec.bits)
     return Quantized(packed, scale, zero_points)
+
+
+def _round_half_up(x: np.ndarray) -> np.ndarray:
+    """Nearest integer, halves up: on the non-negative codes, ONNX Runtime's roundf (halves away from 0)."""
+    return np.floor(x + 0.5)
+
+
+def _symmetric_scales(blocks: np.ndarray, spec: QuantSpec, scale_dtype) -> np.ndarray:
+    """Per block of ``blocks`` [rows, nb, bs]: the value of largest magnitude (ties: the negative one) over -Z, so
+    that it lands on code 0 and its sign gets Z steps, the other sign Z - 1."""
+    high, low = blocks.max(axis=-1), blocks.min(axis=-1)
+    extreme = np.where(np.abs(high) > np.abs(low), high, low)
+    return (extreme / -spec.default_zero_point + 0.0).astype(scale_dtype)  # + 0.0: an all-zero block gets +0
 
 
 def dequantize(q: Quantized, spec: QuantSpec, k: int) -> np.ndarray:
