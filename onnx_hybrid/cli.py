@@ -99,6 +99,10 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "decode 16.4 -> 30.7 tok/s; it is the largest matrix a decode step reads)")
     parser.add_argument("--quantize-embedding", action="store_true",
                         help="quantize the embedding table too (GatherBlockQuantized)")
+    parser.add_argument("--quantize-gates", action="store_true",
+                        help="quantize the GatedDeltaNet b and a gate projections too (under 0.5%% of a layer's "
+                             "weights; by default they keep the activation type, as the builder's do, which keeps "
+                             "the logits closer to the unquantized export's)")
     parser.add_argument("--kv-cache", choices=list(KV_CACHES), default=None,
                         help="full-attention KV of a non-paged export: concat (grows per step) or shared "
                              "(GroupQueryAttention over buffers shared in place; what CUDA graph capture needs). "
@@ -136,7 +140,8 @@ def _run_export(args: argparse.Namespace) -> None:
                  execution_provider=args.execution_provider, cuda_archs=args.cuda_archs, weights=args.weights,
                  weight_block=args.weight_block, weight_asymmetric=args.weight_asymmetric,
                  accuracy_level=args.accuracy_level, quantize_lm_head=args.quantize_lm_head,
-                 quantize_embedding=args.quantize_embedding, kv_cache=args.kv_cache, cuda_graph=args.cuda_graph,
+                 quantize_embedding=args.quantize_embedding, quantize_gates=args.quantize_gates,
+                 kv_cache=args.kv_cache, cuda_graph=args.cuda_graph,
                  linear_op=args.linear_op, **paged_options)
     if not args.quiet:
         print("\n".join(summarize(args.model_dir, out, time.perf_counter() - start).lines()))

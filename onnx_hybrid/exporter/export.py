@@ -61,8 +61,8 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
            mtp: bool = True, logits_dtype: str | None = None, max_draft_tokens: int | None = None,
            execution_provider: str = "cpu", cuda_archs=None, weights: str | None = None, weight_block: int = 32,
            weight_asymmetric: bool = False, accuracy_level: int | None = None, quantize_lm_head: bool = False,
-           quantize_embedding: bool = False, kv_cache: str | None = None, cuda_graph: bool | None = None,
-           linear_op: bool | None = None) -> Path:
+           quantize_embedding: bool = False, quantize_gates: bool = False, kv_cache: str | None = None,
+           cuda_graph: bool | None = None, linear_op: bool | None = None) -> Path:
     """Export ``model_dir`` to ``out_dir`` (model.onnx + external data, genai_config.json, tokenizer).
 
     ``execution_provider`` (``cpu`` or ``cuda``) is written into the session options of the decoder and the
@@ -94,7 +94,8 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     experts (QMoE), streamed per tensor: blocks of ``weight_block`` along the input axis, symmetric unless
     ``weight_asymmetric``; ``accuracy_level`` is MatMulNBits' (default 4 on CPU, 0 on CUDA). The lm_head and
     the embedding (GatherBlockQuantized) keep the activation type unless ``quantize_lm_head`` /
-    ``quantize_embedding``. See graph/quantized.py for what stays unquantized.
+    ``quantize_embedding``, and so do the GatedDeltaNet's b and a gate projections unless ``quantize_gates``.
+    See graph/quantized.py for what stays unquantized and why.
 
     ``kv_cache`` (non-paged exports): ``concat`` grows each full-attention layer's KV by a Concat per step;
     ``shared`` runs it as GroupQueryAttention over past/present buffers onnxruntime-genai shares in place
@@ -124,7 +125,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     np_act = _numpy_dtype(dtype)
     quant = quant_options(weights, dtype, block_size=weight_block, asymmetric=weight_asymmetric,
                           accuracy_level=accuracy_level, lm_head=quantize_lm_head, embedding=quantize_embedding,
-                          execution_provider=execution_provider)
+                          gates=quantize_gates, execution_provider=execution_provider)
     if not 0 <= state_update_capacity <= contract.MAX_STATE_UPDATE_CAPACITY:
         raise ExportError(f"state_update_capacity must be in [0, {contract.MAX_STATE_UPDATE_CAPACITY}], "
                           f"got {state_update_capacity}")

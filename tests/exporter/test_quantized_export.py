@@ -47,13 +47,15 @@ CASES = {  # id: (layout, make_tiny_checkpoint options)
 }
 VARIANTS = {
     "int8": dict(weights="int8"),
-    "int4-asym-64-head-embedding": dict(weights="int4", weight_block=64, weight_asymmetric=True,
-                                        quantize_lm_head=True, quantize_embedding=True),
+    "int4-asym-64-head-embedding-gates": dict(weights="int4", weight_block=64, weight_asymmetric=True,
+                                              quantize_lm_head=True, quantize_embedding=True, quantize_gates=True),
 }
 # Checkpoint tensors the exporter quantizes: projections (attention, GDN in/out, MLPs, shared and routed
-# experts, the MTP fc); the router and the shared expert's gate keep their type.
+# experts, the MTP fc); the router and the shared expert's gate keep their type, and the GDN's b/a gate
+# projections unless asked (GATES).
 PROJECTION = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|in_proj_\w+|out_proj|gate_proj|up_proj|down_proj)\.weight$"
                         r"|experts\.(gate_up_proj|down_proj)$|^mtp\.fc\.weight$")
+GATES = re.compile(r"\.in_proj_(b|a|ba)\.weight$")
 
 
 def _rounded_copy(src, dst, options):
@@ -67,7 +69,8 @@ def _rounded_copy(src, dst, options):
         tensors = load_file(file)
         for name, w in tensors.items():
             short = name.replace("model.language_model.", "model.")
-            if not (PROJECTION.search(short) or short in head):
+            if not (PROJECTION.search(short) or short in head) or (GATES.search(short) and
+                                                                    not options.get("quantize_gates")):
                 continue
             k = w.shape[-1]
             block = spec.block_size
@@ -105,8 +108,8 @@ def test_quantized_export_equals_fp32_export_of_rounded_weights(case, variant, t
 
     ops = [n.op_type for n in _nodes(quantized / "model.onnx")]
     moe = load_model_config(case).moe is not None
-    # Only the router, the shared expert's gate and (unless asked) the lm_head stay Gemm.
-    assert ("Gemm" in ops) == (moe or not options.get("quantize_lm_head"))
+    # Only the router, the shared expert's gate and (unless asked) the lm_head and the b/a gates stay Gemm.
+    assert ("Gemm" in ops) == (moe or not options.get("quantize_lm_head") or not options.get("quantize_gates"))
     assert ("QMoE" in ops) == moe and "MoE" not in ops
     assert ("GatherBlockQuantized" in ops) == bool(options.get("quantize_embedding"))
     initializers = onnx.load(str(quantized / "model.onnx"), load_external_data=False).graph.initializer
@@ -149,10 +152,10 @@ def text(tmp_path_factory):
 def test_int8_keeps_fp32_greedy_tokens_in_ort_and_genai(text, tmp_path):
     """Default int8 (symmetric, block 32, accuracy_level 4 on CPU) against fp32, 16 tokens, through ORT with our
     library and through og.Generator. The random tiny checkpoint amplifies any rounding (fp16 activations move
-    its last logits by 0.8% RMS, int8 weights by 7.7%), so greedy picks with near ties flip: these are the 2
-    of 12 random prompts (measured) whose 16 tokens have no tie closer than int8's rounding. The exactness
-    of the quantized graph is the rounded-weights test above."""
-    prompts = [[18, 70, 122, 46, 51, 42, 108, 38, 148, 67], [76, 87, 83, 76, 149, 121, 119]]
+    its last logits by 0.8% RMS, int8 weights by 7.7%), so greedy picks with near ties flip: these are 2 of
+    the 5 in 26 random prompts (measured) whose 16 tokens have no tie closer than int8's rounding. The
+    exactness of the quantized graph is the rounded-weights test above."""
+    prompts = [[76, 87, 83, 76, 149, 121, 119], [30, 72, 89, 49, 65]]
     fp32 = export(text, tmp_path / "fp32", progress=False)
     int8 = export(text, tmp_path / "int8", weights="int8", progress=False)
     want = GreedyDriver(make_session(fp32, contract.DOMAIN)).generate(prompts, NEW_TOKENS).tokens

@@ -1,8 +1,10 @@
 """One Gated DeltaNet layer (docs/model.md#gated-deltanet-layer): projections, conv, GatedDeltaNet, gated norm.
 
-The four input projections (q|k|v, z, b, a) are one fused Gemm. Qwen3-Next's packed, per-key-head
-grouped ``in_proj_qkvz`` / ``in_proj_ba`` are de-interleaved into the same row order while the weight
-is written (docs/model.md#qwen3-next-packed-projections), so both layouts share this graph.
+The four input projections (q|k|v, z, b, a) are one fused product; with quantized weights the b and a gate
+rows are a product of their own in the activation type unless the export quantizes them too (``gates``,
+graph/quantized.py says why). Qwen3-Next's packed, per-key-head grouped ``in_proj_qkvz`` / ``in_proj_ba`` are
+de-interleaved into the same row order while the weight is written
+(docs/model.md#qwen3-next-packed-projections), so both layouts share this graph.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ from ..weights import Segment
 from .context import FLOAT, GraphContext
 
 
-def in_projection_segments(ctx: GraphContext, prefix: str) -> list[Segment]:
-    """Rows of the fused [q | k | v | z | b | a] projection weight, from either checkpoint layout."""
+def in_projection_segments(ctx: GraphContext, prefix: str) -> tuple[list[Segment], list[Segment]]:
+    """Rows of the fused [q | k | v | z] and [b | a] projection weights, from either checkpoint layout."""
     cfg, w = ctx.config, ctx.weights
     hidden, kd, vd, hv = cfg.hidden_size, cfg.key_dim, cfg.value_dim, cfg.gdn_value_heads
     if f"{prefix}in_proj_qkvz.weight" not in w.checkpoint:
         parts = [("in_proj_qkv", 2 * kd + vd), ("in_proj_z", vd), ("in_proj_b", hv), ("in_proj_a", hv)]
         for part, rows in parts:
             w.require(f"{prefix}{part}.weight", [rows, hidden])
-        return [Segment(f"{prefix}{part}.weight", 0, rows) for part, rows in parts]
+        segments = [Segment(f"{prefix}{part}.weight", 0, rows) for part, rows in parts]
+        return segments[:2], segments[2:]
 
     hk, dk, dv = cfg.gdn_key_heads, cfg.gdn_key_dim, cfg.gdn_value_dim
     r = hv // hk
@@ -32,10 +35,9 @@ def in_projection_segments(ctx: GraphContext, prefix: str) -> list[Segment]:
     w.require(ba, [2 * hv, hidden])
     group = 2 * dk + 2 * r * dv  # rows per key head: [q (Dk) | k (Dk) | v (r*Dv) | z (r*Dv)]
     pieces = [(0, dk), (dk, dk), (2 * dk, r * dv), (2 * dk + r * dv, r * dv)]
-    segments = [Segment(qkvz, g * group + start, g * group + start + size)
-                for start, size in pieces for g in range(hk)]
-    segments += [Segment(ba, g * 2 * r + start, g * 2 * r + start + r) for start in (0, r) for g in range(hk)]
-    return segments
+    main = [Segment(qkvz, g * group + start, g * group + start + size) for start, size in pieces for g in range(hk)]
+    gates = [Segment(ba, g * 2 * r + start, g * 2 * r + start + r) for start in (0, r) for g in range(hk)]
+    return main, gates
 
 
 def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Value, past_recurrent: ir.Value,
@@ -48,10 +50,16 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
 
     if sh.mask_column is not None:  # HF zeroes padded positions first (docs/model.md#gated-deltanet-layer)
         x = ctx.op("Mul", x, sh.mask_column)
-    in_proj = ctx.projection(f"{prefix}in_proj.weight", in_projection_segments(ctx, prefix),
-                             [channels + vd + 2 * hv, cfg.hidden_size])
-    mixed, z, b, a = ctx.ops("Split", ctx.linear(x, in_proj), ctx.const([channels, vd, hv, hv]),
-                             num_outputs=4, axis=-1)
+    main, gates = in_projection_segments(ctx, prefix)
+    if ctx.quant and not ctx.quant.gates:
+        in_proj = ctx.projection(f"{prefix}in_proj.weight", main, [channels + vd, cfg.hidden_size])
+        mixed, z = ctx.ops("Split", ctx.linear(x, in_proj), ctx.const([channels, vd]), num_outputs=2, axis=-1)
+        gate_proj = ctx.weights.rows(f"{prefix}in_proj_ba.weight", gates, [2 * hv, cfg.hidden_size], ctx.np_act)
+        b, a = ctx.ops("Split", ctx.linear(x, gate_proj), ctx.const([hv, hv]), num_outputs=2, axis=-1)
+    else:
+        in_proj = ctx.projection(f"{prefix}in_proj.weight", main + gates, [channels + vd + 2 * hv, cfg.hidden_size])
+        mixed, z, b, a = ctx.ops("Split", ctx.linear(x, in_proj), ctx.const([channels, vd, hv, hv]),
+                                 num_outputs=4, axis=-1)
 
     conv_weight = ctx.weights.tensor(f"{prefix}conv1d.weight", f"{prefix}conv1d.weight",
                                      [channels, 1, cfg.conv_kernel], ctx.np_act)

@@ -3,7 +3,11 @@ read them (``com.microsoft::MatMulNBits``, ``QMoE``, ``GatherBlockQuantized``; C
 
 Projections become MatMulNBits; the routed experts one QMoE; the embedding, when asked, GatherBlockQuantized.
 The router and the shared expert's gate (a few rows that decide discrete routing), norms, the conv taps,
-``A_log``/``dt_bias`` and the recurrent state keep their types.
+``A_log``/``dt_bias`` and the recurrent state keep their types, and so do the GatedDeltaNet's b and a gate
+projections unless asked (``gates``): 2 x Hv rows a layer, under 0.5% of its weight bytes, whose outputs set every
+step's decay and write strength. Quantized with the rest they cost accuracy for nothing measurable in speed: on
+the tiny checkpoint int8 logits moved 5% further from fp32 (docs/benchmarks-quantized-cpu.md#accuracy); onnxruntime-genai's
+builder keeps them unquantized too.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class QuantOptions:
     accuracy_level: int = 0
     lm_head: bool = False
     embedding: bool = False
+    gates: bool = False  # the GatedDeltaNet b and a projections
 
 
 def matmul_nbits(ctx, x: ir.Value, weight: QuantizedWeight, accuracy_level: int) -> ir.Value:
@@ -99,13 +104,13 @@ def verify_not_lossless(quant: QuantOptions | None, execution_provider: str, lin
 
 def quant_options(weights: str | None, dtype: str, *, block_size: int = 32, asymmetric: bool = False,
                   accuracy_level: int | None = None, lm_head: bool = False, embedding: bool = False,
-                  execution_provider: str = "cpu") -> QuantOptions | None:
+                  gates: bool = False, execution_provider: str = "cpu") -> QuantOptions | None:
     """The export's weight quantization from its options; None when ``weights`` is the activation type."""
     if weights in (None, dtype):
         given = [f"{name} (--{name.replace('_', '-')})" for name, on in (
             ("weight_block", block_size != BLOCK_SIZES[0]), ("weight_asymmetric", asymmetric),
             ("accuracy_level", accuracy_level is not None), ("quantize_lm_head", lm_head),
-            ("quantize_embedding", embedding)) if on]
+            ("quantize_embedding", embedding), ("quantize_gates", gates)) if on]
         if given:
             raise ExportError(f"{', '.join(given)}: options of quantized weights, which need weights int4 or int8 "
                               f"(--weights)")
@@ -118,4 +123,4 @@ def quant_options(weights: str | None, dtype: str, *, block_size: int = 32, asym
     if level not in range(5):
         raise ExportError(f"accuracy_level must be 0 (unset), 1 (fp32), 2 (fp16), 3 (bf16) or 4 (int8), got {level}")
     spec = QuantSpec(WEIGHT_TYPES[weights], block_size, symmetric=not asymmetric)
-    return QuantOptions(spec, level, lm_head=lm_head, embedding=embedding)
+    return QuantOptions(spec, level, lm_head=lm_head, embedding=embedding, gates=gates)
