@@ -4,10 +4,9 @@ read them (``com.microsoft::MatMulNBits``, ``QMoE``, ``GatherBlockQuantized``; C
 Projections become MatMulNBits; the routed experts one QMoE; the embedding, when asked, GatherBlockQuantized.
 The router and the shared expert's gate (a few rows that decide discrete routing), norms, the conv taps,
 ``A_log``/``dt_bias`` and the recurrent state keep their types, and so do the GatedDeltaNet's b and a gate
-projections unless asked (``gates``): 2 x Hv rows a layer, under 0.5% of its weight bytes, whose outputs set every
-step's decay and write strength. Quantized with the rest they cost accuracy for nothing measurable in speed: on
-the tiny checkpoint int8 logits moved 5% further from fp32 (docs/benchmarks-quantized-cpu.md#accuracy); onnxruntime-genai's
-builder keeps them unquantized too.
+projections unless asked (``gates``): 2 x Hv rows a layer (0.12% of a 9B layer's weights) whose outputs set every
+step's decay and write strength. Quantized, they moved the tiny checkpoint's int8 logits 5% further from fp32
+(docs/benchmarks-quantized-cpu.md#accuracy); onnxruntime-genai's builder keeps them unquantized too.
 """
 
 from __future__ import annotations
