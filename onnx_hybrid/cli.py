@@ -105,8 +105,8 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "they move int8 logits about 5%% further from the unquantized export's)")
     parser.add_argument("--kv-cache", choices=list(KV_CACHES), default=None,
                         help="full-attention KV of a non-paged export: concat (grows per step) or shared "
-                             "(GroupQueryAttention over buffers shared in place; what CUDA graph capture needs). "
-                             "Default: shared for -e cuda with fp16/bf16, else concat")
+                             "(GroupQueryAttention over buffers of search.max_length shared in place; what CUDA graph "
+                             "capture needs, and faster on the CPU too). Default: shared, concat for fp32 -e cuda")
     parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                         help="write enable_cuda_graph for the CUDA provider: onnxruntime-genai captures decode "
                              "steps in CUDA graphs and replays them (default: on for -e cuda with shared KV buffers "

@@ -100,7 +100,8 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     ``kv_cache`` (non-paged exports): ``concat`` grows each full-attention layer's KV by a Concat per step;
     ``shared`` runs it as GroupQueryAttention over past/present buffers onnxruntime-genai shares in place
     (``search.past_present_share_buffer: true``), which its CUDA graph capture requires (the MTP head too).
-    Default: ``shared`` for a non-paged fp16/bf16 CUDA export, else ``concat``.
+    Default: ``shared`` for a non-paged export, but ``concat`` for fp32 on CUDA (ORT's CUDA GroupQueryAttention
+    has no fp32 kernel).
 
     ``cuda_graph`` writes the CUDA provider's ``enable_cuda_graph``, so onnxruntime-genai captures decode steps
     in CUDA graphs and replays them. Default: on for a CUDA export with shared KV buffers and no MTP head (the
@@ -144,8 +145,8 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
                           f"got {paged_attention!r}")
     if max_draft_tokens is not None and max_draft_tokens < 1:
         raise ExportError(f"max_draft_tokens must be positive, got {max_draft_tokens}")
-    if kv_cache is None:
-        kv_cache = SHARED if on_cuda and not paged and np_act != np.float32 else CONCAT
+    if kv_cache is None:  # ORT's CUDA GroupQueryAttention has no fp32 kernel
+        kv_cache = CONCAT if paged or (on_cuda and np_act == np.float32) else SHARED
     if kv_cache not in KV_CACHES:
         raise ExportError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
     if paged and kv_cache == SHARED:

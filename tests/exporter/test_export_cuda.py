@@ -122,7 +122,8 @@ def test_validator_provider_rules_agree_with_onnxruntime_genai(checkpoint, tmp_p
 
 def test_cuda_exports_share_kv_buffers_and_capture_by_default(checkpoint, tmp_path):
     """-e cuda in fp16 without an MTP head: GroupQueryAttention over shared buffers and enable_cuda_graph on; fp32
-    (ORT's CUDA GroupQueryAttention has no fp32 kernel) and paged exports keep their KV layout, without graphs."""
+    (ORT's CUDA GroupQueryAttention has no fp32 kernel) and paged exports keep their KV layout, without graphs.
+    CPU exports share their buffers too, without graphs."""
     def exported(name, **options):
         out = export(checkpoint, tmp_path / name, execution_provider="cuda", cuda_archs=[90], progress=False,
                      **options)
@@ -139,7 +140,9 @@ def test_cuda_exports_share_kv_buffers_and_capture_by_default(checkpoint, tmp_pa
     with pytest.raises(ExportError, match="cuda_graph .* shared"):
         export(checkpoint, tmp_path / "refused", execution_provider="cuda", kv_cache="concat", cuda_graph=True)
     cpu = config_of(export(checkpoint, tmp_path / "cpu", mtp=False, progress=False))
-    assert cpu["search"]["past_present_share_buffer"] is False  # the CPU default stays concat
+    assert cpu["search"]["past_present_share_buffer"] is True  # shared on the CPU too (GQA has fp32 kernels there)
+    assert config_of(export(checkpoint, tmp_path / "cpu_concat", mtp=False, kv_cache="concat", progress=False)
+                     )["search"]["past_present_share_buffer"] is False
 
 
 def test_validator_refuses_cuda_graphs_without_shared_buffers(checkpoint, tmp_path):

@@ -202,7 +202,8 @@ def test_summary_reports_what_the_export_wrote(tiny, tmp_path):
     assert summary.layers == {"linear attention": 3, "full attention": 1} and summary.moe_layers == 0
     assert summary.dtype == "fp32" and summary.execution_providers == ()
     assert summary.op_domains == {"onnx_hybrid": ("GatedDeltaNet", "VarlenCausalConvWithState"),
-                                  "com.microsoft": ("RotaryEmbedding", "SkipSimplifiedLayerNormalization")}
+                                  "com.microsoft": ("GroupQueryAttention", "RotaryEmbedding",
+                                                    "SkipSimplifiedLayerNormalization")}
     assert summary.state_groups == 2  # conv and recurrent; the KV cache is onnxruntime-genai's own
     assert dict(summary.files) == {p.name: p.stat().st_size for p in out.iterdir()}
     assert {"model.onnx", "model.onnx.data", "genai_config.json", "libonnx_hybrid_ortops.so"} <= dict(summary.files).keys()

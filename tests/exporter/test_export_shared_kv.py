@@ -48,7 +48,7 @@ def case(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     model_dir = make_tiny_checkpoint(root / "hf", layout, seed=1, **options)
     shared = export(model_dir, root / "shared", kv_cache="shared", progress=False)
-    concat = export(model_dir, root / "concat", progress=False)
+    concat = export(model_dir, root / "concat", kv_cache="concat", progress=False)
     return model_dir, Reference(model_dir), shared, concat
 
 
