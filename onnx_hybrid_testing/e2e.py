@@ -118,10 +118,10 @@ def load_model(package: Path, *, graph: bool | None = None, threads: int | None 
     return og.Model(config)
 
 
-def generator_run(model, prompts: np.ndarray, new_tokens: int, repeats: int) -> dict:
+def generator_run(model, prompts: np.ndarray, new_tokens: int, repeats: int, warm_up: bool = True) -> dict:
     """Greedy og.Generator runs of ``prompts`` ([batch, length] int32) for exactly ``new_tokens`` tokens each
     (``min_length`` keeps EOS from ending a row early), ``repeats`` timed runs after a warm-up run (prepacking,
-    allocations, graph capture); best, not mean, since interference only adds time. Returns the prefill time
+    allocations, graph capture; none if not ``warm_up``); best, not mean, since interference only adds time. Returns the prefill time
     (``append_tokens``, which includes the first logits), the decode rate of the whole run (``decode_tok_s``:
     what a request of that length sees), the steady rate (``decode_steady_tok_s``: batch over the median step
     once the first decode step has run), that first step's time (``first_step_ms``: with CUDA graphs,
@@ -131,7 +131,8 @@ def generator_run(model, prompts: np.ndarray, new_tokens: int, repeats: int) -> 
 
     batch, length = prompts.shape
     prefill, decode, steady, first, tokens = [], [], [], [], []
-    for _ in range(repeats + 1):
+    skip = 1 if warm_up else 0
+    for _ in range(repeats + skip):
         params = og.GeneratorParams(model)
         params.set_search_options(do_sample=False, batch_size=batch, max_length=length + new_tokens,
                                   min_length=length + new_tokens)
@@ -155,8 +156,8 @@ def generator_run(model, prompts: np.ndarray, new_tokens: int, repeats: int) -> 
         steady.append(batch / float(np.median(later)) if later else float("nan"))
         tokens = [int(t) for t in gen.get_sequence(0)][length:]
         del gen
-    return {"prefill_ms": 1e3 * min(prefill[1:]), "decode_tok_s": max(decode[1:]),
-            "decode_steady_tok_s": max(steady[1:]), "first_step_ms": 1e3 * min(first[1:]), "tokens": tokens}
+    return {"prefill_ms": 1e3 * min(prefill[skip:]), "decode_tok_s": max(decode[skip:]),
+            "decode_steady_tok_s": max(steady[skip:]), "first_step_ms": 1e3 * min(first[skip:]), "tokens": tokens}
 
 
 def _gathered(op_type: str, index: int) -> bool:
