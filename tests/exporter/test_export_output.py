@@ -131,7 +131,9 @@ def test_an_output_whose_swap_was_killed_is_restored(tmp_path, caplog):
 
 # A real export in a child process that holds still once the weights are written, so the test can signal it.
 _SLOW_EXPORT = """
-import sys, time
+import signal, sys, time
+# Ctrl-C as in a foreground process: one started from a background job inherits SIGINT ignored, and keeps it so.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import onnx_hybrid.exporter
 from onnx_hybrid.cli import export_main
 module = sys.modules["onnx_hybrid.exporter.export"]
