@@ -295,7 +295,8 @@ def paged_attention(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray,
 
 
 def linear(feeds: Feeds) -> np.ndarray:
-    """output [rows, out_features] = input [rows, in_features] @ weight^T (weight [out_features, in_features])."""
+    """output [rows, out_features] = input [rows, in_features] @ weight^T (weight [out_features, in_features]).
+    Shapes are NumPy's to check here; the op's own checks and messages are the library's (shapes/linear_shapes.cc)."""
     _reject_unknown_inputs(LINEAR, feeds)
     return _f64(feeds["input"]) @ _f64(feeds["weight"]).T
 

@@ -7,7 +7,15 @@
 
 namespace onnx_hybrid {
 namespace {
-constexpr int64_t kFeatureTile = 64;  // weight rows widened to fp32 per work item
+constexpr int64_t kFeatureTile = 64;  // output features per work item
+
+// `n` floats at element `offset` of `src`: the data itself for fp32, else widened into `buffer`.
+const float* AsFloat(ElemType type, const void* src, int64_t offset, int64_t n, std::unique_ptr<float[]>& buffer) {
+  if (type == ElemType::kFloat) return static_cast<const float*>(src) + offset;
+  buffer.reset(new float[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+  LoadAsFloat(type, src, offset, n, buffer.get());
+  return buffer.get();
+}
 }  // namespace
 
 void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, const void* weight, void* output,
@@ -15,17 +23,20 @@ void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, c
   const int64_t rows = geo.rows, in = geo.in_features, out = geo.out_features;
   if (rows == 0 || out == 0) return;
   const CpuKernels& kernels = Kernels();
-  // The input widened once, shared by every work item.
-  std::unique_ptr<float[]> x(new float[static_cast<size_t>(std::max<int64_t>(rows * in, 1))]);
-  LoadAsFloat(type, input, 0, rows * in, x.get());
+  std::unique_ptr<float[]> x_buffer;  // the input widened once, shared by every work item
+  const float* x = AsFloat(type, input, 0, rows * in, x_buffer);
   const int64_t tiles = (out + kFeatureTile - 1) / kFeatureTile;
   parallel.Run(static_cast<size_t>(tiles), [&](size_t index) {
     const int64_t f0 = static_cast<int64_t>(index) * kFeatureTile;
     const int64_t width = std::min(kFeatureTile, out - f0);
-    std::unique_ptr<float[]> w(new float[static_cast<size_t>(std::max<int64_t>(width * in, 1))]);
+    std::unique_ptr<float[]> w_buffer;
+    const float* w = AsFloat(type, weight, f0 * in, width * in, w_buffer);
+    if (type == ElemType::kFloat) {  // fp32 sums are the output: straight into it
+      kernels.dots(rows, width, in, x, in, w, in, static_cast<float*>(output) + f0, out);
+      return;
+    }
     std::unique_ptr<float[]> y(new float[static_cast<size_t>(rows * width)]);
-    LoadAsFloat(type, weight, f0 * in, width * in, w.get());
-    kernels.dots(rows, width, in, x.get(), in, w.get(), in, y.get(), width);
+    kernels.dots(rows, width, in, x, in, w, in, y.get(), width);
     for (int64_t r = 0; r < rows; ++r) StoreFromFloat(type, y.get() + r * width, width, output, r * out + f0);
   });
 }

@@ -88,7 +88,7 @@ LinearParams MakeLinearParams(const LinearGeometry& geo, const void* const* inpu
   p.x = inputs[ln::kInputInput];
   p.w = inputs[ln::kInputWeight];
   p.y = out;
-  // Row counts beyond int32 only reach cuBLAS's own check (LinearUsesRows needs at most a few rows).
+  // Sizes beyond int32 are clamped: LinearUsesRows then declines and cuBLAS's own check refuses them.
   p.rows = static_cast<int>(std::min<int64_t>(geo.rows, INT32_MAX));
   p.n = static_cast<int>(std::min<int64_t>(geo.out_features, INT32_MAX));
   p.k = static_cast<int>(std::min<int64_t>(geo.in_features, INT32_MAX));

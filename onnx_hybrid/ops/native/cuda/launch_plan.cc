@@ -238,7 +238,8 @@ std::vector<CudaLaunch<ConvReplayParams>> PlanConvReplay(ElemType type, const Co
 }
 
 bool LinearUsesRows(ElemType type, const LinearParams& params) {
-  return type != ElemType::kFloat && params.rows == 1 && params.k % 8 == 0 &&
+  // n == INT32_MAX: clamped by MakeLinearParams, so a size only cuBLAS may refuse.
+  return type != ElemType::kFloat && params.rows == 1 && params.k % 8 == 0 && params.n < INT32_MAX &&
          Aligned(params.x, 16) && Aligned(params.w, 16);
 }
 

@@ -84,7 +84,7 @@ std::vector<CudaLaunch<ConvReplayParams>> PlanConvReplay(ElemType type, const Co
 // input and weight. Other calls go to cuBLAS (cuda/cublas.h).
 bool LinearUsesRows(ElemType type, const LinearParams& params);
 
-// LinearRows with enough warps per feature group to fill the GPU (launch_config.h kLinearMinWarps).
+// LinearRows with enough warps per output feature to fill the GPU (launch_config.h kLinearMinWarps).
 std::vector<CudaLaunch<LinearParams>> PlanLinear(ElemType type, const LinearParams& params);
 
 }  // namespace onnx_hybrid

@@ -37,7 +37,7 @@ class ConvCudaKernel {
   ConvAttributes attrs_;
 };
 
-// Linear: LinearRows for the few rows of decode and verify steps, cuBLAS (ORT's handle) for the rest.
+// Linear: LinearRows for a one-row call (a batch-1 decode step), cuBLAS (ORT's handle) for the rest.
 class LinearCudaKernel {
  public:
   LinearCudaKernel(const OrtKernelInfo* info, ElemType type) : type_(type) {}

@@ -1,5 +1,4 @@
-// Linear: shape resolution, shared by every execution provider and by onnx_hybrid.ops.contract.resolve_linear
-// (through ort/c_api.h).
+// Linear: shape resolution, shared by its CPU and CUDA kernels.
 #pragma once
 
 #include "common.h"
