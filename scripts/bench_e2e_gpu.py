@@ -485,8 +485,8 @@ def markdown(results: dict, args) -> str:
 
 
 def _export_order(name: str) -> int:
-    order = ["ours", "ours-gemm", "ours-int4", "ours-int4-head", "ours-ms", "builder-fp16", "builder-fp32", "builder-int4",
-             "ours-paged", "builder-paged"]
+    order = ["ours", "ours-gemm", "ours-int4", "ours-int4-head", "ours-ms", "builder-fp16", "builder-fp32",
+             "builder-int4", "ours-paged", "builder-paged"]
     return order.index(name) if name in order else len(order)
 
 

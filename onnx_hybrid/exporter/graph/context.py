@@ -1,9 +1,9 @@
 """What every layer module needs while it emits nodes: the tape, dtypes, weights and shared tensors.
 
 Activations inside the decoder are token-major 2-D ``[N, H]`` with ``N = batch * sequence``: every
-projection is then a ``Gemm(transB=1)`` (or our ``Linear``, the same product) straight on the checkpoint's
-``[out, in]`` weight (no transposed copy at export, and ORT prepacks Gemm's B once), the conv op takes ``[T, C]`` as is, and
-GatedDeltaNet takes the conv output ``[N, q | k | v]`` whole, in its packed-QKV form.
+projection is then a ``Gemm(transB=1)`` (or our ``Linear``, the same product) straight on the
+checkpoint's ``[out, in]`` weight (no transposed copy at export, and ORT prepacks Gemm's B once), the conv op
+takes ``[T, C]`` as is, and GatedDeltaNet takes the conv output ``[N, q | k | v]`` whole, in its packed-QKV form.
 Only attention needs ``[B, S, ...]`` views, built from one shared shape tensor.
 """
 

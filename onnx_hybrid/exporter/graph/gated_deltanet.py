@@ -51,15 +51,14 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
     if sh.mask_column is not None:  # HF zeroes padded positions first (docs/model.md#gated-deltanet-layer)
         x = ctx.op("Mul", x, sh.mask_column)
     main, gates = in_projection_segments(ctx, prefix)
-    if ctx.quant and not ctx.quant.gates:
-        in_proj = ctx.projection(f"{prefix}in_proj.weight", main, [channels + vd, cfg.hidden_size])
-        mixed, z = ctx.ops("Split", ctx.linear(x, in_proj), ctx.const([channels, vd]), num_outputs=2, axis=-1)
+    separate_gates = ctx.quant is not None and not ctx.quant.gates  # b/a rows kept in the activation type
+    fused, sizes = (main, [channels, vd]) if separate_gates else (main + gates, [channels, vd, hv, hv])
+    in_proj = ctx.projection(f"{prefix}in_proj.weight", fused, [sum(sizes), cfg.hidden_size])
+    parts = ctx.ops("Split", ctx.linear(x, in_proj), ctx.const(sizes), num_outputs=len(sizes), axis=-1)
+    if separate_gates:
         gate_proj = ctx.weights.rows(f"{prefix}in_proj_ba.weight", gates, [2 * hv, cfg.hidden_size], ctx.np_act)
-        b, a = ctx.ops("Split", ctx.linear(x, gate_proj), ctx.const([hv, hv]), num_outputs=2, axis=-1)
-    else:
-        in_proj = ctx.projection(f"{prefix}in_proj.weight", main + gates, [channels + vd + 2 * hv, cfg.hidden_size])
-        mixed, z, b, a = ctx.ops("Split", ctx.linear(x, in_proj), ctx.const([channels, vd, hv, hv]),
-                                 num_outputs=4, axis=-1)
+        parts += ctx.ops("Split", ctx.linear(x, gate_proj), ctx.const([hv, hv]), num_outputs=2, axis=-1)
+    mixed, z, b, a = parts
 
     conv_weight = ctx.weights.tensor(f"{prefix}conv1d.weight", f"{prefix}conv1d.weight",
                                      [channels, 1, cfg.conv_kernel], ctx.np_act)
