@@ -189,7 +189,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
 
     ctx = GraphContext(config=cfg, weights=Weights(checkpoint), act=ir.DataType.from_numpy(np_act),
                        np_act=np_act, op_domain=op_domain, capacity=state_update_capacity, quant=quant,
-                       kv_cache=kv_cache, linear_op=linear_op)
+                       kv_cache=kv_cache, linear_op=linear_op, gated_norm_op=on_cuda)
     layout = PagedLayout(block_size, paged_attention) if paged else None
     num_blocks = pool_num_blocks(num_blocks, cfg, block_size=block_size, kernel=paged_attention,
                                  itemsize=np_act.itemsize, head_layers=int(with_mtp)) if paged else num_blocks

@@ -228,18 +228,6 @@ class SkipSimplifiedLayerNormalization(OpRun):
                 inv_std.astype(np.float32), total.astype(x.dtype))
 
 
-class GatedRMSNorm(OpRun):
-    """com.microsoft's gated RMSNorm over trailing groups of len(scale), in float64: norm * scale * SiLU(gate)."""
-    op_domain = contract.MS_DOMAIN
-
-    def _run(self, x, scale, gate, epsilon=None, activation=None):
-        assert activation in (None, "silu")
-        groups = x.astype(np.float64).reshape(*x.shape[:-1], -1, scale.shape[0])
-        normed = groups / np.sqrt(np.mean(groups * groups, axis=-1, keepdims=True) + epsilon) * scale
-        g = gate.astype(np.float64)
-        return ((normed.reshape(x.shape) * g / (1.0 + np.exp(-g))).astype(x.dtype),)
-
-
 class RotaryEmbedding(OpRun):
     """com.microsoft's RoPE, rotate-half on the first rotary_embedding_dim dims of each head, in float64."""
     op_domain = contract.MS_DOMAIN
@@ -259,7 +247,7 @@ class RotaryEmbedding(OpRun):
         return (out.reshape(b, s, width).astype(x.dtype),)
 
 
-REFERENCE_OPS = [SkipSimplifiedLayerNormalization, GatedRMSNorm, RotaryEmbedding,
+REFERENCE_OPS = [SkipSimplifiedLayerNormalization, RotaryEmbedding,
                  _contract_op(contract.GATED_DELTA_NET, reference.gated_delta_net),
                  _contract_op(contract.VARLEN_CAUSAL_CONV, reference.varlen_causal_conv),
                  _contract_op(contract.PAGED_ATTENTION, reference.paged_attention),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 
@@ -19,6 +20,7 @@ from onnx_hybrid.exporter import ExportError, export
 from onnx_hybrid.exporter.kv_pool import GPU_KV_CACHE_FRACTION
 from onnx_hybrid.ops import contract, library
 from onnx_hybrid_testing.checkpoints import make_tiny_checkpoint
+from onnx_hybrid_testing.greedy import GreedyDriver, make_session
 
 og = pytest.importorskip("onnxruntime_genai")
 
@@ -197,3 +199,23 @@ def test_projections_are_linear_only_where_no_drafts_are_verified(checkpoint, tm
     assert validate(forced).ok
     fp32 = export(checkpoint, tmp_path / "fp32", execution_provider="cuda", dtype="fp32", mtp=False, progress=False)
     assert "Linear" not in op_types(fp32)
+
+
+def test_gated_norm_is_one_node_on_cuda_and_four_on_the_cpu(checkpoint, tmp_path):
+    """docs/model.md#gated-rmsnorm: -e cuda writes each GatedDeltaNet output norm as one com.microsoft::GatedRMSNorm
+    (one CUDA launch instead of three); CPU exports keep RMSNormalization, Sigmoid and the products, which ORT's CPU
+    kernels run faster. Both compute the same greedy tokens and, in fp32, logits within rounding (the fp32 -e cuda
+    export runs on the CPU here: every node has a CPU kernel)."""
+    cuda = export(checkpoint, tmp_path / "cuda", execution_provider="cuda", dtype="fp32", mtp=False, progress=False)
+    cpu = export(checkpoint, tmp_path / "cpu", mtp=False, progress=False, kv_cache="concat")
+    gdn_layers = sum(t == "linear_attention" for t in json.loads((checkpoint / "config.json").read_text())
+                     ["text_config"]["layer_types"])
+    nodes = onnx.load(str(cuda / "model.onnx"), load_external_data=False).graph.node
+    norms = [n for n in nodes if n.op_type == "GatedRMSNorm"]
+    assert len(norms) == gdn_layers > 0 and all(n.domain == contract.MS_DOMAIN for n in norms)
+    assert "GatedRMSNorm" not in op_types(cpu) and "Sigmoid" in op_types(cpu)
+    prompts = [[5, 17, 33, 2, 99, 64, 7], [44, 3, 150]]
+    ours = GreedyDriver(make_session(cuda, contract.DOMAIN)).generate(prompts, 8)
+    reference = GreedyDriver(make_session(cpu, contract.DOMAIN)).generate(prompts, 8)
+    assert ours.tokens == reference.tokens
+    np.testing.assert_allclose(ours.prefill_logits, reference.prefill_logits, rtol=0, atol=1e-4)

@@ -204,7 +204,7 @@ def test_summary_reports_what_the_export_wrote(tiny, tmp_path):
     assert summary.layers == {"linear attention": 3, "full attention": 1} and summary.moe_layers == 0
     assert summary.dtype == "fp32" and summary.execution_providers == ()
     assert summary.op_domains == {"onnx_hybrid": ("GatedDeltaNet", "VarlenCausalConvWithState"),
-                                  "com.microsoft": ("GatedRMSNorm", "GroupQueryAttention", "RotaryEmbedding",
+                                  "com.microsoft": ("GroupQueryAttention", "RotaryEmbedding",
                                                     "SkipSimplifiedLayerNormalization")}
     assert summary.state_groups == 2  # conv and recurrent; the KV cache is onnxruntime-genai's own
     assert dict(summary.files) == {p.name: p.stat().st_size for p in out.iterdir()}

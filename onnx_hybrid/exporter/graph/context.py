@@ -94,6 +94,9 @@ class GraphContext:
     # Projections in the activation type as onnx_hybrid::Linear (CUDA: the weights of a decode step read at the
     # copy rate) instead of Gemm(transB=1)
     linear_op: bool = False
+    # The GatedDeltaNet output norm as com.microsoft::GatedRMSNorm (CUDA: one launch instead of three; ORT 1.32's CPU
+    # kernel is several times slower than the separate nodes, docs/model.md#gated-rmsnorm)
+    gated_norm_op: bool = False
     tape: ir.tape.Tape = field(default_factory=ir.tape.Tape)
     shared: SharedInputs | None = None
     _constants: dict = field(default_factory=dict)

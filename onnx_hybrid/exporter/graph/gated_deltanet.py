@@ -90,11 +90,14 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
          "qk_l2_norm": 1, "state_update_capacity": ctx.capacity},
         domain=ctx.op_domain, name=f"/model/layers.{layer}/linear_attn/GatedDeltaNet"))
 
-    # Gated RMSNorm per value head (docs/model.md#gated-rmsnorm): one com.microsoft::GatedRMSNorm over the packed
-    # [N, Hv*Dv] rows, its scale Dv long, so norm, SiLU(z) and product are one launch instead of four.
+    # Gated RMSNorm per value head (docs/model.md#gated-rmsnorm): plain w, SiLU(z) gate, statistics in fp32.
     norm_w = ctx.norm_weight(f"{prefix}norm.weight", f"{prefix}norm.weight", dv, zero_centred=False)
-    gated = ctx.tape.op("GatedRMSNorm", [ctx.op("Reshape", core, ctx.const([0, vd])), norm_w, z],
-                        {"epsilon": cfg.rms_norm_eps}, domain=contract.MS_DOMAIN,
-                        name=f"/model/layers.{layer}/linear_attn/norm")
+    if ctx.gated_norm_op:  # one launch over the packed [N, Hv*Dv] rows (its scale Dv long) instead of three
+        gated = ctx.tape.op("GatedRMSNorm", [ctx.op("Reshape", core, ctx.const([0, vd])), norm_w, z],
+                            {"epsilon": cfg.rms_norm_eps}, domain=contract.MS_DOMAIN,
+                            name=f"/model/layers.{layer}/linear_attn/norm")
+    else:
+        gate = ctx.silu(ctx.op("Reshape", z, ctx.const([0, hv, dv])))
+        gated = ctx.op("Reshape", ctx.op("Mul", ctx.rms_norm(core, norm_w), gate), ctx.const([0, vd]))
     out_proj = ctx.projection_tensor(f"{prefix}out_proj.weight", f"{prefix}out_proj.weight", [cfg.hidden_size, vd])
     return ctx.linear(gated, out_proj)
