@@ -20,7 +20,7 @@ import threading
 from typing import Any, Mapping
 
 from ..ops import contract, library
-from ..ops.c_api import Array, ConvCall, GdnCall
+from ..ops.c_api import ELEMENT_TYPE_CODES, Array, ConvCall, GdnCall
 from .tensors import DeviceTensor, as_device_tensor, empty, stream_pointer
 
 
@@ -28,7 +28,6 @@ class PlanError(ValueError):
     """No kernel can serve the call as asked (a shape no kernel is instantiated for, or a knob's value)."""
 
 
-_TYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 _ENGINES = {"auto": 0, "chunked": 1, "recurrent": 2}
 _LAUNCHED, _NEEDS_MEMORY, _OUTPUT_SHAPES, _CONTRACT_VIOLATION, _BAD_KNOB = 0, 1, 2, -2, -3
 _OUTPUT_NAMES = ("output", "final_state", "state_update")
@@ -73,7 +72,10 @@ def _check(code: int, op: str) -> int:
 
 
 def _set_array(slot: Array, t: DeviceTensor | None) -> None:
-    slot.set(None if t is None else t.shape, None if t is None else t.ptr)
+    if t is None:
+        slot.set(None)
+    else:
+        slot.set(t.shape, t.ptr, ELEMENT_TYPE_CODES.get(t.dtype, -1))
 
 
 @functools.lru_cache(maxsize=64)
@@ -82,7 +84,8 @@ def _attributes(op_name: str, given: tuple) -> dict:
     return contract.resolve_attributes(contract.OPS[op_name], dict(given))
 
 
-_FLOAT_INPUTS = ("decay", "beta", "initial_state", "a_log", "dt_bias")
+_FLOAT_INPUTS = ("initial_state", "a_log", "dt_bias")
+_GATE_INPUTS = ("decay", "beta")  # float32, or both of the query's type (the library checks which)
 _INT_INPUTS = ("cu_seqlens", "capture_count")
 
 
@@ -239,6 +242,8 @@ def _gdn(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: An
             raise TypeError(f"{op}: {name} must have the query's element type {q.dtype}, got {t[name].dtype}")
     for name in _FLOAT_INPUTS:
         _check_type(op, name, t[name], ("float32",))
+    for name in _GATE_INPUTS:
+        _check_type(op, name, t[name], ("float32", q.dtype))
     for name in _INT_INPUTS:
         _check_type(op, name, t[name], ("int32",))
     device = q.device
@@ -291,7 +296,7 @@ def _gdn_call(tensors: Mapping[str, DeviceTensor | None], active: int | None, en
         elif active is not None:
             active_host = ctypes.c_int32(active)
             call.inputs[i].set((1,), ctypes.addressof(active_host))
-    call.type, call.engine = _TYPE_CODE[tensors["query"].dtype], _ENGINES[engine]
+    call.type, call.engine = ELEMENT_TYPE_CODES[tensors["query"].dtype], _ENGINES[engine]
     call.set_attributes(attrs)
     call.stream = stream_pointer(stream)
     return call, active_host
@@ -415,7 +420,7 @@ def _conv(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: A
     call = ConvCall()
     for i, port in enumerate(contract.VARLEN_CAUSAL_CONV.inputs):
         _set_array(call.inputs[i], t[port.name])
-    call.type = _TYPE_CODE[x.dtype]
+    call.type = ELEMENT_TYPE_CODES[x.dtype]
     call.only_kernels = _kernel_filter(only_kernels)
     call.set_attributes(attrs)
     call.stream = stream_pointer(stream)
@@ -554,6 +559,6 @@ def replay_conv(state: Any, capsule: Any, accepted: Any, *, out: Any = None, str
         raise ValueError(f"replay_conv: out must be {st.dtype} {list(st.shape)}")
     acc = _accepted(accepted, b, st.device)
     lib, s = _library(st.device), stream_pointer(stream)
-    _run(lib.onnx_hybrid_cuda_replay_conv, None, st.device, s, "replay_conv", _TYPE_CODE[st.dtype], st.ptr, dst.ptr,
-         cap.ptr, acc.ptr, b, ch, sl, cap.shape[1], s)
+    _run(lib.onnx_hybrid_cuda_replay_conv, None, st.device, s, "replay_conv", ELEMENT_TYPE_CODES[st.dtype], st.ptr,
+         dst.ptr, cap.ptr, acc.ptr, b, ch, sl, cap.shape[1], s)
     return state if out is None else out

@@ -22,18 +22,23 @@ CONTRACT_VIOLATION = -2  # the entry points' code for a contract rejection (its 
 GDN_LAYOUTS = ("ragged", "uniform", "rank4", "packed_ragged", "packed_uniform", "packed_rank3")
 
 
+ELEMENT_TYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}  # OhArray.elem_type and the calls' type
+
+
 class Array(ctypes.Structure):  # OhArray
     _fields_ = [("data", ctypes.c_void_p), ("dims", ctypes.c_int64 * MAX_RANK), ("rank", ctypes.c_int32),
-                ("reserved", ctypes.c_int32)]
+                ("elem_type", ctypes.c_int32)]
 
-    def set(self, shape: Sequence[int] | None, data: int | None = None) -> None:
-        """Present (``data``, or a non-null stand-in when only the shape matters) with ``shape``, or absent."""
+    def set(self, shape: Sequence[int] | None, data: int | None = None, elem_type: int = 0) -> None:
+        """Present (``data``, or a non-null stand-in when only the shape matters) with ``shape`` and element type
+        (ELEMENT_TYPE_CODES; read only for the ports that allow more than one), or absent."""
         if shape is None:
             self.data = None
             return
         if len(shape) > MAX_RANK:
             raise ValueError(f"a shape of rank {len(shape)} (at most {MAX_RANK})")
         self.data = data or 1
+        self.elem_type = elem_type
         self.rank = len(shape)
         for i, d in enumerate(shape):
             self.dims[i] = d

@@ -49,7 +49,9 @@ class Port:
 
     index: int
     name: str
-    type: str  # "T" (one of ACTIVATION_TYPES, shared by all T ports of the node), "float" or "int32"
+    # "T" (one of ACTIVATION_TYPES, shared by all T ports of the node), "float", "int32", or "gate": float, or the
+    # node's T (every gate port of the node alike), so that fp16/bf16 graphs need no Cast before the op
+    type: str
     optional: bool
     host_memory: bool = False  # declared OrtMemTypeCPUInput on device execution providers
     doc: str = ""
@@ -113,8 +115,8 @@ GATED_DELTA_NET = OpSpec(
         Port(1, "key", "T", True, doc="[T,Hk,Dk] | [B,S,Hk,Dk]; absent in packed-QKV form"),
         Port(2, "value", "T", True, doc="[T,Hv,Dv] | [B,S,Hv,Dv]; absent in packed-QKV form"),
         Port(3, "cu_seqlens", "int32", True, doc="[B+1] exclusive prefix sums of request lengths"),
-        Port(4, "decay", "float", True, doc="[T,Hv] | [T,Hv,Dk] | [B,S,Hv] | [B,S,Hv,Dk]"),
-        Port(5, "beta", "float", True, doc="[T,Hv] | [B,S,Hv]"),
+        Port(4, "decay", "gate", True, doc="[T,Hv] | [T,Hv,Dk] | [B,S,Hv] | [B,S,Hv,Dk]"),
+        Port(5, "beta", "gate", True, doc="[T,Hv] | [B,S,Hv]"),
         Port(6, "initial_state", "float", True, doc="[B,Hv,Dv,Dk], V-major"),
         Port(7, "a_log", "float", True, doc="[Hv], raw A_log"),
         Port(8, "dt_bias", "float", True, doc="[Hv]"),
@@ -220,6 +222,7 @@ MESSAGES: dict[str, str] = {
     "input_type": "{0} must be {1}, got {2}",
     "input_type_activation": "{0} must be one of float, float16, bfloat16 (the activation type T), got {1}",
     "input_type_shared": "{0} must have the activation type T of {1}: expected {2}, got {3}",
+    "gate_type": "decay and beta must be float, or both of the activation type {0}: got decay {1}, beta {2}",
     # GatedDeltaNet, kernel creation
     "gdn_update_rule": "update_rule must be one of: linear, gated, delta, gated_delta; got '{0}'",
     "gdn_gate_activation": "gate_activation must be one of: none, qwen; got '{0}'",
@@ -677,13 +680,14 @@ def _check_presence(op: OpSpec, present: set[str], attrs: Mapping[str, Any]) -> 
 def check_types(op: OpSpec, types: Mapping[str, str | None]) -> None:
     """Element types of a node's inputs (ONNX names: float, float16, bfloat16, int32, ...; None = unknown).
 
-    Fixed-type ports must have their type; the "T" ports must all have one activation type. Without this
-    a mismatch reaches ONNX Runtime, whose kernel lookup fails with a message that names no tensor.
+    Fixed-type ports must have their type; the "T" ports must all have one activation type; the "gate" ports are
+    float or all of that type. Without this a mismatch reaches ONNX Runtime, whose kernel lookup fails with a
+    message that names no tensor (the gate ports the kernel checks itself, with the same message).
     """
     first_t = None
     for port in op.inputs:
         actual = types.get(port.name)
-        if actual is None:
+        if actual is None or port.type == "gate":
             continue
         if port.type != "T":
             if actual != port.type:
@@ -694,6 +698,10 @@ def check_types(op: OpSpec, types: Mapping[str, str | None]) -> None:
             first_t = port.name, actual
         elif actual != first_t[1]:
             raise ContractError(op.name, "input_type_shared", port.name, first_t[0], first_t[1], actual)
+    gates = {p.name: types.get(p.name) for p in op.inputs if p.type == "gate"}
+    given = {t for t in gates.values() if t is not None}
+    if first_t is not None and (len(given) > 1 or not given <= {"float", first_t[1]}):
+        raise ContractError(op.name, "gate_type", first_t[1], *(t or "absent" for t in gates.values()))
 
 
 def _trim(values: list) -> list:

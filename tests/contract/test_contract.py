@@ -186,7 +186,16 @@ GDN_TYPES = {"query": "float16", "key": "float16", "value": "float16", "decay": 
     [
         ("GatedDeltaNet", GDN_INPUTS, {**GDN_TYPES, "key": "float"},
          "GatedDeltaNet: key must have the activation type T of query: expected float16, got float"),
-        ("GatedDeltaNet", GDN_INPUTS, {**GDN_TYPES, "decay": "float16"}, "GatedDeltaNet: decay must be float, got float16"),
+        ("GatedDeltaNet", GDN_INPUTS, {**GDN_TYPES, "decay": "bfloat16"},
+         "GatedDeltaNet: decay and beta must be float, or both of the activation type float16: got decay bfloat16, "
+         "beta float"),
+        ("GatedDeltaNet", GDN_INPUTS, {**GDN_TYPES, "decay": "float16"},
+         "GatedDeltaNet: decay and beta must be float, or both of the activation type float16: got decay float16, "
+         "beta float"),
+        ("GatedDeltaNet", GDN_INPUTS, {**GDN_TYPES, "query": "float", "key": "float", "value": "float",
+                                       "decay": "float16", "beta": "float16"},
+         "GatedDeltaNet: decay and beta must be float, or both of the activation type float: got decay float16, "
+         "beta float16"),
         ("GatedDeltaNet", GDN_INPUTS, {**GDN_TYPES, "query": "double", "key": "double", "value": "double"},
          "GatedDeltaNet: query must be one of float, float16, bfloat16 (the activation type T), got double"),
         ("VarlenCausalConvWithState", {"input": "x", "weight": "w", "cumulative_sequence_length": "cu", "initial_state": "s"},
@@ -208,6 +217,7 @@ def test_node_builders_name_the_input_of_the_wrong_type(op, inputs, types, patte
 
 def test_node_builders_accept_agreeing_and_unknown_types():
     C.make_onnx_node("GatedDeltaNet", GDN_INPUTS, ["o"], types=GDN_TYPES)
+    C.make_onnx_node("GatedDeltaNet", GDN_INPUTS, ["o"], types={**GDN_TYPES, "decay": "float16", "beta": "float16"})
     C.make_onnx_node("GatedDeltaNet", GDN_INPUTS, ["o"], types={"query": "bfloat16", "key": None, "decay": "float"})
     # A type given for an omitted input is not the node's business.
     C.make_onnx_node("GatedDeltaNet", GDN_INPUTS, ["o"], types={**GDN_TYPES, "cu_seqlens": "int64"})

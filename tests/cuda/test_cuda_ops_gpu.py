@@ -244,6 +244,31 @@ def test_scan_width_does_not_change_results(dtype):
     assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(narrow, wide))
 
 
+# decay and beta in the activation type: each kernel that reads them (the recurrent prologue, its decode loop, the
+# per-key decay, the chunked prep), with capture.
+GATE_RUNS = [("recurrent", dict(lengths=(1, 4, 9, 3), capacity=4, capture=(1, 4, 2, 3))),
+             ("recurrent", dict(lengths=(1, 1, 1), rec_rows=4)),
+             ("recurrent", dict(lengths=(5, 40), per_key_decay=True)),
+             ("chunked", dict(lengths=(200, 77, 40, 5))),
+             ("auto", dict(lengths=(64, 3, 33), capacity=2, capture=(0, 2, 1)))]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("engine,kwargs", GATE_RUNS, ids=[f"{e}-{i}" for i, (e, _) in enumerate(GATE_RUNS)])
+def test_gates_in_the_activation_type_equal_fp32_gates(dtype, engine, kwargs):
+    """docs/op-contract.md#gateddeltanet-inputs-and-outputs: the kernels widen decay and beta given in the activation
+    type on load, as a Cast node before the op would: output, state and capsule equal those of the same values in
+    fp32, bit for bit."""
+    kwargs = dict(kwargs)
+    knobs = {k: kwargs.pop(k) for k in ("rec_rows",) if k in kwargs}
+    case = random_gdn_case(np.random.default_rng(41), dtype=dtype, **kwargs, **D128)
+    narrow = {k: case.feeds[k].astype(case.feeds["query"].dtype) for k in ("decay", "beta")}
+    got = run_gdn(case, engine, feeds={**case.feeds, **narrow}, **knobs)
+    want = run_gdn(case, engine, feeds={**case.feeds, **{k: v.astype(np.float32) for k, v in narrow.items()}},
+                   **knobs)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
 # Recurrent launch shapes (value rows per warp, row groups per warp): one group per warp, and warps that walk
 # several groups with the next group's state loaded ahead.
 REC_SHAPES = [(4, 1), (8, 4), (8, 2), (4, 4), (2, 8), (1, 16)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,10 +78,11 @@ def test_a_graph_with_mixed_types_is_refused_while_it_is_built(tiny, tmp_path, m
     from onnx_hybrid.exporter.graph import gated_deltanet
     from onnx_hybrid.ops.contract import ContractError
 
-    # A builder bug: the gates cast to the activation type instead of fp32. ORT would only say `no kernel def
-    # matches node`; the node builder names the input.
+    # A builder bug: the gates of an fp32 graph cast to fp16. ORT would run the node and the kernel refuse it; the
+    # node builder names the inputs while the graph is built.
     monkeypatch.setattr(gated_deltanet, "FLOAT", ir.DataType.FLOAT16)
-    with pytest.raises(ContractError, match="GatedDeltaNet: decay must be float, got float16"):
+    with pytest.raises(ContractError, match=re.escape("GatedDeltaNet: decay and beta must be float, or both of the "
+                                                      "activation type float: got decay float16, beta float16")):
         export(tiny, tmp_path / "out", progress=False)
     assert list(tmp_path.iterdir()) == []
 

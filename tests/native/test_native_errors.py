@@ -11,7 +11,7 @@ import pytest
 from native_util import CONV, GDN
 from onnx_hybrid.ops import contract, reference
 from onnx_hybrid_testing.single_op import make_session, run_single_op, single_op_model
-from onnx_hybrid_testing.cases import random_conv_case, random_gdn_case, random_paged_attention_case
+from onnx_hybrid_testing.cases import DTYPES, random_conv_case, random_gdn_case, random_paged_attention_case
 
 
 def gdn_base(**kw):
@@ -114,6 +114,20 @@ def test_gdn_more_run_errors(name):
         attributes["gate_activation"] = "none"
     want = expected_error(reference.gated_delta_net, feeds, attributes)
     assert str(want) in ours_error(GDN, feeds, attributes)
+
+
+@pytest.mark.parametrize("activation,decay,beta", [("float", "float16", "float16"), ("float16", "bfloat16", "bfloat16"),
+                                                   ("float16", "float16", "float"), ("bfloat16", "float", "bfloat16")])
+def test_gates_of_another_type_are_refused_with_the_contracts_message(activation, decay, beta):
+    """decay and beta: float, or both of the activation type; the kernel checks it (ORT lets any type through to it)
+    with the node builders' message."""
+    case = random_gdn_case(np.random.default_rng(4), [3, 2], dtype=activation)
+    feeds = {**case.feeds, "decay": case.feeds["decay"].astype(DTYPES[decay]),
+             "beta": case.feeds["beta"].astype(DTYPES[beta])}
+    with pytest.raises(contract.ContractError) as want:
+        contract.check_types(contract.GATED_DELTA_NET, {"query": activation, "decay": decay, "beta": beta})
+    assert want.value.key == "gate_type"
+    assert str(want.value) in ours_error(GDN, feeds, case.attributes)
 
 
 def _conv_cases():

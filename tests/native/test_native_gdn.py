@@ -15,7 +15,7 @@ from native_util import (GDN, check_capsule_replay, check_decode_equals_verify, 
                          run_gdn, subnormal_gdn_case)
 from onnx_hybrid.ops import contract, library
 from onnx_hybrid_testing import single_op
-from onnx_hybrid_testing.cases import random_gdn_case
+from onnx_hybrid_testing.cases import DTYPES, Case, random_gdn_case
 from file_modules import ROOT
 
 # Each entry: random_gdn_case keyword arguments. Rows of >= 32 tokens run the chunked engine, shorter
@@ -155,6 +155,26 @@ def test_packed_qkv_equals_separate(layout, lengths):
     rs, rp = run_gdn(sep), run_gdn(packed)
     np.testing.assert_array_equal(rs["output"], rp["output"].reshape(rs["output"].shape))
     np.testing.assert_array_equal(rs["final_state"], rp["final_state"])
+
+
+GATE_CASES = {"recurrent": dict(lengths=[3, 1, 5]), "chunked": dict(lengths=[40, 70]),
+              "per_key_decay": dict(lengths=[40, 5], per_key_decay=True), "capture": dict(lengths=[5, 3], capacity=4)}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(GATE_CASES))
+def test_gates_in_the_activation_type_equal_fp32_gates(dtype, name):
+    """docs/op-contract.md#gateddeltanet-inputs-and-outputs: decay and beta given in the activation type are widened
+    as a Cast node before the op would widen them, so every output equals that of the same values given in fp32,
+    bit for bit."""
+    case = random_gdn_case(np.random.default_rng(11), dtype=dtype, **GATE_CASES[name])
+    narrow = {k: case.feeds[k].astype(DTYPES[dtype]) for k in ("decay", "beta")}
+    got = run_gdn(Case({**case.feeds, **narrow}, case.attributes, case.lengths))
+    want = run_gdn(Case({**case.feeds, **{k: v.astype(np.float32) for k, v in narrow.items()}}, case.attributes,
+                        case.lengths))
+    assert set(got) == set(want)
+    for output in want:
+        np.testing.assert_array_equal(got[output], want[output], err_msg=output)
 
 
 def _split_case(case, at):

@@ -70,8 +70,10 @@ def test_control_functions():
 
 def test_input_shapes_lent_and_copied_agree():
     """ORT >= 1.24 lends input shapes (read from its OrtApi slot); the API-21 copy stays for older runtimes.
-    Both give the same outputs, and the same error for a tensor too deep for the inline shape."""
-    case = random_gdn_case(np.random.default_rng(2), [3, 1, 6], capacity=2, capture=[2, 1, 2])
+    Both give the same outputs (with the gates in fp16, which both must read as fp16), and the same error for a
+    tensor too deep for the inline shape."""
+    case = random_gdn_case(np.random.default_rng(2), [3, 1, 6], capacity=2, capture=[2, 1, 2], dtype="float16")
+    case.feeds.update({k: case.feeds[k].astype(np.float16) for k in ("decay", "beta")})
     model = single_op.single_op_model(GDN, case.feeds, case.attributes).SerializeToString()
     deep = {**case.feeds, "beta": case.feeds["beta"].reshape((1,) * 8 + case.feeds["beta"].shape)}
     deep_model = single_op.single_op_model(GDN, deep, case.attributes, validate=False).SerializeToString()

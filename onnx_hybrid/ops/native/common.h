@@ -93,15 +93,18 @@ inline const char* Presence(const void* p) { return p ? "present" : "absent"; }
 // caller's ToStatus puts in front.
 void RequireFinite(const char* attribute, float value);
 
-// The input shapes of one call by input index; present[i] false means input i is absent.
+// Element types of the activation tensor T (the codes of ort/c_api.h's elem_type).
+enum class ElemType { kFloat, kFloat16, kBFloat16 };
+constexpr int kOtherElemType = -1;  // an input of another element type (int32, double, ...)
+
+// The input shapes of one call by input index; present[i] false means input i is absent. elem[i]: input i's
+// element type (an ElemType, or kOtherElemType), which only the ports of more than one allowed type need.
 template <int N>
 struct InputShapes {
   Shape shape[N];
   bool present[N] = {};
+  int elem[N] = {};
 };
-
-// Element types of the activation tensor T.
-enum class ElemType { kFloat, kFloat16, kBFloat16 };
 
 float HalfToFloat(uint16_t bits);
 uint16_t FloatToHalf(float value);  // round to nearest even

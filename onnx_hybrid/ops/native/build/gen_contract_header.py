@@ -34,7 +34,8 @@ def camel(name: str) -> str:
 
 
 def port_kind(port) -> str:
-    return {"T": "PortType::kActivation", "float": "PortType::kFloat", "int32": "PortType::kInt32"}[port.type]
+    return {"T": "PortType::kActivation", "float": "PortType::kFloat", "int32": "PortType::kInt32",
+            "gate": "PortType::kGate"}[port.type]
 
 
 def op_block(c, op, namespace: str) -> list[str]:
@@ -78,7 +79,7 @@ def render(c) -> str:
         "namespace onnx_hybrid {",
         "namespace contract {",
         "",
-        "enum class PortType { kActivation, kFloat, kInt32 };",
+        "enum class PortType { kActivation, kFloat, kInt32, kGate };",
         "struct PortSpec { const char* name; PortType type; bool optional; bool host_memory; };",
         "struct UpdateRule { const char* name; bool has_decay; bool has_delta; };",
         "",

@@ -6,7 +6,7 @@
 
 namespace onnx_hybrid {
 
-GdnParams MakeGdnParams(const GdnGeometry& geo, const GdnAttributes& attrs, ElemType type,
+GdnParams MakeGdnParams(const GdnGeometry& geo, const GdnAttributes& attrs, ElemType type, bool gates_act,
                         const void* const* inputs, void* out, float* final_state, float* capsule) {
   namespace g = contract::gdn;
   const auto* active = static_cast<const int32_t*>(inputs[g::kInputStateUpdateActive]);  // host memory
@@ -47,6 +47,7 @@ GdnParams MakeGdnParams(const GdnGeometry& geo, const GdnAttributes& attrs, Elem
   p.capture_active = geo.capacity > 0 && (active == nullptr || active[0] != 0);
   p.tail_only = 0;
   p.row_groups = 1;
+  p.gates_act = gates_act;
   // The default scale rounded once from double, as the reference and the CPU kernel take it.
   p.scale = attrs.scale != 0.0f ? attrs.scale : static_cast<float>(1.0 / std::sqrt(double(geo.head_size_k)));
   return p;

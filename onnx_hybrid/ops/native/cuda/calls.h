@@ -14,7 +14,7 @@ namespace onnx_hybrid {
 
 // GatedDeltaNet's parameters from its inputs by contract port (device pointers, except state_update_active,
 // a host pointer) and its outputs; params.workspace is left null.
-GdnParams MakeGdnParams(const GdnGeometry& geo, const GdnAttributes& attrs, ElemType type,
+GdnParams MakeGdnParams(const GdnGeometry& geo, const GdnAttributes& attrs, ElemType type, bool gates_act,
                         const void* const* inputs, void* out, float* final_state, float* capsule);
 
 // VarlenCausalConvWithState's parameters, likewise.

@@ -62,11 +62,12 @@ OrtStatusPtr GdnCudaKernel::ComputeV2(OrtKernelContext* context) {
   try {
     const Inputs<g::kNumInputs> in(context, g::kInputPorts);
     const GdnGeometry geo = ResolveGdn(in, attrs_);
+    const bool gates_act = GdnGatesInActivationType(in, type_);
     void* out = Output(context, g::kOutputOutput, geo.output_shape);
     auto* final_state = static_cast<float*>(Output(context, g::kOutputFinalState, geo.state_shape));
     auto* capsule = static_cast<float*>(Output(context, g::kOutputStateUpdate, geo.capsule_shape()));
     // state_update_active is declared OrtMemTypeCPUInput: a host pointer even on this EP.
-    GdnParams p = MakeGdnParams(geo, attrs_, type_, in.data, out, final_state, capsule);
+    GdnParams p = MakeGdnParams(geo, attrs_, type_, gates_act, in.data, out, final_state, capsule);
     cuda::Launcher launcher(Stream(context));
     GdnPlanKnobs knobs;
     knobs.engine = GetGdnCudaEngine();

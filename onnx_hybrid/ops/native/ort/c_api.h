@@ -13,13 +13,14 @@ extern "C" {
 
 // One array by contract port: data null means the input is absent. Device memory, except GatedDeltaNet's
 // state_update_active, which is a host int32; the shape checks read only the shapes (any non-null data).
-// Ranks above OH_MAX_RANK are refused (no operator takes more than 4).
+// Ranks above OH_MAX_RANK are refused (no operator takes more than 4). elem_type (0 float32, 1 float16,
+// 2 bfloat16) is read only for the ports that allow more than one type (GatedDeltaNet's decay and beta).
 #define OH_MAX_RANK 8
 struct OhArray {
   const void* data;
   int64_t dims[OH_MAX_RANK];
   int32_t rank;
-  int32_t reserved;
+  int32_t elem_type;
 };
 
 // Element types: 0 float32, 1 float16, 2 bfloat16 (the library's ElemType). Engines: 0 auto, 1 chunked,

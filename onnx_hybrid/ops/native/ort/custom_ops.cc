@@ -148,6 +148,20 @@ class GdnCpuKernel {
       t.qkv = MakeQkvLayout(geo);
       t.decay = static_cast<const float*>(in.data[g::kInputDecay]);
       t.beta = static_cast<const float*>(in.data[g::kInputBeta]);
+      std::vector<float> widened;  // decay and beta given in the activation type, in fp32 for the engines
+      if (GdnGatesInActivationType(in, type_)) {
+        auto count = [&](int i) {
+          int64_t n = in.present[i] ? 1 : 0;
+          for (int64_t d : in.shape[i]) n *= d;
+          return n;
+        };
+        const int64_t n_decay = count(g::kInputDecay), n_beta = count(g::kInputBeta);
+        widened.resize(static_cast<size_t>(n_decay + n_beta));
+        if (n_decay) LoadAsFloat(type_, in.data[g::kInputDecay], 0, n_decay, widened.data());
+        if (n_beta) LoadAsFloat(type_, in.data[g::kInputBeta], 0, n_beta, widened.data() + n_decay);
+        t.decay = n_decay ? widened.data() : nullptr;
+        t.beta = n_beta ? widened.data() + n_decay : nullptr;
+      }
       t.initial_state = static_cast<const float*>(in.data[g::kInputInitialState]);
       t.a_log = static_cast<const float*>(in.data[g::kInputALog]);
       t.dt_bias = static_cast<const float*>(in.data[g::kInputDtBias]);
@@ -550,6 +564,7 @@ InputShapes<N> ShapesOf(const OhArray (&arrays)[N], const void* (&data)[N]) {
         throw std::length_error("onnx_hybrid: a shape of rank " + std::to_string(arrays[i].rank) + " (at most " +
                                 std::to_string(OH_MAX_RANK) + ")");
       shapes.shape[i] = Shape(arrays[i].dims, arrays[i].dims + arrays[i].rank);
+      shapes.elem[i] = arrays[i].elem_type;
     }
   }
   return shapes;
@@ -746,7 +761,9 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_gated_delta_net(OhGdnCall* call) {
     const ElemType type = CheckedType(call->type);
     const GdnAttributes attrs = AttributesOf(*call);
     const void* data[g::kNumInputs];
-    const GdnGeometry geo = ResolveGdn(ShapesOf(call->inputs, data), attrs);
+    const GdnInputShapes shapes = ShapesOf(call->inputs, data);
+    const GdnGeometry geo = ResolveGdn(shapes, attrs);
+    const bool gates_act = GdnGatesInActivationType(shapes, type);
     call->workspace_needed = 0;
     const int outputs = ReportOutputs(call, geo.output_shape, geo.state_shape, geo.capsule_shape());
     if (outputs != kLaunched) return outputs;
@@ -758,8 +775,8 @@ ONNX_HYBRID_EXPORT int onnx_hybrid_cuda_gated_delta_net(OhGdnCall* call) {
     knobs.rec_groups = call->rec_groups;
     knobs.scan_width = call->scan_width;
     knobs.prep_heads = call->prep_heads;
-    GdnParams p = MakeGdnParams(geo, attrs, type, data, call->outputs[0], static_cast<float*>(call->outputs[1]),
-                                static_cast<float*>(call->outputs[2]));
+    GdnParams p = MakeGdnParams(geo, attrs, type, gates_act, data, call->outputs[0],
+                                static_cast<float*>(call->outputs[1]), static_cast<float*>(call->outputs[2]));
     cuda::Launcher launcher(call->stream);
     call->workspace_needed = GdnWorkspaceBytes(geo, type, p, launcher.device(), knobs.engine);
     if (call->workspace_needed > 0) {

@@ -28,10 +28,21 @@ inline ONNXTensorElementDataType OnnxType(ElemType t) {
   }
 }
 
+// An input's element type as an ElemType code (InputShapes::elem), kOtherElemType for the rest.
+inline int ElemTypeCode(ONNXTensorElementDataType t) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return static_cast<int>(ElemType::kFloat);
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return static_cast<int>(ElemType::kFloat16);
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return static_cast<int>(ElemType::kBFloat16);
+    default: return kOtherElemType;
+  }
+}
+
 inline ONNXTensorElementDataType PortElementType(contract::PortType port, ElemType activation) {
   switch (port) {
     case contract::PortType::kActivation: return OnnxType(activation);
     case contract::PortType::kFloat: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    case contract::PortType::kGate: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // any: the kernel checks it
     default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
   }
 }
@@ -101,16 +112,17 @@ struct Inputs : InputShapes<N> {
       Ort::ThrowOnError(api.KernelContext_GetInput(context, i, &value));
       if (!value) continue;
       this->present[i] = true;
+      ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
       if (lent) {
-        ONNXTensorElementDataType type;
         const int64_t* dims = nullptr;
         size_t rank = 0;
         Ort::ThrowOnError(lent(value, &type, &dims, &rank));
         CheckRank(rank, ports[i].name);
         this->shape[i] = Shape(dims, dims + rank);
       } else {
-        CopyShape(api, value, ports[i].name, &this->shape[i]);
+        CopyShape(api, value, ports[i].name, &this->shape[i], &type);
       }
+      this->elem[i] = ElemTypeCode(type);
       Ort::ThrowOnError(api.GetTensorMutableData(const_cast<OrtValue*>(value), const_cast<void**>(&data[i])));
     }
   }
@@ -122,11 +134,13 @@ struct Inputs : InputShapes<N> {
                                "; the contract's tensors have rank 4 at most");
   }
 
-  static void CopyShape(const OrtApi& api, const OrtValue* value, const char* name, Shape* shape) {
+  static void CopyShape(const OrtApi& api, const OrtValue* value, const char* name, Shape* shape,
+                        ONNXTensorElementDataType* type) {
     OrtTensorTypeAndShapeInfo* info = nullptr;
     Ort::ThrowOnError(api.GetTensorTypeAndShape(value, &info));
     size_t rank = 0;
-    OrtStatus* status = api.GetDimensionsCount(info, &rank);
+    OrtStatus* status = api.GetTensorElementType(info, type);
+    if (!status) status = api.GetDimensionsCount(info, &rank);
     if (!status && rank <= Shape::kMaxRank) {
       shape->resize(rank);
       status = api.GetDimensions(info, shape->data(), rank);

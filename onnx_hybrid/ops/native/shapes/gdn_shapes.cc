@@ -26,7 +26,33 @@ int64_t Product(const Shape& s) {
   return p;
 }
 
+const char* TypeName(int elem) {
+  switch (elem) {
+    case static_cast<int>(ElemType::kFloat): return "float";
+    case static_cast<int>(ElemType::kFloat16): return "float16";
+    case static_cast<int>(ElemType::kBFloat16): return "bfloat16";
+    default: return "another type";
+  }
+}
+
 }  // namespace
+
+bool GdnGatesInActivationType(const GdnInputShapes& in, ElemType activation) {
+  const int gates[] = {g::kInputDecay, g::kInputBeta};
+  const int act = static_cast<int>(activation), fp32 = static_cast<int>(ElemType::kFloat);
+  int seen = -2;  // the gates' one type, once a present gate is read
+  bool ok = true;
+  for (int i : gates) {
+    if (!in.present[i]) continue;
+    ok = ok && (in.elem[i] == fp32 || in.elem[i] == act) && (seen == -2 || seen == in.elem[i]);
+    seen = in.elem[i];
+  }
+  if (!ok) {
+    auto name = [&](int i) { return in.present[i] ? TypeName(in.elem[i]) : "absent"; };
+    throw ContractError(kOp, msg::kGateType, {TypeName(act), name(g::kInputDecay), name(g::kInputBeta)});
+  }
+  return seen == act && activation != ElemType::kFloat;
+}
 
 GdnAttributes MakeGdnAttributes(const std::string& update_rule, float scale, const std::string& gate_activation,
                                 const std::string& beta_activation, int64_t qk_l2_norm, int64_t chunk_size,

@@ -52,6 +52,10 @@ struct GdnGeometry {
 
 GdnGeometry ResolveGdn(const GdnInputShapes& shapes, const GdnAttributes& attrs);
 
+// decay and beta (the contract's "gate" ports): float, or both of the activation type `activation`. True for the
+// latter with an fp16/bf16 activation (the kernels then widen them on load, as a Cast node would).
+bool GdnGatesInActivationType(const GdnInputShapes& shapes, ElemType activation);
+
 struct RequestRow {
   int64_t start, length;
 };

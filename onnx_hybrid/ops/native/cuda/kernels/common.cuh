@@ -175,9 +175,29 @@ __device__ __forceinline__ int gdn_captured_prefix(const GdnParams& p, int count
   return max(0, min(count, min(p.capacity, len)));
 }
 
+// Element i of decay or beta (`base`): fp32, or with gates_act the activation type T widened, as a Cast node
+// before the op would (docs/op-contract.md#gateddeltanet-inputs-and-outputs).
+template <typename T>
+__device__ __forceinline__ float gdn_gate(const GdnParams& p, const float* base, size_t i) {
+  return p.gates_act ? ohk::to_f32(reinterpret_cast<const T*>(base)[i]) : base[i];
+}
+// The same as predicated loads in straight-line code (ld_global_if): 0 where `valid` is false.
+template <typename T>
+__device__ __forceinline__ float gdn_gate_if(const GdnParams& p, const float* base, size_t i, bool valid) {
+  if constexpr (sizeof(T) == 4) {
+    return ohk::ld_global_if(base + i, valid);
+  } else {
+    const float wide = ohk::ld_global_if(base + i, valid && !p.gates_act);
+    const T narrow = ohk::ld_global_if(reinterpret_cast<const T*>(base) + i, valid && p.gates_act);
+    return p.gates_act ? ohk::to_f32(narrow) : wide;
+  }
+}
+
 // Log-space gate g of (token, value head, key column r) in fp32 (docs/op-contract.md#sequential-definition).
+template <typename T>
 __device__ __forceinline__ float gdn_log_gate(const GdnParams& p, int tok, int h, int r) {
-  const float x = p.decay_per_key ? p.decay[((size_t)tok * p.hv + h) * p.dk + r] : p.decay[(size_t)tok * p.hv + h];
+  const float x = gdn_gate<T>(p, p.decay, p.decay_per_key ? ((size_t)tok * p.hv + h) * p.dk + r
+                                                          : (size_t)tok * p.hv + h);
   if (!p.gate_qwen) return x;
   const float z = x + p.dt_bias[h];
   const float softplus = z > 20.0f ? z : log1pf(expf(z));

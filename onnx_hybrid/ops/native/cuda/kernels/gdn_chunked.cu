@@ -294,6 +294,7 @@ struct PrepScalars {
   float a_log, dt_bias;  // the head's gate parameters (qwen gate)
 };
 
+template <typename T>
 __device__ __forceinline__ PrepScalars prep_load_scalars(const GdnParams& p, int h, size_t tok0, int L, int lane) {
   PrepScalars s;
   s.a_log = p.gate_qwen ? p.a_log[h] : 0.f;
@@ -302,8 +303,8 @@ __device__ __forceinline__ PrepScalars prep_load_scalars(const GdnParams& p, int
   for (int i = 0; i < 2; ++i) {
     const int t = 2 * lane + i;
     const size_t idx = (tok0 + t) * p.hv + h;
-    s.gate[i] = t < L && p.has_decay ? p.decay[idx] : 0.f;
-    s.beta[i] = t < L ? (p.has_delta ? p.beta[idx] : 1.f) : 0.f;
+    s.gate[i] = t < L && p.has_decay ? gdn_gate<T>(p, p.decay, idx) : 0.f;
+    s.beta[i] = t < L ? (p.has_delta ? gdn_gate<T>(p, p.beta, idx) : 1.f) : 0.f;
   }
   return s;
 }
@@ -598,9 +599,9 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
     }
     PrepScalars next;  // VEC0_WARP's: the inputs of the first head's vectors; VEC_WARP's: of the next head's
     if (warp == VEC0_WARP)
-      next = prep_load_scalars(p, h_first, tok0, L, lane);
+      next = prep_load_scalars<T>(p, h_first, tok0, L, lane);
     else if (vec_warp && heads > 1)
-      next = prep_load_scalars(p, h_first + 1, tok0, L, lane);
+      next = prep_load_scalars<T>(p, h_first + 1, tok0, L, lane);
     if (u_warp)
       cp_async_wait<2>();  // q and k (the V groups may still be in flight)
     else
@@ -825,7 +826,7 @@ __device__ __forceinline__ void gdn_chunk_prep(const GdnParams& p) {
         prep_t_column<2>(Mh, Dh, rco, bet, Tw, Tu, lane);
       } else if (vec_warp && hi + 1 < heads) {  // the next head's vectors, into the other buffer
         prep_vectors(p, ws, h + 1, next, tok0, L, lane, vecs + ((hi + 1) & 1) * 3 * BT);
-        if (hi + 2 < heads) next = prep_load_scalars(p, h + 2, tok0, L, lane);
+        if (hi + 2 < heads) next = prep_load_scalars<T>(p, h + 2, tok0, L, lane);
       }
       __syncthreads();  // (B)
 

@@ -337,8 +337,8 @@ __device__ __forceinline__ void load_token(const GdnParams& p, int tok, bool val
   const int dk = valid ? p.dk : 0;
   load_head<T, L>(qb + (size_t)tok * p.q_stride, lane, dk, in.q);
   load_head<T, L>(kb + (size_t)tok * p.k_stride, lane, dk, in.k);
-  in.decay = ld_global_if(p.decay + (size_t)tok * p.hv + h, valid && p.has_decay && !p.decay_per_key);
-  in.beta = ld_global_if(p.beta + (size_t)tok * p.hv + h, valid && p.has_delta);
+  in.decay = gdn_gate_if<T>(p, p.decay, (size_t)tok * p.hv + h, valid && p.has_decay && !p.decay_per_key);
+  in.beta = gdn_gate_if<T>(p, p.beta, (size_t)tok * p.hv + h, valid && p.has_delta);
 }
 
 // Sum over lanes OFF * 2, apart by less (a row's lanes), of N values per lane (N a power of two <= 2 OFF):
@@ -460,14 +460,14 @@ __device__ __forceinline__ void capture_token(const GdnParams& p, const TokenVal
 
 // The per-key decay of the token at `tok` (per-key rules) into a stash row: computed once per token, so the row
 // groups read it (decay_rows) rather than recompute it in every group.
-template <class L>
+template <typename T, class L>
 __device__ __forceinline__ void key_decay(const GdnParams& p, int tok, int h, int lane, float alpha_head,
                                           float* dst) {
   float a[L::kKeys];
 #pragma unroll
   for (int i = 0; i < L::kKeys; ++i) {
     const int r = L::col(lane, i);
-    a[i] = r < p.dk ? expf(gdn_log_gate(p, tok, h, r)) : alpha_head;
+    a[i] = r < p.dk ? expf(gdn_log_gate<T>(p, tok, h, r)) : alpha_head;
   }
   stash_put<L>(dst, lane, a);
 }
@@ -490,7 +490,7 @@ __device__ __forceinline__ void token_prologue(const GdnParams& p, RecToken<L::N
     if (lane < L::kLanes) {  // every lane group holds the same values
       stash_put<L>(st[t].vec[0], lane, tv.k);
       stash_put<L>(st[t].vec[1], lane, tv.q);
-      if (p.decay_per_key) key_decay<L>(p, start + t0 + t, h, lane, tv.alpha, st[t].vec[2]);
+      if (p.decay_per_key) key_decay<T, L>(p, start + t0 + t, h, lane, tv.alpha, st[t].vec[2]);
     }
     if (lane == 0) {
       st[t].scalar[0] = tv.alpha;
@@ -711,7 +711,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnParams& p) {
     Token& tok = warp_stash[0];
     stash_put<P>(tok.vec[0], lane, tv.k);
     stash_put<P>(tok.vec[1], lane, tv.q);
-    if (p.decay_per_key) key_decay<P>(p, span.start, h, lane, tv.alpha, tok.vec[2]);
+    if (p.decay_per_key) key_decay<T, P>(p, span.start, h, lane, tv.alpha, tok.vec[2]);
     if (lane == 0) {
       tok.scalar[0] = tv.alpha;
       tok.scalar[1] = token_beta<T, P>(p, first);

@@ -9,8 +9,8 @@ struct GdnParams {
   const void* k;
   const void* v;
   const int* cu_seqlens;      // [B+1] or null (uniform packing: uniform_len tokens per row)
-  const float* decay;         // [T, Hv] or [T, Hv, Dk]; null without decay
-  const float* beta;          // [T, Hv]; null without delta retrieval
+  const float* decay;         // [T, Hv] or [T, Hv, Dk]; null without decay; fp32, or T where gates_act
+  const float* beta;          // [T, Hv]; null without delta retrieval; as decay
   const float* state_in;      // [B, Hv, Dv, Dk] or null (zeros)
   const float* a_log;         // [Hv] (qwen gate)
   const float* dt_bias;       // [Hv] (qwen gate)
@@ -39,6 +39,7 @@ struct GdnParams {
   int capture_active;         // state_update_active (host value) and capacity > 0
   int tail_only;              // recurrent kernel: serve only rows the chunked kernel skips
   int row_groups;             // recurrent kernel: row groups per warp (>= 1)
+  int gates_act;              // decay and beta are in the activation type (widened on load), not fp32
   float scale;
 };
 
