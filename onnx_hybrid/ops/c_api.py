@@ -23,6 +23,7 @@ GDN_LAYOUTS = ("ragged", "uniform", "rank4", "packed_ragged", "packed_uniform", 
 
 
 ELEMENT_TYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}  # OhArray.elem_type and the calls' type
+ONNX_TYPE_CODES = {"float": 0, "float16": 1, "bfloat16": 2}  # the same codes by ONNX element type name
 
 
 class Array(ctypes.Structure):  # OhArray
@@ -112,12 +113,21 @@ def _resolve(entry, call, out, op: str):
     return out
 
 
-def resolve_gdn(shapes: Mapping[str, Sequence[int] | None], attributes: Mapping[str, Any]) -> contract.GdnGeometry:
+def resolve_gdn(shapes: Mapping[str, Sequence[int] | None], attributes: Mapping[str, Any],
+                types: Mapping[str, str | None] | None = None) -> contract.GdnGeometry:
     """GatedDeltaNet's geometry from input shapes (None or missing: absent) and resolved attributes, or the
-    library's ContractError."""
+    library's ContractError. ``types`` (ONNX element type names): where the query's is an activation type, the
+    gate ports' are checked against it (a gate of unknown type is taken to agree with the other)."""
     call = GdnCall()
     _shapes(call, contract.GATED_DELTA_NET, shapes)
     call.set_attributes(attributes)
+    activation = ONNX_TYPE_CODES.get((types or {}).get("query"))
+    if activation is not None:
+        call.type = activation
+        gates = {p.index: types.get(p.name) for p in contract.GATED_DELTA_NET.inputs if p.type == "gate"}
+        fallback = next((t for t in gates.values() if t is not None), "float")
+        for index, name in gates.items():
+            call.inputs[index].elem_type = ONNX_TYPE_CODES.get(name or fallback, -1)
     g = _resolve(library.control().onnx_hybrid_resolve_gdn, call, GdnGeometryOut(), contract.GATED_DELTA_NET.name)
     return contract.GdnGeometry(
         layout=GDN_LAYOUTS[g.layout], batch=g.batch, total_tokens=g.total_tokens, num_heads_q=g.num_heads_q,

@@ -10,12 +10,14 @@ is our CPU subset of ORT's CUDA op). Each rule has one source:
   reaches the CUDA kernels as an NVRTC define (``cuda_ops/compiler.py``); the exporter emits nodes through
   :func:`make_onnx_node` / :func:`make_ir_node`, the config validator computes capsule widths with
   :func:`gdn_capsule_width` / :func:`conv_capsule_shape`.
-* **Shape, presence and offset checks, in the library** (``native/shapes/*.cc``). ORT's kernels must check their
+* **Shape, presence and offset checks, in the library** (``native/shapes/*.cc``), and the element types of the
+  ports that ORT lets through untyped (GatedDeltaNet's decay and beta). ORT's kernels must check their
   inputs without calling back into Python, so the C++ checks are the implementation; :func:`resolve_gdn`,
   :func:`resolve_conv`, :func:`resolve_paged_attention`, :func:`check_offsets` and :func:`check_paged_rows` (the
   float64 reference's, the tests', the CUDA API's) and the presence rules of :func:`layout_node` call them through
   the library's C entry points (``ops/c_api.py``), and a rejection comes back as :class:`ContractError` with its
-  ``key``.
+  ``key``. The other element types ORT checks when it picks a kernel; :func:`check_types` states them here only
+  so that a node builder names the tensor (ORT's lookup error names none).
 
 The module itself depends on nothing outside the standard library, so that the build can import it; the checks
 load the library when first called.
@@ -522,16 +524,18 @@ class GdnGeometry:
                                 self.head_size_v)
 
 
-def resolve_gdn(shapes: Mapping[str, Sequence[int] | None], attributes: Mapping[str, Any]) -> GdnGeometry:
+def resolve_gdn(shapes: Mapping[str, Sequence[int] | None], attributes: Mapping[str, Any],
+                types: Mapping[str, str | None] | None = None) -> GdnGeometry:
     """Check a GatedDeltaNet call's input shapes (docs/op-contract.md#gateddeltanet-layouts, #head-geometry,
     #rejections) and resolve its geometry; the checks are the native library's (see the module's docstring).
 
     ``shapes`` maps input names to shapes; missing names or None mean absent. ``attributes`` must be
-    resolved (see :func:`resolve_attributes`).
+    resolved (see :func:`resolve_attributes`). ``types`` (ONNX element type names, None where unknown): with the
+    query's, the gate ports' types are checked too (float, or both the query's).
     """
     from .c_api import resolve_gdn as native
 
-    return native(shapes, attributes)
+    return native(shapes, attributes, types)
 
 
 def check_offsets(op: str, offsets: Sequence[int], total_tokens: int) -> list[tuple[int, int]]:
@@ -631,12 +635,13 @@ def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mappi
     unknown = set(inputs) - {p.name for p in op.inputs}
     if unknown:
         raise KeyError(f"{op.name}: unknown input(s) {sorted(unknown)}")
-    check_types(op, {name: t for name, t in (types or {}).items() if inputs.get(name) is not None})
+    known = {name: t for name, t in (types or {}).items() if inputs.get(name) is not None}
+    check_types(op, known)
     present = {name for name, value in inputs.items() if value is not None}
     for port in op.inputs:
         if not port.optional and port.name not in present:
             raise ValueError(f"{op.name}: required input {port.name!r} is missing")
-    _check_presence(op, present, attrs)
+    _check_presence(op, present, attrs, known)
 
     ordered_in = _trim([inputs.get(p.name) for p in op.inputs])
     if isinstance(outputs, Mapping):
@@ -653,10 +658,11 @@ def layout_node(op: OpSpec | str, inputs: Mapping[str, V | None], outputs: Mappi
     return NodeLayout(op=op, inputs=ordered_in, outputs=ordered_out, attributes=non_default)
 
 
-def _check_presence(op: OpSpec, present: set[str], attrs: Mapping[str, Any]) -> None:
+def _check_presence(op: OpSpec, present: set[str], attrs: Mapping[str, Any], types: Mapping[str, str | None]
+                    ) -> None:
     """The kernels' shape checks on placeholder shapes of one token, one request and unit head sizes, for the
-    inputs in ``present``: the shapes always agree, so only a presence or attribute rule can fail. (Linear has
-    neither optional inputs nor attributes.)"""
+    inputs in ``present``: the shapes always agree, so only a presence or attribute rule can fail, or (GatedDeltaNet)
+    the element types of its gate ports. (Linear has neither optional inputs nor attributes.)"""
     if op is GATED_DELTA_NET:
         packed = "key" not in present and "value" not in present
         ragged = "cu_seqlens" in present
@@ -665,7 +671,7 @@ def _check_presence(op: OpSpec, present: set[str], attrs: Mapping[str, Any]) -> 
         shapes = {"query": tokens + width, "key": tokens + (1, 1), "value": tokens + (1, 1), "cu_seqlens": (2,),
                   "decay": tokens + (1,), "beta": tokens + (1,), "initial_state": (1, 1, 1, 1), "a_log": (1,),
                   "dt_bias": (1,), "capture_count": (1,), "state_update_active": (1,)}
-        resolve_gdn({k: v for k, v in shapes.items() if k in present}, attrs)
+        resolve_gdn({k: v for k, v in shapes.items() if k in present}, attrs, types)
     elif op is VARLEN_CAUSAL_CONV:
         shapes = {"input": (1, 1), "weight": (1, 1, 2), "cumulative_sequence_length": (2,), "bias": (1,),
                   "initial_state": (1, 1, conv_state_length(2, attrs["dilation"])), "capture_count": (1,)}
@@ -680,9 +686,9 @@ def _check_presence(op: OpSpec, present: set[str], attrs: Mapping[str, Any]) -> 
 def check_types(op: OpSpec, types: Mapping[str, str | None]) -> None:
     """Element types of a node's inputs (ONNX names: float, float16, bfloat16, int32, ...; None = unknown).
 
-    Fixed-type ports must have their type; the "T" ports must all have one activation type; the "gate" ports are
-    float or all of that type. Without this a mismatch reaches ONNX Runtime, whose kernel lookup fails with a
-    message that names no tensor (the gate ports the kernel checks itself, with the same message).
+    Fixed-type ports must have their type; the "T" ports must all have one activation type. Without this a
+    mismatch reaches ONNX Runtime, whose kernel lookup fails with a message that names no tensor. The "gate" ports,
+    which ORT lets through to the kernel whatever their type, are the kernels' check (:func:`layout_node` runs it).
     """
     first_t = None
     for port in op.inputs:
@@ -698,10 +704,6 @@ def check_types(op: OpSpec, types: Mapping[str, str | None]) -> None:
             first_t = port.name, actual
         elif actual != first_t[1]:
             raise ContractError(op.name, "input_type_shared", port.name, first_t[0], first_t[1], actual)
-    gates = {p.name: types.get(p.name) for p in op.inputs if p.type == "gate"}
-    given = {t for t in gates.values() if t is not None}
-    if first_t is not None and (len(given) > 1 or not given <= {"float", first_t[1]}):
-        raise ContractError(op.name, "gate_type", first_t[1], *(t or "absent" for t in gates.values()))
 
 
 def _trim(values: list) -> list:

@@ -124,8 +124,10 @@ def test_gates_of_another_type_are_refused_with_the_contracts_message(activation
     case = random_gdn_case(np.random.default_rng(4), [3, 2], dtype=activation)
     feeds = {**case.feeds, "decay": case.feeds["decay"].astype(DTYPES[decay]),
              "beta": case.feeds["beta"].astype(DTYPES[beta])}
+    names = {name: name for name in feeds}
     with pytest.raises(contract.ContractError) as want:
-        contract.check_types(contract.GATED_DELTA_NET, {"query": activation, "decay": decay, "beta": beta})
+        contract.make_onnx_node(contract.GATED_DELTA_NET, names, ["output"], case.attributes,
+                                types={"query": activation, "decay": decay, "beta": beta})
     assert want.value.key == "gate_type"
     assert str(want.value) in ours_error(GDN, feeds, case.attributes)
 

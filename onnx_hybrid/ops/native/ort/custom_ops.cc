@@ -654,15 +654,18 @@ int EntryPoint(const char* op, Body body) noexcept {
 
 using namespace onnx_hybrid;
 
-// The shape checks of each op on input shapes alone (OhGdnCall's inputs and attributes; its other fields are
-// ignored): 0 with the geometry written, or -2 with the contract's message (as ORT reports it) in
-// onnx_hybrid_last_error. onnx_hybrid.ops.contract's resolve_* are these, so the rules exist once.
+// The shape checks of each op on input shapes alone (OhGdnCall's inputs and attributes, and its type with the
+// inputs' elem_type for GatedDeltaNet's gate ports; its other fields are ignored): 0 with the geometry written, or
+// -2 with the contract's message (as ORT reports it) in onnx_hybrid_last_error. onnx_hybrid.ops.contract's
+// resolve_* are these, so the rules exist once.
 ONNX_HYBRID_EXPORT int onnx_hybrid_resolve_gdn(const OhGdnCall* call, OhGdnGeometry* out) {
   namespace g = contract::gdn;
   return EntryPoint(g::kName, [&] {
     const GdnAttributes attrs = AttributesOf(*call);
     const void* data[g::kNumInputs];
-    const GdnGeometry geo = ResolveGdn(ShapesOf(call->inputs, data), attrs);
+    const GdnInputShapes shapes = ShapesOf(call->inputs, data);
+    const GdnGeometry geo = ResolveGdn(shapes, attrs);
+    GdnGatesInActivationType(shapes, CheckedType(call->type));
     *out = OhGdnGeometry{};
     out->layout = static_cast<int32_t>(geo.layout);
     out->per_key_decay = geo.per_key_decay;
