@@ -4,8 +4,9 @@
 process with libasan preloaded and ONNX_HYBRID_LIBRARY naming that copy: every malformed-offset case
 (negative, decreasing, past the end, wrong length, cu[0] != 0, last offset != T) and every shape rejection of the
 state ops, PagedAttention's malformed metadata, and valid calls at the edges of each engine (ragged with
-zero-length rows, capture, chunk tails, wide and deep convs, pools in every element type, Linear's feature tiles). An out-of-bounds
-access aborts the process with an ASan report; a rejection must come back as an ORT error naming the op.
+zero-length rows, capture, chunk tails, gates in the activation type, wide and deep convs, pools in every element
+type, Linear's feature tiles). An out-of-bounds access aborts the process with an ASan report; a rejection must
+come back as an ORT error naming the op.
 Without that set-up (a plain ``pytest`` run) the marker deselects them; tests/native/test_native_library.py runs the
 ``quick`` ones this way in the normal suite.
 """
@@ -86,7 +87,10 @@ VALID_GDN = [dict(lengths=[1, 0, 70, 33], capacity=4, capture=[1, 0, 4, 9]),
              dict(lengths=[40, 3], layout="packed"),
              dict(lengths=[6, 40], per_key_decay=True, head_size_k=33, head_size_v=7),
              dict(lengths=[3, 40], head_size_k=0, head_size_v=4, qk_l2_norm=0, capacity=2, capture=[2, 2]),
-             dict(lengths=[3, 40], head_size_k=4, head_size_v=0, capacity=2, capture=[2, 2])]
+             dict(lengths=[3, 40], head_size_k=4, head_size_v=0, capacity=2, capture=[2, 2]),
+             # decay and beta in the activation type (widened into a buffer of the call's own)
+             dict(lengths=[6, 0, 40], per_key_decay=True, dtype="float16", gates_in_activation_type=True),
+             dict(lengths=[1, 3], dtype="bfloat16", capacity=2, capture=[1, 2], gates_in_activation_type=True)]
 VALID_CONV = [dict(lengths=[10, 0, 1, 8], capacity=8, capture=[9, 1, 1, 3]),
               dict(lengths=[7, 9], channels=513), dict(lengths=[20, 3], channels=225, kernel_size=50),
               dict(lengths=[400, 2], channels=33, kernel_size=386, dilation=1),
@@ -106,8 +110,12 @@ def _valid(cases, quick):  # the first cases also run in the quick selection
 @pytest.mark.parametrize("case", _valid(VALID_GDN, 2))
 def test_valid_gated_delta_net_edges(case):
     case = dict(case)
+    narrow = case.pop("gates_in_activation_type", False)
     gdn = random_gdn_case(np.random.default_rng(1), case.pop("lengths"), **case)
-    run_single_op("GatedDeltaNet", gdn.feeds, gdn.attributes)
+    feeds = dict(gdn.feeds)
+    if narrow:
+        feeds.update({k: feeds[k].astype(feeds["query"].dtype) for k in ("decay", "beta")})
+    run_single_op("GatedDeltaNet", feeds, gdn.attributes)
 
 
 @pytest.mark.parametrize("case", _valid(VALID_CONV, 2))
