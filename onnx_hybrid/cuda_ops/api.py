@@ -318,10 +318,11 @@ class _PreparedCall:
     """A GdnCall that passed the checks once, with the host int its state_update_active points at and its present
     input slots (views into the struct, so writing a slot's pointer writes the call)."""
 
-    __slots__ = ("call", "active", "device", "entry", "slots")
+    __slots__ = ("call", "ref", "active", "device", "entry", "slots")
 
     def __init__(self, call, active, device: int, entry, tensors: Mapping[str, DeviceTensor | None]):
         self.call, self.active, self.device, self.entry = call, active, device, entry
+        self.ref = ctypes.byref(call)  # the entry point's argument, made once
         self.slots = [(i, call.inputs[i]) for i, x in enumerate(tensors.values()) if x is not None]
 
 
@@ -343,8 +344,8 @@ def _signature(tensors: Mapping[str, DeviceTensor | None], outs: list[DeviceTens
     output is given (a call that allocates its outputs is not the one a decode loop repeats)."""
     if outs is None:
         return None
-    inputs = tuple([None if x is None else (x.shape, x.dtype, x.device) for x in tensors.values()])
-    return attributes, knobs, tuple([(o.shape, o.dtype, o.device) for o in outs]), inputs
+    inputs = tuple([None if x is None else x[1:4] for x in tensors.values()])  # (shape, dtype, device)
+    return attributes, knobs, tuple([o[1:4] for o in outs]), inputs
 
 
 def _run_prepared(prepared: _PreparedCall, tensors: Mapping[str, DeviceTensor | None], outputs: Mapping[str, Any],
@@ -365,7 +366,7 @@ def _run_prepared(prepared: _PreparedCall, tensors: Mapping[str, DeviceTensor | 
         call.workspace, call.workspace_bytes = scratch.ptr, scratch.nbytes
     elif isinstance(call, GdnCall):  # the conv takes none
         call.workspace, call.workspace_bytes = None, 0
-    if _run(prepared.entry, call, prepared.device, stream_handle, op) == _NEEDS_MEMORY:
+    if _run(prepared.entry, call, prepared.device, stream_handle, op, prepared.ref) == _NEEDS_MEMORY:
         _launch_with_workspace(prepared.entry, call, prepared.device, workspace, scratch, op)
     return tuple(outputs[name] for name in _OUTPUT_NAMES)
 
