@@ -201,15 +201,17 @@ def test_projections_are_linear_only_where_no_drafts_are_verified(checkpoint, tm
     assert "Linear" not in op_types(fp32)
 
 
-def test_gated_norm_is_one_node_on_cuda_and_four_on_the_cpu(checkpoint, tmp_path):
+@pytest.mark.parametrize("layout", ["qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"])
+def test_gated_norm_is_one_node_on_cuda_and_separate_nodes_on_the_cpu(layout, tmp_path):
     """docs/model.md#gated-rmsnorm: -e cuda writes each GatedDeltaNet output norm as one com.microsoft::GatedRMSNorm
     (one CUDA launch instead of three); CPU exports keep RMSNormalization, Sigmoid and the products, which ORT's CPU
     kernels run faster. Both compute the same greedy tokens and, in fp32, logits within rounding (the fp32 -e cuda
-    export runs on the CPU here: every node has a CPU kernel)."""
+    export runs on the CPU here: every node has a CPU kernel), in the dense, MoE and Qwen3-Next layouts."""
+    checkpoint = make_tiny_checkpoint(tmp_path / "hf", layout, seed=1)
     cuda = export(checkpoint, tmp_path / "cuda", execution_provider="cuda", dtype="fp32", mtp=False, progress=False)
     cpu = export(checkpoint, tmp_path / "cpu", mtp=False, progress=False, kv_cache="concat")
-    gdn_layers = sum(t == "linear_attention" for t in json.loads((checkpoint / "config.json").read_text())
-                     ["text_config"]["layer_types"])
+    config = json.loads((checkpoint / "config.json").read_text())
+    gdn_layers = config.get("text_config", config)["layer_types"].count("linear_attention")
     nodes = onnx.load(str(cuda / "model.onnx"), load_external_data=False).graph.node
     norms = [n for n in nodes if n.op_type == "GatedRMSNorm"]
     assert len(norms) == gdn_layers > 0 and all(n.domain == contract.MS_DOMAIN for n in norms)
