@@ -122,11 +122,11 @@ def generator_run(model, prompts: np.ndarray, new_tokens: int, repeats: int, war
     """Greedy og.Generator runs of ``prompts`` ([batch, length] int32) for exactly ``new_tokens`` tokens each
     (``min_length`` keeps EOS from ending a row early), ``repeats`` timed runs after a warm-up run (prepacking,
     allocations, graph capture; none if not ``warm_up``); best, not mean, since interference only adds time.
-    Returns the prefill time (``append_tokens``, which includes the first logits), the decode rate of the whole run (``decode_tok_s``:
-    what a request of that length sees), the steady rate (``decode_steady_tok_s``: batch over the median step
-    once the first decode step has run), that first step's time (``first_step_ms``: with CUDA graphs,
-    onnxruntime-genai captures each new generator's step there and backs up the recurrent states around the
-    capture), and the first row's tokens."""
+    Returns the prefill time (``append_tokens``, which includes the first logits), the decode rate of the whole
+    run (``decode_tok_s``: what a request of that length sees), the steady rate (``decode_steady_tok_s``: batch
+    over the median step once the first decode step has run), that first step's time (``first_step_ms``: with
+    CUDA graphs, onnxruntime-genai captures each new generator's step there and backs up the recurrent states
+    around the capture), and the first row's tokens."""
     import onnxruntime_genai as og
 
     batch, length = prompts.shape

@@ -242,8 +242,9 @@ def _gdn(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: An
             raise TypeError(f"{op}: {name} must have the query's element type {q.dtype}, got {t[name].dtype}")
     for name in _FLOAT_INPUTS:
         _check_type(op, name, t[name], ("float32",))
+    gate_types = tuple(dict.fromkeys(("float32", q.dtype)))  # float32, or the query's type
     for name in _GATE_INPUTS:
-        _check_type(op, name, t[name], ("float32", q.dtype))
+        _check_type(op, name, t[name], gate_types)
     for name in _INT_INPUTS:
         _check_type(op, name, t[name], ("int32",))
     device = q.device

@@ -23,7 +23,8 @@ GDN_LAYOUTS = ("ragged", "uniform", "rank4", "packed_ragged", "packed_uniform", 
 
 
 ELEMENT_TYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}  # OhArray.elem_type and the calls' type
-ONNX_TYPE_CODES = {"float": 0, "float16": 1, "bfloat16": 2}  # the same codes by ONNX element type name
+# The same codes by ONNX element type name (float for float32).
+ONNX_TYPE_CODES = {"float" if name == "float32" else name: code for name, code in ELEMENT_TYPE_CODES.items()}
 
 
 class Array(ctypes.Structure):  # OhArray

@@ -150,12 +150,9 @@ class GdnCpuKernel {
       t.beta = static_cast<const float*>(in.data[g::kInputBeta]);
       std::vector<float> widened;  // decay and beta given in the activation type, in fp32 for the engines
       if (GdnGatesInActivationType(in, type_)) {
-        auto count = [&](int i) {
-          int64_t n = in.present[i] ? 1 : 0;
-          for (int64_t d : in.shape[i]) n *= d;
-          return n;
-        };
-        const int64_t n_decay = count(g::kInputDecay), n_beta = count(g::kInputBeta);
+        const int64_t per_token = geo.total_tokens * geo.num_heads_v;
+        const int64_t n_decay = in.present[g::kInputDecay] ? per_token * (geo.per_key_decay ? geo.head_size_k : 1) : 0;
+        const int64_t n_beta = in.present[g::kInputBeta] ? per_token : 0;
         widened.resize(static_cast<size_t>(n_decay + n_beta));
         if (n_decay) LoadAsFloat(type_, in.data[g::kInputDecay], 0, n_decay, widened.data());
         if (n_beta) LoadAsFloat(type_, in.data[g::kInputBeta], 0, n_beta, widened.data() + n_decay);
