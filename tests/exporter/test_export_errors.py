@@ -80,7 +80,10 @@ def test_a_graph_with_mixed_types_is_refused_while_it_is_built(tiny, tmp_path, m
 
     # A builder bug: the gates of an fp32 graph cast to fp16. ORT would run the node and the kernel refuse it; the
     # node builder names the inputs while the graph is built.
-    monkeypatch.setattr(gated_deltanet, "FLOAT", ir.DataType.FLOAT16)
+    def fp16_gates(ctx, a, b):
+        return {"decay": ctx.op("Cast", a, to=ir.DataType.FLOAT16), "beta": ctx.op("Cast", b, to=ir.DataType.FLOAT16)}
+
+    monkeypatch.setattr(gated_deltanet, "gate_inputs", fp16_gates)
     with pytest.raises(ContractError, match=re.escape("GatedDeltaNet: decay and beta must be float, or both of the "
                                                       "activation type float: got decay float16, beta float16")):
         export(tiny, tmp_path / "out", progress=False)
