@@ -146,8 +146,10 @@ def benchmark_dtypes(choice: str) -> list[str]:
     return ["float16", "bfloat16"] if choice == "both" else [choice]
 
 
-def make_inputs(lengths, dtype, capacity, gen):
+def make_inputs(lengths, dtype, capacity, gen, gates="float"):
+    """One input set; ``gates`` "act" gives decay and beta in the activation type (as exports feed them)."""
     t, b = sum(lengths), len(lengths)
+    gate_dtype = dtype if gates == "act" else torch.float32
     dev = "cuda"
     q = torch.randn(t, HK, D, dtype=dtype, device=dev, generator=gen)
     k = torch.randn(t, HK, D, dtype=dtype, device=dev, generator=gen)
@@ -155,8 +157,8 @@ def make_inputs(lengths, dtype, capacity, gen):
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=dev)
     feeds = {
         "query": q, "key": k, "value": v, "cu_seqlens": cu,
-        "decay": torch.randn(t, HV, device=dev, generator=gen),
-        "beta": torch.randn(t, HV, device=dev, generator=gen),
+        "decay": torch.randn(t, HV, device=dev, generator=gen).to(gate_dtype),
+        "beta": torch.randn(t, HV, device=dev, generator=gen).to(gate_dtype),
         "initial_state": 0.05 * torch.randn(b, HV, D, D, device=dev, generator=gen),
         "a_log": torch.log(torch.rand(HV, device=dev, generator=gen) * 7.5 + 0.5),
         "dt_bias": torch.rand(HV, device=dev, generator=gen) * 2 - 1,
@@ -167,9 +169,9 @@ def make_inputs(lengths, dtype, capacity, gen):
     outs = {"output": torch.empty(t, HV, D, dtype=dtype, device=dev),
             "final_state": torch.empty(b, HV, D, D, device=dev),
             "state_update": torch.empty(b, width, device=dev)}
-    g = -torch.exp(feeds["a_log"]) * torch.nn.functional.softplus(feeds["decay"] + feeds["dt_bias"])
+    g = -torch.exp(feeds["a_log"]) * torch.nn.functional.softplus(feeds["decay"].float() + feeds["dt_bias"])
     fla = {"q": q.repeat_interleave(HV // HK, dim=1)[None], "k": k.repeat_interleave(HV // HK, dim=1)[None],
-           "v": v[None], "g": g[None].float(), "beta": torch.sigmoid(feeds["beta"])[None].to(dtype),
+           "v": v[None], "g": g[None].float(), "beta": torch.sigmoid(feeds["beta"].float())[None].to(dtype),
            "h0": feeds["initial_state"].transpose(-1, -2).contiguous(), "cu": cu.long(),
            "cu_cpu": cu.long().cpu()}
     if max(lengths) > 8:  # FLA's chunk index, built outside the captured region (its builder copies host->device)
@@ -289,6 +291,8 @@ def main() -> None:
                     help="also time prefill cases' prep kernel alone with these value heads per block (e.g. 1,3)")
     ap.add_argument("--pdl", choices=["on", "off", "both"], default="on",
                     help="programmatic dependent launch of our kernels (sm_90+); both: also time them without it")
+    ap.add_argument("--gates", choices=["float", "act"], default="float",
+                    help="decay and beta in fp32 (default) or in the activation type, as exports feed them")
     ap.add_argument("--neighbour", action="store_true",
                     help="also time each of our calls after a small torch kernel (one that does not opt in)")
     args = parse_benchmark_arguments(ap)
@@ -308,7 +312,8 @@ def main() -> None:
             if args.cases and not any(c in name for c in args.cases.split(",")):
                 continue
             state_bytes = 2 * len(lengths) * HV * D * D * 4
-            inputs = [make_inputs(lengths, dtype, capacity, gen) for _ in range(rotated_sets(state_bytes))]
+            inputs = [make_inputs(lengths, dtype, capacity, gen, args.gates)
+                      for _ in range(rotated_sets(state_bytes))]
             workspace = make_workspace(inputs[0][0], inputs[0][1], capacity)
             ours = [ours_fn(f, o, capacity, workspace) for f, o, _ in inputs]
             if args.once:
