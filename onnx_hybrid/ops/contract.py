@@ -196,15 +196,16 @@ PAGED_ATTENTION = OpSpec(
 
 # A projection y = input @ weight^T with the weight stored [out_features, in_features] as checkpoints hold it: what
 # ONNX's Gemm(transB=1) computes. Its CUDA kernel reads the weight at the copy rate for the one row of a decode
-# step (docs/op-contract.md#linear).
+# step (docs/op-contract.md#linear). activation "swiglu" takes a SwiGLU MLP's packed gate and up rows and gives
+# SiLU(gate) * up: one launch where Split, SiLU and Mul took three more.
 LINEAR = OpSpec(
     name="Linear",
     inputs=(
         Port(0, "input", "T", False, doc="[rows, in_features]"),
-        Port(1, "weight", "T", False, doc="[out_features, in_features]"),
+        Port(1, "weight", "T", False, doc="[out_features, in_features]; swiglu: gate rows, then as many up rows"),
     ),
-    outputs=(Port(0, "output", "T", False, doc="[rows, out_features]"),),
-    attributes=(),
+    outputs=(Port(0, "output", "T", False, doc="[rows, out_features]; swiglu: [rows, out_features / 2]"),),
+    attributes=(Attribute("activation", "string", "none", allowed=("none", "swiglu")),),
 )
 
 OPS: dict[str, OpSpec] = {op.name: op for op in (GATED_DELTA_NET, VARLEN_CAUSAL_CONV, PAGED_ATTENTION, LINEAR)}
@@ -301,7 +302,11 @@ MESSAGES: dict[str, str] = {
                       "got {2} and {3}",
     "conv_cu_order": "cumulative_sequence_length must be non-decreasing: cumulative_sequence_length[{0}] = "
                      "{1} follows cumulative_sequence_length[{2}] = {3}",
+    # Linear, kernel creation
+    "linear_activation": "activation must be one of: none, swiglu; got '{0}'",
     # Linear, run
+    "linear_swiglu_rows": "activation swiglu needs an even number of weight rows (gate rows, then up rows); "
+                          "got {0}",
     "linear_rank": "input must be rank 2 [rows, in_features] and weight rank 2 [out_features, in_features]; got "
                    "input shape {0}, weight shape {1}",
     "linear_in_features": "weight in_features must equal input's: expected {0}, got {1}",
@@ -395,6 +400,7 @@ _ALLOWED_KEYS = {
     ("VarlenCausalConvWithState", "state_update_capacity"): "capacity",
     ("PagedAttention", "num_heads"): "pa_num_heads",
     ("PagedAttention", "kv_num_heads"): "pa_kv_num_heads",
+    ("Linear", "activation"): "linear_activation",
 }
 
 
@@ -662,7 +668,8 @@ def _check_presence(op: OpSpec, present: set[str], attrs: Mapping[str, Any], typ
                     ) -> None:
     """The kernels' shape checks on placeholder shapes of one token, one request and unit head sizes, for the
     inputs in ``present``: the shapes always agree, so only a presence or attribute rule can fail, or (GatedDeltaNet)
-    the element types of its gate ports. (Linear has neither optional inputs nor attributes.)"""
+    the element types of its gate ports. (Linear has no optional inputs, and its one attribute no rule beyond its
+    allowed values.)"""
     if op is GATED_DELTA_NET:
         packed = "key" not in present and "value" not in present
         ragged = "cu_seqlens" in present

@@ -294,9 +294,17 @@ def paged_attention(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray,
 # --------------------------------------------------------------------------------------------------
 
 
-def linear(feeds: Feeds) -> np.ndarray:
-    """output [rows, out_features] = input [rows, in_features] @ weight^T (weight [out_features, in_features]).
-    Shapes are NumPy's to check here; the op's own checks and messages are the library's (shapes/linear_shapes.cc)."""
+def linear(feeds: Feeds, activation: str = "none") -> np.ndarray:
+    """output [rows, out_features] = input [rows, in_features] @ weight^T (weight [out_features, in_features]); with
+    ``activation`` "swiglu" the weight's first half of rows are gate rows and the second half up rows, and the output
+    [rows, out_features / 2] is SiLU(gate) * up. Shapes are NumPy's to check here; the op's own checks and messages
+    are the library's (shapes/linear_shapes.cc)."""
     _reject_unknown_inputs(LINEAR, feeds)
-    return _f64(feeds["input"]) @ _f64(feeds["weight"]).T
+    product = _f64(feeds["input"]) @ _f64(feeds["weight"]).T
+    if activation == "none":
+        return product
+    if activation != "swiglu":
+        raise ValueError(f"activation must be none or swiglu, got {activation!r}")
+    gate, up = np.split(product, 2, axis=1)
+    return gate / (1.0 + np.exp(-gate)) * up
 

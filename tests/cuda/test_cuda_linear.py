@@ -1,7 +1,8 @@
 """Our CUDA Linear inside ONNX Runtime sessions on the CUDA EP (docs/op-contract.md#linear): LinearRows for one-row
 calls, cuBLAS (ORT's handle) for more rows and wherever LinearRows does not apply (fp32, in_features not a multiple
 of 8), each against the float64 reference and ORT's own CUDA Gemm(transB=1) on the same inputs; a CUDA-graph replay
-with new inputs (LinearRows and cuBLAS inside the captured graph); and the CPU kernel's rejections.
+with new inputs (LinearRows and cuBLAS inside the captured graph); the swiglu activation the same ways; and the CPU
+kernel's rejections.
 """
 
 import numpy as np
@@ -44,8 +45,9 @@ def relative_error(got, want):
     return float(np.abs(got.astype(np.float64) - want).max() / max(np.abs(want).max(), 1.0))
 
 
-def run_linear(feeds):
-    return single_op.run_session(cuda_session(single_op.single_op_model(OP, feeds)), feeds)["output"]
+def run_linear(feeds, attributes=None):
+    model = single_op.single_op_model(OP, feeds, attributes)
+    return single_op.run_session(cuda_session(model), feeds)["output"]
 
 
 def run_gemm(feeds, dtype):
@@ -69,22 +71,40 @@ def test_against_reference_and_ort_gemm(rows, in_features, out_features, dtype):
     assert relative_error(got, run_gemm(feeds, dtype).astype(np.float64)) <= 2 * TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("rows, in_features, features", [(1, 64, 3), (1, 4096, 6144), (1, 1032, 4099), (1, 100, 77),
+                                                        (4, 520, 33), (16, 1024, 700)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float"])
+def test_swiglu_against_reference_and_separate_products(rows, in_features, features, dtype):
+    """activation swiglu (LinearRows' swiglu kernel at one row, cuBLAS into fp32 scratch then linear_swiglu_*
+    otherwise) against float64, and against the plain op's products with SiLU and the product taken after them."""
+    feeds = random_feeds(np.random.default_rng(rows * 3 + features), rows, in_features, 2 * features, dtype)
+    got = run_linear(feeds, {"activation": "swiglu"})
+    want = reference.linear(feeds, "swiglu")
+    assert got.shape == (rows, features) and got.dtype == DTYPES[dtype]
+    assert relative_error(got, want) <= TOLERANCE[dtype], relative_error(got, want)
+    gate, up = np.split(run_linear(feeds).astype(np.float64), 2, axis=1)
+    assert relative_error(got, gate / (1 + np.exp(-gate)) * up) <= 2 * TOLERANCE[dtype]
+
+
 @pytest.mark.parametrize("rows", [1, 4, 16])  # LinearRows, and cuBLAS inside the captured graph
-def test_cuda_graph_replays_a_step_with_new_inputs(rows):
+@pytest.mark.parametrize("activation", ["none", "swiglu"])
+def test_cuda_graph_replays_a_step_with_new_inputs(rows, activation):
     rng = np.random.default_rng(rows)
     feeds = random_feeds(rng, rows, 1024, 384, "float16")
-    session = cuda_session(single_op.single_op_model(OP, feeds), graph=True)
+    width = 384 if activation == "none" else 192
+    session = cuda_session(single_op.single_op_model(OP, feeds, {"activation": activation}), graph=True)
     io = session.io_binding()
     arrays = bind_inputs(io, feeds)
-    out = cupy.empty((rows, 384), dtype=np.float16)
-    io.bind_output("output", "cuda", 0, np.float16, [rows, 384], out.data.ptr)
+    out = cupy.empty((rows, width), dtype=np.float16)
+    io.bind_output("output", "cuda", 0, np.float16, [rows, width], out.data.ptr)
     for step in range(4):
         step_feeds = feeds if step == 0 else random_feeds(rng, rows, 1024, 384, "float16")
         for name, array in arrays.items():
             array[...] = to_device(step_feeds[name])
         cupy.cuda.runtime.deviceSynchronize()
         session.run_with_iobinding(io)
-        assert relative_error(cupy.asnumpy(out), reference.linear(step_feeds)) <= TOLERANCE["float16"], step
+        want = reference.linear(step_feeds, activation)
+        assert relative_error(cupy.asnumpy(out), want) <= TOLERANCE["float16"], step
 
 
 def test_errors_match_the_cpu_kernel():
@@ -96,3 +116,7 @@ def test_errors_match_the_cpu_kernel():
             single_op.run_session(session, feeds)
         messages.append(str(raised.value).split("Linear: ", 1)[-1])
     assert messages[0] == messages[1] == "weight in_features must equal input's: expected 8, got 16"
+    feeds = {"input": np.zeros((1, 8), np.float16), "weight": np.zeros((5, 8), np.float16)}
+    model = single_op.single_op_model(OP, feeds, {"activation": "swiglu"})
+    with pytest.raises(Exception, match="activation swiglu needs an even number of weight rows"):
+        single_op.run_session(cuda_session(model), feeds)

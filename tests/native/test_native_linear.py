@@ -1,9 +1,12 @@
 """Our CPU Linear (onnx_hybrid domain) against the float64 reference and ORT's own Gemm(transB=1) on the same inputs
 (docs/op-contract.md#linear): odd shapes, the three element types, a row's result independent of the rows beside
-it and of the thread count, and clean rejections of mismatched shapes. The CUDA kernel: tests/cuda/test_cuda_linear.py.
+it and of the thread count, the swiglu activation against float64 and the separate nodes it replaces, and clean
+rejections of mismatched shapes and attributes. The CUDA kernel: tests/cuda/test_cuda_linear.py.
 """
 
 from __future__ import annotations
+
+import re
 
 import ml_dtypes
 import numpy as np
@@ -76,6 +79,54 @@ def test_a_row_alone_equals_the_row_among_others(dtype):
         np.testing.assert_array_equal(alone.view(np.uint8), together[i:i + 1].view(np.uint8))
     one = run_single_op(OP, feeds, intra_op_threads=1)["output"]
     np.testing.assert_array_equal(one.view(np.uint8), together.view(np.uint8))
+
+
+@pytest.mark.parametrize("rows, in_features, features", [(1, 64, 3), (3, 37, 130), (9, 136, 65), (0, 8, 4), (2, 1, 1)])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_swiglu_against_reference_and_separate_nodes(rows, in_features, features, dtype):
+    """activation swiglu: SiLU(gate) * up of the packed [gate; up] rows, against float64 and against the nodes it
+    replaces (a plain Linear's products, then SiLU and the product in float64)."""
+    feeds = random_feeds(np.random.default_rng(rows * 7 + features), rows, in_features, 2 * features, dtype)
+    got = run_single_op(OP, feeds, {"activation": "swiglu"})["output"]
+    want = reference.linear(feeds, "swiglu")
+    assert got.shape == (rows, features) and got.dtype == DTYPES[dtype]
+    assert relative_error(got, want) <= TOLERANCE[dtype]
+    gate, up = np.split(run_single_op(OP, feeds)["output"].astype(np.float64), 2, axis=1)
+    # the separate nodes round the products to T first: twice the tolerance
+    assert relative_error(got, gate / (1 + np.exp(-gate)) * up) <= 2 * TOLERANCE[dtype]
+
+
+@settings(max_examples=15, deadline=None)
+@given(rows=st.integers(1, 9), in_features=st.integers(1, 200), features=st.integers(1, 150),
+       dtype=st.sampled_from(list(DTYPES)), seed=st.integers(0, 2**32 - 1))
+def test_swiglu_random_shapes(rows, in_features, features, dtype, seed):
+    feeds = random_feeds(np.random.default_rng(seed), rows, in_features, 2 * features, dtype)
+    got = run_single_op(OP, feeds, {"activation": "swiglu"})["output"]
+    assert relative_error(got, reference.linear(feeds, "swiglu")) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_swiglu_row_alone_equals_the_row_among_others(dtype):
+    feeds = random_feeds(np.random.default_rng(5), 6, 96, 2 * 70, dtype)
+    together = run_single_op(OP, feeds, {"activation": "swiglu"})["output"]
+    for i in range(6):
+        alone = run_single_op(OP, {"input": feeds["input"][i:i + 1], "weight": feeds["weight"]},
+                              {"activation": "swiglu"})["output"]
+        np.testing.assert_array_equal(alone.view(np.uint8), together[i:i + 1].view(np.uint8))
+
+
+def test_swiglu_rejects_an_odd_number_of_weight_rows_and_unknown_activations():
+    feeds = {"input": np.zeros((2, 8), np.float32), "weight": np.zeros((5, 8), np.float32)}
+    session = make_session(single_op_model(OP, feeds, {"activation": "swiglu"}))
+    with pytest.raises(Exception, match=re.escape("Linear: activation swiglu needs an even number of weight rows "
+                                                  "(gate rows, then up rows); got 5")):
+        run_session(session, feeds)
+    with pytest.raises(contract.ContractError, match=re.escape("Linear: activation must be one of: none, swiglu; "
+                                                               "got 'gelu'")):
+        single_op_model(OP, feeds, {"activation": "gelu"})
+    model = single_op_model(OP, feeds, {"activation": "gelu"}, validate=False)  # the kernel's own check
+    with pytest.raises(Exception, match=re.escape("Linear: activation must be one of: none, swiglu; got 'gelu'")):
+        make_session(model)
 
 
 @pytest.mark.parametrize("input_shape, weight_shape, message", [

@@ -1,6 +1,7 @@
 #include "cpu/linear_cpu.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include "cpu/cpu_kernels.h"
@@ -31,12 +32,19 @@ void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, c
     const int64_t width = std::min(kFeatureTile, out - f0);
     std::unique_ptr<float[]> w_buffer;
     const float* w = AsFloat(type, weight, f0 * in, width * in, w_buffer);
-    if (type == ElemType::kFloat) {  // fp32 sums are the output: straight into it
+    if (type == ElemType::kFloat && !geo.swiglu) {  // fp32 sums are the output: straight into it
       kernels.dots(rows, width, in, x, in, w, in, static_cast<float*>(output) + f0, out);
       return;
     }
     std::unique_ptr<float[]> y(new float[static_cast<size_t>(rows * width)]);
     kernels.dots(rows, width, in, x, in, w, in, y.get(), width);
+    if (geo.swiglu) {  // the tile's gate sums are in y; its up rows are `out` rows further down the weight
+      std::unique_ptr<float[]> up_buffer;
+      const float* w_up = AsFloat(type, weight, (out + f0) * in, width * in, up_buffer);
+      std::unique_ptr<float[]> up(new float[static_cast<size_t>(rows * width)]);
+      kernels.dots(rows, width, in, x, in, w_up, in, up.get(), width);
+      for (int64_t i = 0; i < rows * width; ++i) y[i] = y[i] / (1.0f + std::exp(-y[i])) * up[i];
+    }
     for (int64_t r = 0; r < rows; ++r) StoreFromFloat(type, y.get() + r * width, width, output, r * out + f0);
   });
 }

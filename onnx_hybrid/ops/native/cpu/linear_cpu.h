@@ -1,5 +1,5 @@
-// Linear on the CPU (docs/op-contract.md#linear): fp32 dot products rounded once to T, each output element
-// dot()'s result whatever the rows beside it; parallel over tiles of output features.
+// Linear on the CPU (docs/op-contract.md#linear): fp32 dot products (with swiglu SiLU(gate) * up of them) rounded
+// once to T, each output element the same whatever the rows beside it; parallel over tiles of output features.
 #pragma once
 
 #include "common.h"

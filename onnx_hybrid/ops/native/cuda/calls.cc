@@ -94,6 +94,7 @@ LinearParams MakeLinearParams(const LinearGeometry& geo, const void* const* inpu
   p.n = static_cast<int>(std::min<int64_t>(geo.out_features, INT32_MAX));
   p.k = static_cast<int>(std::min<int64_t>(geo.in_features, INT32_MAX));
   p.splits = 1;
+  p.swiglu = geo.swiglu ? 1 : 0;
   return p;
 }
 

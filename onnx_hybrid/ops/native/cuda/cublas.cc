@@ -47,7 +47,7 @@ int CudaType(ElemType type) {
 }  // namespace
 
 void LinearGemm(void* handle, ElemType type, const void* x, const void* w, void* y, int64_t rows, int64_t in,
-                int64_t out) {
+                int64_t out, ElemType y_type) {
   static const Library lib = Load();
   if (!lib.gemm_ex) throw std::runtime_error(lib.error);
   constexpr int64_t kMax = std::numeric_limits<int>::max();
@@ -60,7 +60,7 @@ void LinearGemm(void* handle, ElemType type, const void* x, const void* w, void*
   const int t = CudaType(type);
   const int status = lib.gemm_ex(handle, kOpT, kOpN, static_cast<int>(out), static_cast<int>(rows),
                                  static_cast<int>(in), &alpha, w, t, static_cast<int>(in), x, t, static_cast<int>(in),
-                                 &beta, y, t, static_cast<int>(out), kCompute32F, kGemmDefault);
+                                 &beta, y, CudaType(y_type), static_cast<int>(out), kCompute32F, kGemmDefault);
   if (status != 0) throw std::runtime_error("onnx_hybrid: cublasGemmEx failed with status " + std::to_string(status));
 }
 

@@ -10,10 +10,11 @@
 namespace onnx_hybrid {
 namespace cublas {
 
-// y [rows, out] = x [rows, in] @ w^T for w [out, in], all of `type`, accumulated in fp32, enqueued on the
-// handle's stream. Throws std::runtime_error naming the failure (no cuBLAS in the process, a cuBLAS status).
+// y [rows, out] = x [rows, in] @ w^T for w [out, in], x and w of `type`, y of `y_type` (`type`, or float for
+// sums that a later kernel reads), accumulated in fp32, enqueued on the handle's stream. Throws
+// std::runtime_error naming the failure (no cuBLAS in the process, a cuBLAS status).
 void LinearGemm(void* handle, ElemType type, const void* x, const void* w, void* y, int64_t rows, int64_t in,
-                int64_t out);
+                int64_t out, ElemType y_type);
 
 }  // namespace cublas
 }  // namespace onnx_hybrid

@@ -251,8 +251,14 @@ std::vector<CudaLaunch<LinearParams>> PlanLinear(ElemType type, const LinearPara
   while (p.splits < cp::kLinearWarps && int64_t(p.n) * p.splits < cp::kLinearMinWarps &&
          pieces >= int64_t(2) * p.splits * 32 * cp::kLinearAhead)
     p.splits *= 2;
-  return {{KernelName("linear_rows_", type), {U(CeilDiv(p.n, cp::kLinearWarps / p.splits)), 1, 1},
-           {U(cp::kLinearWarps * 32), 1, 1}, 0, p}};
+  return {{KernelName(p.swiglu ? "linear_rows_swiglu_" : "linear_rows_", type),
+           {U(CeilDiv(p.n, cp::kLinearWarps / p.splits)), 1, 1}, {U(cp::kLinearWarps * 32), 1, 1}, 0, p}};
+}
+
+std::vector<CudaLaunch<LinearParams>> PlanLinearSwiglu(ElemType type, const LinearParams& params) {
+  return {{KernelName("linear_swiglu_", type),
+           {U(CeilDiv(int64_t(params.rows) * params.n, cp::kLinearSwigluThreads)), 1, 1},
+           {U(cp::kLinearSwigluThreads), 1, 1}, 0, params}};
 }
 
 }  // namespace onnx_hybrid

@@ -86,5 +86,7 @@ bool LinearUsesRows(ElemType type, const LinearParams& params);
 
 // LinearRows with enough warps per output feature to fill the GPU (launch_config.h kLinearMinWarps).
 std::vector<CudaLaunch<LinearParams>> PlanLinear(ElemType type, const LinearParams& params);
+// swiglu after cuBLAS: SiLU(gate) * up of params.sums into params.y, one element per thread.
+std::vector<CudaLaunch<LinearParams>> PlanLinearSwiglu(ElemType type, const LinearParams& params);
 
 }  // namespace onnx_hybrid

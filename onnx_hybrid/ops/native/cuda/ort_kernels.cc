@@ -102,19 +102,37 @@ OrtStatusPtr ConvCudaKernel::ComputeV2(OrtKernelContext* context) {
   }
 }
 
+LinearCudaKernel::LinearCudaKernel(const OrtKernelInfo* info, ElemType type)
+    : type_(type), attrs_(ReadLinearAttributes(info)) {
+  Ort::ThrowOnError(Ort::GetApi().KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator_));
+}
+
+LinearCudaKernel::~LinearCudaKernel() {
+  if (allocator_ != nullptr) Ort::GetApi().ReleaseAllocator(allocator_);
+}
+
 OrtStatusPtr LinearCudaKernel::ComputeV2(OrtKernelContext* context) {
   namespace ln = contract::linear;
   try {
     const Inputs<ln::kNumInputs> in(context, ln::kInputPorts);
-    const LinearGeometry geo = ResolveLinear(in);
+    const LinearGeometry geo = ResolveLinear(in, attrs_);
     void* out = Output(context, ln::kOutputOutput, geo.output_shape());
     if (geo.rows == 0 || geo.out_features == 0) return nullptr;
-    const LinearParams p = MakeLinearParams(geo, in.data, out);
+    LinearParams p = MakeLinearParams(geo, in.data, out);
+    // The launcher loads the kernel image; a session of cuBLAS calls alone never needs it.
     if (LinearUsesRows(type_, p)) {
       cuda::Launcher launcher(Stream(context));
       Enqueue(launcher, PlanLinear(type_, p));
-    } else {
-      cublas::LinearGemm(CublasHandle(context), type_, p.x, p.w, out, geo.rows, geo.in_features, geo.out_features);
+    } else if (!geo.swiglu) {
+      cublas::LinearGemm(CublasHandle(context), type_, p.x, p.w, out, geo.rows, geo.in_features, geo.out_features,
+                         type_);
+    } else {  // fp32 products of the gate and up rows, then SiLU(gate) * up rounded once
+      Scratch sums(context, allocator_, static_cast<size_t>(geo.rows * geo.weight_rows()) * sizeof(float));
+      cublas::LinearGemm(CublasHandle(context), type_, p.x, p.w, sums.data(), geo.rows, geo.in_features,
+                         geo.weight_rows(), ElemType::kFloat);
+      p.sums = static_cast<const float*>(sums.data());
+      cuda::Launcher launcher(Stream(context));
+      Enqueue(launcher, PlanLinearSwiglu(type_, p));
     }
     return nullptr;
   } catch (const std::exception& e) {

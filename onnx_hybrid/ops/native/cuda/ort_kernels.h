@@ -37,14 +37,20 @@ class ConvCudaKernel {
   ConvAttributes attrs_;
 };
 
-// Linear: LinearRows for a one-row call (a batch-1 decode step), cuBLAS (ORT's handle) for the rest.
+// Linear: LinearRows for a one-row call (a batch-1 decode step), cuBLAS (ORT's handle) for the rest (with swiglu
+// into fp32 scratch, then linear_swiglu_*).
 class LinearCudaKernel {
  public:
-  LinearCudaKernel(const OrtKernelInfo* info, ElemType type) : type_(type) {}
+  LinearCudaKernel(const OrtKernelInfo* info, ElemType type);
+  ~LinearCudaKernel();
+  LinearCudaKernel(const LinearCudaKernel&) = delete;
+  LinearCudaKernel& operator=(const LinearCudaKernel&) = delete;
   OrtStatusPtr ComputeV2(OrtKernelContext* context);
 
  private:
   ElemType type_;
+  LinearAttributes attrs_;
+  OrtAllocator* allocator_ = nullptr;  // the cuBLAS path's fp32 sums with swiglu
 };
 
 }  // namespace onnx_hybrid

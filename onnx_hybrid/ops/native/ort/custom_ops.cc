@@ -255,13 +255,13 @@ class PagedAttentionCpuKernel {
 
 class LinearCpuKernel {
  public:
-  LinearCpuKernel(const OrtKernelInfo* info, ElemType type) : type_(type) {}
+  LinearCpuKernel(const OrtKernelInfo* info, ElemType type) : type_(type), attrs_(ReadLinearAttributes(info)) {}
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     namespace ln = contract::linear;
     try {
       const Inputs<ln::kNumInputs> in(context, ln::kInputPorts);
-      const LinearGeometry geo = ResolveLinear(in);
+      const LinearGeometry geo = ResolveLinear(in, attrs_);
       void* out = Output(context, ln::kOutputOutput, geo.output_shape());
       RunLinearCpu(geo, type_, in.data[ln::kInputInput], in.data[ln::kInputWeight], out, OrtParallelFor(context));
       return nullptr;
@@ -272,6 +272,7 @@ class LinearCpuKernel {
 
  private:
   ElemType type_;
+  LinearAttributes attrs_;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include "common.h"
 #include "shapes/conv_shapes.h"
 #include "shapes/gdn_shapes.h"
+#include "shapes/linear_shapes.h"
 #include "ort/ort_api.h"
 
 namespace onnx_hybrid {
@@ -182,6 +183,11 @@ inline ConvAttributes ReadConvAttributes(const OrtKernelInfo* info) {
   return MakeConvAttributes(StringAttribute(info, cv::kAttrActivation, cv::kDefaultActivation),
                             IntAttribute(info, cv::kAttrDilation, cv::kDefaultDilation),
                             IntAttribute(info, cv::kAttrStateUpdateCapacity, cv::kDefaultStateUpdateCapacity));
+}
+
+inline LinearAttributes ReadLinearAttributes(const OrtKernelInfo* info) {
+  namespace ln = contract::linear;
+  return MakeLinearAttributes(StringAttribute(info, ln::kAttrActivation, ln::kDefaultActivation));
 }
 
 }  // namespace onnx_hybrid

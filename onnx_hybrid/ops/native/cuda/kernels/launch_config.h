@@ -81,5 +81,6 @@ inline constexpr int kLinearAhead = 4;    // 16-byte pieces of w each lane has r
 // Warps per output feature double (1, 2, 4, 8) until the grid has at least this many warps, while each lane keeps
 // kLinearAhead pieces (docs/design-notes.md#linearrows).
 inline constexpr int kLinearMinWarps = 32768;
+inline constexpr int kLinearSwigluThreads = 256;  // linear_swiglu_*: one output element per thread
 
 }  // namespace launch_config

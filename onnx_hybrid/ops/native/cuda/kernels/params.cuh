@@ -91,10 +91,12 @@ struct ConvReplayParams {
 // LinearRows (linear.cu): y = x @ w^T for one row of x.
 struct LinearParams {
   const void* x;              // [rows, k], contiguous, 16-byte aligned
-  const void* w;              // [n, k], contiguous, 16-byte aligned
+  const void* w;              // [n, k], contiguous, 16-byte aligned; swiglu: [2n, k], gate rows then up rows
   void* y;                    // [rows, n]
-  int rows;                   // 1 (LinearUsesRows)
-  int n;
-  int k;                      // a multiple of 8
+  const float* sums;          // linear_swiglu_*: the [rows, 2n] fp32 products cuBLAS wrote
+  int rows;                   // 1 for linear_rows_* (LinearUsesRows)
+  int n;                      // output features
+  int k;                      // a multiple of 8 for linear_rows_*
   int splits;                 // warps per output feature: 1, 2, 4 or 8
+  int swiglu;                 // y = SiLU(gate) * up of the two products (docs/op-contract.md#linear)
 };
