@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from onnx_hybrid.ops.contract import DOMAIN, MS_DOMAIN, OPS, OPSET_VERSION
+from onnx_hybrid.ops.contract import DOMAIN, LINEAR, MS_DOMAIN, OPS, OPSET_VERSION, linear_output_names
 
 AI_ONNX_OPSET = 21
 IR_VERSION = 10  # ORT >= 1.20 reads it
@@ -35,13 +35,19 @@ def single_op_model(op_name: str, feeds: Mapping[str, np.ndarray | None], attrib
                     validate: bool = True) -> onnx.ModelProto:
     """A model with one ``op_name`` node whose graph inputs are the present feeds (None = omitted).
 
-    ``outputs``: the op outputs to request by name (default: all); the others are omitted.
+    ``outputs``: the op outputs to request by name (default: all; Linear's per its output_features); the others are
+    omitted.
     ``validate=False`` skips the contract's node checks (attribute values, input presence rules, input
     element types), to build the invalid nodes that error tests feed to the kernels.
     """
     op = OPS[op_name]
     present = {name: np.asarray(value) for name, value in feeds.items() if value is not None}
-    wanted = [p.name for p in op.outputs] if outputs is None else list(outputs)
+    if outputs is not None:
+        wanted = list(outputs)
+    elif op is LINEAR:  # its outputs follow output_features
+        wanted = linear_output_names(dict(attributes or {}).get("output_features", ()))
+    else:
+        wanted = [p.name for p in op.outputs]
     node = (_node if validate else _unchecked_node)(op_name, present, wanted, attributes, domain)
     t_type = _activation_type(op_name, feeds)
     graph_inputs = [helper.make_tensor_value_info(name, _ONNX_TYPES[value.dtype], list(value.shape))

@@ -62,11 +62,11 @@ class Port:
 @dataclass(frozen=True)
 class Attribute:
     name: str
-    kind: str  # "string" | "int" | "float"
+    kind: str  # "string" | "int" | "ints" | "float"
     default: Any
     allowed: tuple | None = None  # allowed string values
-    minimum: int | None = None
-    maximum: int | None = None
+    minimum: int | None = None  # of an int, or of each of ints
+    maximum: int | None = None  # of an int, or the number of ints
     doc: str = ""
 
 
@@ -197,16 +197,34 @@ PAGED_ATTENTION = OpSpec(
 # A projection y = input @ weight^T with the weight stored [out_features, in_features] as checkpoints hold it: what
 # ONNX's Gemm(transB=1) computes. Its CUDA kernel reads the weight at the copy rate for the one row of a decode
 # step (docs/op-contract.md#linear). activation "swiglu" takes a SwiGLU MLP's packed gate and up rows and gives
-# SiLU(gate) * up: one launch where Split, SiLU and Mul took three more.
+# SiLU(gate) * up; output_features splits the output columns over up to LINEAR_MAX_OUTPUTS outputs (a packed
+# projection's parts): each a launch fewer than the Split, SiLU and Mul nodes they replace.
+LINEAR_MAX_OUTPUTS = 4
 LINEAR = OpSpec(
     name="Linear",
     inputs=(
         Port(0, "input", "T", False, doc="[rows, in_features]"),
         Port(1, "weight", "T", False, doc="[out_features, in_features]; swiglu: gate rows, then as many up rows"),
     ),
-    outputs=(Port(0, "output", "T", False, doc="[rows, out_features]; swiglu: [rows, out_features / 2]"),),
-    attributes=(Attribute("activation", "string", "none", allowed=("none", "swiglu")),),
+    outputs=(
+        Port(0, "output", "T", False, doc="[rows, out_features]; swiglu: [rows, out_features / 2]; with "
+                                          "output_features [rows, output_features[0]]"),
+        *(Port(i, f"output_{i}", "T", True, doc=f"[rows, output_features[{i}]]") for i in range(1, LINEAR_MAX_OUTPUTS)),
+    ),
+    attributes=(
+        Attribute("activation", "string", "none", allowed=("none", "swiglu")),
+        Attribute("output_features", "ints", (), minimum=1, maximum=LINEAR_MAX_OUTPUTS,
+                  doc="the columns of each output, in order; empty: one output of them all"),
+    ),
 )
+
+
+
+def linear_output_names(output_features: Sequence[int] = ()) -> list[str]:
+    """The outputs of a Linear node with these output_features: output, output_1, ..., one per size (the kernels
+    check the node against this)."""
+    return [port.name for port in LINEAR.outputs[:max(1, len(output_features))]]
+
 
 OPS: dict[str, OpSpec] = {op.name: op for op in (GATED_DELTA_NET, VARLEN_CAUSAL_CONV, PAGED_ATTENTION, LINEAR)}
 # The ops the library also registers under com.microsoft (ORT's own names for the two state ops, which a graph may
@@ -304,9 +322,15 @@ MESSAGES: dict[str, str] = {
                      "{1} follows cumulative_sequence_length[{2}] = {3}",
     # Linear, kernel creation
     "linear_activation": "activation must be one of: none, swiglu; got '{0}'",
+    "linear_output_features": f"output_features must hold at most {LINEAR_MAX_OUTPUTS} positive sizes; got {{0}}",
+    "linear_outputs": "the node's outputs must be output, output_1, ... in order, one for each size of "
+                      "output_features (output alone without them); got {0} leading outputs (-1: not in order) for "
+                      "output_features {1}",
+    "linear_swiglu_outputs": "activation swiglu gives one output; got output_features {0}",
     # Linear, run
     "linear_swiglu_rows": "activation swiglu needs an even number of weight rows (gate rows, then up rows); "
                           "got {0}",
+    "linear_output_sum": "output_features must sum to the weight's rows: expected {0}, got {1} (sum {2})",
     "linear_rank": "input must be rank 2 [rows, in_features] and weight rank 2 [out_features, in_features]; got "
                    "input shape {0}, weight shape {1}",
     "linear_in_features": "weight in_features must equal input's: expected {0}, got {1}",
@@ -401,6 +425,7 @@ _ALLOWED_KEYS = {
     ("PagedAttention", "num_heads"): "pa_num_heads",
     ("PagedAttention", "kv_num_heads"): "pa_kv_num_heads",
     ("Linear", "activation"): "linear_activation",
+    ("Linear", "output_features"): "linear_output_features",
 }
 
 
@@ -414,6 +439,12 @@ def _check_attribute(op: OpSpec, attr: Attribute, value: Any) -> Any:
         value = value.decode() if isinstance(value, bytes) else str(value)
         if attr.allowed is not None and value not in attr.allowed:
             raise ContractError(op.name, key, value)
+    elif attr.kind == "ints":
+        value = tuple(int(v) for v in value)
+        if (attr.minimum is not None and any(v < attr.minimum for v in value)) or (
+            attr.maximum is not None and len(value) > attr.maximum
+        ):
+            raise ContractError(op.name, key, list(value))
     elif attr.kind == "int":
         value = int(value)
         if (attr.minimum is not None and value < attr.minimum) or (
@@ -668,8 +699,8 @@ def _check_presence(op: OpSpec, present: set[str], attrs: Mapping[str, Any], typ
                     ) -> None:
     """The kernels' shape checks on placeholder shapes of one token, one request and unit head sizes, for the
     inputs in ``present``: the shapes always agree, so only a presence or attribute rule can fail, or (GatedDeltaNet)
-    the element types of its gate ports. (Linear has no optional inputs, and its one attribute no rule beyond its
-    allowed values.)"""
+    the element types of its gate ports. (Linear has no optional inputs; which outputs it has follows its
+    output_features, linear_output_names, and its kernels check that at session creation.)"""
     if op is GATED_DELTA_NET:
         packed = "key" not in present and "value" not in present
         ragged = "cu_seqlens" in present

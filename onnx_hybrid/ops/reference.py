@@ -9,7 +9,7 @@ are tested against: it is written for clarity, token by token, not for speed.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -294,17 +294,20 @@ def paged_attention(feeds: Feeds, **attributes) -> tuple[np.ndarray, np.ndarray,
 # --------------------------------------------------------------------------------------------------
 
 
-def linear(feeds: Feeds, activation: str = "none") -> np.ndarray:
+def linear(feeds: Feeds, activation: str = "none", output_features: Sequence[int] = ()):
     """output [rows, out_features] = input [rows, in_features] @ weight^T (weight [out_features, in_features]); with
     ``activation`` "swiglu" the weight's first half of rows are gate rows and the second half up rows, and the output
-    [rows, out_features / 2] is SiLU(gate) * up. Shapes are NumPy's to check here; the op's own checks and messages
-    are the library's (shapes/linear_shapes.cc)."""
+    [rows, out_features / 2] is SiLU(gate) * up. With ``output_features`` the outputs (a tuple) are the output's
+    columns in parts of those sizes. Shapes are NumPy's to check here; the op's own checks and messages are the
+    library's (shapes/linear_shapes.cc)."""
     _reject_unknown_inputs(LINEAR, feeds)
     product = _f64(feeds["input"]) @ _f64(feeds["weight"]).T
-    if activation == "none":
-        return product
-    if activation != "swiglu":
+    if activation == "swiglu":
+        gate, up = np.split(product, 2, axis=1)
+        product = gate / (1.0 + np.exp(-gate)) * up
+    elif activation != "none":
         raise ValueError(f"activation must be none or swiglu, got {activation!r}")
-    gate, up = np.split(product, 2, axis=1)
-    return gate / (1.0 + np.exp(-gate)) * up
+    if not output_features:
+        return product
+    return tuple(np.split(product, np.cumsum(output_features)[:-1], axis=1))
 

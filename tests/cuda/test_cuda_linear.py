@@ -1,8 +1,8 @@
 """Our CUDA Linear inside ONNX Runtime sessions on the CUDA EP (docs/op-contract.md#linear): LinearRows for one-row
 calls, cuBLAS (ORT's handle) for more rows and wherever LinearRows does not apply (fp32, in_features not a multiple
 of 8), each against the float64 reference and ORT's own CUDA Gemm(transB=1) on the same inputs; a CUDA-graph replay
-with new inputs (LinearRows and cuBLAS inside the captured graph); the swiglu activation the same ways; and the CPU
-kernel's rejections.
+with new inputs (LinearRows and cuBLAS inside the captured graph); the swiglu activation and outputs split by
+output_features the same ways; and the CPU kernel's rejections.
 """
 
 import numpy as np
@@ -84,6 +84,25 @@ def test_swiglu_against_reference_and_separate_products(rows, in_features, featu
     assert relative_error(got, want) <= TOLERANCE[dtype], relative_error(got, want)
     gate, up = np.split(run_linear(feeds).astype(np.float64), 2, axis=1)
     assert relative_error(got, gate / (1 + np.exp(-gate)) * up) <= 2 * TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("rows, in_features, parts", [(1, 4096, (8192, 2048, 2048)), (1, 1032, (3, 4099, 64, 1)),
+                                                     (1, 100, (40, 37)), (5, 520, (33, 7)), (16, 1024, (700, 64, 2))])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float"])
+def test_output_features_against_reference_and_the_whole_product(rows, in_features, parts, dtype):
+    """output_features: LinearRows writes each feature to its part's output (bit for bit the one-output call's
+    columns), cuBLAS runs one product per part; both against float64."""
+    feeds = random_feeds(np.random.default_rng(rows + len(parts)), rows, in_features, sum(parts), dtype)
+    model = single_op.single_op_model(OP, feeds, {"output_features": list(parts)})
+    got = single_op.run_session(cuda_session(model), feeds)
+    whole = run_linear(feeds)
+    start = 0
+    for name, size, want in zip(got, parts, reference.linear(feeds, output_features=parts)):
+        assert got[name].shape == (rows, size)
+        assert relative_error(got[name], want) <= TOLERANCE[dtype], (name, relative_error(got[name], want))
+        if rows == 1 and dtype != "float" and in_features % 8 == 0:  # LinearRows either way
+            np.testing.assert_array_equal(got[name].view(np.uint8), whole[:, start:start + size].view(np.uint8))
+        start += size
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16])  # LinearRows, and cuBLAS inside the captured graph

@@ -129,6 +129,47 @@ def test_swiglu_rejects_an_odd_number_of_weight_rows_and_unknown_activations():
         make_session(model)
 
 
+@pytest.mark.parametrize("rows, parts", [(1, (3, 61, 70)), (4, (64, 1, 65, 2)), (7, (5, 128)), (0, (2, 2))])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_output_features_split_the_columns(rows, parts, dtype):
+    """output_features: each output is its columns of the one-output product, bit for bit (tiles of 64 features
+    straddle the parts here), and the float64 reference's part."""
+    feeds = random_feeds(np.random.default_rng(rows + len(parts)), rows, 40, sum(parts), dtype)
+    got = run_single_op(OP, feeds, {"output_features": list(parts)})
+    whole = run_single_op(OP, feeds)["output"]
+    want = reference.linear(feeds, output_features=parts)
+    assert list(got) == contract.linear_output_names(parts)
+    start = 0
+    for name, size, part in zip(got, parts, want):
+        assert got[name].shape == (rows, size)
+        np.testing.assert_array_equal(got[name].view(np.uint8), whole[:, start:start + size].view(np.uint8))
+        assert relative_error(got[name], part) <= TOLERANCE[dtype]
+        start += size
+
+
+@pytest.mark.parametrize("attributes, outputs, message", [
+    ({"output_features": [4, 5]}, None, "Linear: output_features must sum to the weight's rows: expected 8, got [4, 5] "
+                                        "(sum 9)"),
+    ({"output_features": [4, 4]}, ["output"], "Linear: the node's outputs must be output, output_1, ... in order, one "
+                                              "for each size of output_features (output alone without them); got 1 "
+                                              "leading outputs (-1: not in order) for output_features [4, 4]"),
+    ({"output_features": [2, 2, 4]}, ["output", "output_2"], "got -1 leading outputs"),
+    ({"output_features": [4, 4], "activation": "swiglu"}, None, "Linear: activation swiglu gives one output; got "
+                                                                "output_features [4, 4]"),
+    ({"output_features": [4, 0, 4]}, None, "Linear: output_features must hold at most 4 positive sizes; got [4, 0, 4]"),
+])
+def test_output_features_rejections(attributes, outputs, message):
+    """Sizes that do not add up fail when the node runs; outputs that do not match them, or swiglu with them, when
+    the session is made, by the kernel (the node builder checks the sizes themselves too)."""
+    feeds = {"input": np.zeros((2, 8), np.float32), "weight": np.zeros((8, 8), np.float32)}
+    with pytest.raises(Exception, match=re.escape(message)):
+        session = make_session(single_op_model(OP, feeds, attributes, outputs=outputs, validate=False))
+        run_session(session, feeds)
+    if "positive" in message:
+        with pytest.raises(contract.ContractError, match=re.escape(message)):
+            single_op_model(OP, feeds, attributes)
+
+
 @pytest.mark.parametrize("input_shape, weight_shape, message", [
     ((2, 8), (4, 9), "Linear: weight in_features must equal input's: expected 8, got 9"),
     ((2, 3, 8), (4, 8), "Linear: input must be rank 2 [rows, in_features] and weight rank 2 [out_features, "

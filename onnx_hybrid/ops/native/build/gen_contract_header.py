@@ -56,6 +56,9 @@ def op_block(c, op, namespace: str) -> list[str]:
             out.append(f"inline constexpr char kDefault{name}[] = {c_string(a.default)};")
             out.append(f"inline constexpr const char* kAllowed{name}[] = {{"
                        + ", ".join(c_string(v) for v in a.allowed) + "};")
+        elif a.kind == "ints":  # default empty; the minimum of each, the most of them
+            out.append(f"inline constexpr int64_t kMin{name} = {int(a.minimum)};")
+            out.append(f"inline constexpr int kMax{name}Count = {int(a.maximum)};")
         elif a.kind == "int":
             out.append(f"inline constexpr int64_t kDefault{name} = {int(a.default)};")
             if a.minimum is not None:

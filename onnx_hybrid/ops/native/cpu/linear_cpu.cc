@@ -17,10 +17,21 @@ const float* AsFloat(ElemType type, const void* src, int64_t offset, int64_t n, 
   LoadAsFloat(type, src, offset, n, buffer.get());
   return buffer.get();
 }
+
+// Columns [f0, f0 + width) of the rows' outputs, from `y` [rows, width], into the outputs that hold them.
+void StoreColumns(const LinearGeometry& geo, ElemType type, const float* y, int64_t f0, int64_t width,
+                  void* const* outputs) {
+  int64_t start = 0;
+  for (size_t j = 0; j < geo.parts.size(); start += geo.parts[j], ++j) {
+    const int64_t lo = std::max(f0, start), hi = std::min(f0 + width, start + geo.parts[j]);
+    for (int64_t r = 0; hi > lo && r < geo.rows; ++r)
+      StoreFromFloat(type, y + r * width + (lo - f0), hi - lo, outputs[j], r * geo.parts[j] + (lo - start));
+  }
+}
 }  // namespace
 
-void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, const void* weight, void* output,
-                  const ParallelFor& parallel) {
+void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, const void* weight,
+                  void* const* outputs, const ParallelFor& parallel) {
   const int64_t rows = geo.rows, in = geo.in_features, out = geo.out_features;
   if (rows == 0 || out == 0) return;
   const CpuKernels& kernels = Kernels();
@@ -32,8 +43,8 @@ void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, c
     const int64_t width = std::min(kFeatureTile, out - f0);
     std::unique_ptr<float[]> w_buffer;
     const float* w = AsFloat(type, weight, f0 * in, width * in, w_buffer);
-    if (type == ElemType::kFloat && !geo.swiglu) {  // fp32 sums are the output: straight into it
-      kernels.dots(rows, width, in, x, in, w, in, static_cast<float*>(output) + f0, out);
+    if (type == ElemType::kFloat && !geo.swiglu && geo.parts.size() == 1) {  // fp32 sums are the output
+      kernels.dots(rows, width, in, x, in, w, in, static_cast<float*>(outputs[0]) + f0, out);
       return;
     }
     std::unique_ptr<float[]> y(new float[static_cast<size_t>(rows * width)]);
@@ -45,7 +56,7 @@ void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, c
       kernels.dots(rows, width, in, x, in, w_up, in, up.get(), width);
       for (int64_t i = 0; i < rows * width; ++i) y[i] = y[i] / (1.0f + std::exp(-y[i])) * up[i];
     }
-    for (int64_t r = 0; r < rows; ++r) StoreFromFloat(type, y.get() + r * width, width, output, r * out + f0);
+    StoreColumns(geo, type, y.get(), f0, width, outputs);
   });
 }
 

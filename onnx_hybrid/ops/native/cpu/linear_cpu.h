@@ -7,7 +7,8 @@
 
 namespace onnx_hybrid {
 
-void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, const void* weight, void* output,
-                  const ParallelFor& parallel);
+// `outputs`: one per geo.parts entry, [rows, parts[j]] each.
+void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, const void* weight,
+                  void* const* outputs, const ParallelFor& parallel);
 
 }  // namespace onnx_hybrid

@@ -83,12 +83,19 @@ int64_t GdnWorkspaceBytes(const GdnGeometry& geo, ElemType type, const GdnParams
   return bytes > 0 && GdnUsesChunked(geo, type, params, device.arch, device.smem_optin, engine) ? bytes : 0;
 }
 
-LinearParams MakeLinearParams(const LinearGeometry& geo, const void* const* inputs, void* out) {
+LinearParams MakeLinearParams(const LinearGeometry& geo, const void* const* inputs, void* const* outputs) {
   namespace ln = contract::linear;
   LinearParams p{};
   p.x = inputs[ln::kInputInput];
   p.w = inputs[ln::kInputWeight];
-  p.y = out;
+  p.y = outputs[0];
+  p.parts = static_cast<int>(geo.parts.size());
+  int64_t start = 0;
+  for (int j = 1; j < p.parts; ++j) {
+    start += geo.parts[j - 1];
+    p.y_rest[j - 1] = outputs[j];
+    p.part_start[j - 1] = static_cast<int>(std::min<int64_t>(start, INT32_MAX));
+  }
   // Sizes beyond int32 are clamped: LinearUsesRows then declines and cuBLAS's own check refuses them.
   p.rows = static_cast<int>(std::min<int64_t>(geo.rows, INT32_MAX));
   p.n = static_cast<int>(std::min<int64_t>(geo.out_features, INT32_MAX));

@@ -22,7 +22,7 @@ ConvParams MakeConvParams(const ConvGeometry& geo, const ConvAttributes& attrs, 
                           void* out, void* final_state, void* capsule);
 
 // Linear's parameters (LinearRows; splits are the plan's).
-LinearParams MakeLinearParams(const LinearGeometry& geo, const void* const* inputs, void* out);
+LinearParams MakeLinearParams(const LinearGeometry& geo, const void* const* inputs, void* const* outputs);
 
 // The workspace the call's plan needs in params.workspace: the chunked engine's scratch, else 0.
 int64_t GdnWorkspaceBytes(const GdnGeometry& geo, ElemType type, const GdnParams& params,

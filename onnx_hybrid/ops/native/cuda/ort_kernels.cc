@@ -116,16 +116,18 @@ OrtStatusPtr LinearCudaKernel::ComputeV2(OrtKernelContext* context) {
   try {
     const Inputs<ln::kNumInputs> in(context, ln::kInputPorts);
     const LinearGeometry geo = ResolveLinear(in, attrs_);
-    void* out = Output(context, ln::kOutputOutput, geo.output_shape());
+    const LinearOutputs out = LinearOutputs::Make(context, geo);
     if (geo.rows == 0 || geo.out_features == 0) return nullptr;
-    LinearParams p = MakeLinearParams(geo, in.data, out);
+    LinearParams p = MakeLinearParams(geo, in.data, out.data);
     // The launcher loads the kernel image; a session of cuBLAS calls alone never needs it.
     if (LinearUsesRows(type_, p)) {
       cuda::Launcher launcher(Stream(context));
       Enqueue(launcher, PlanLinear(type_, p));
-    } else if (!geo.swiglu) {
-      cublas::LinearGemm(CublasHandle(context), type_, p.x, p.w, out, geo.rows, geo.in_features, geo.out_features,
-                         type_);
+    } else if (!geo.swiglu) {  // one product per output, from its rows of the weight
+      const char* w = static_cast<const char*>(p.w);
+      for (size_t j = 0; j < geo.parts.size(); w += geo.parts[j] * geo.in_features * ElemSize(type_), ++j)
+        cublas::LinearGemm(CublasHandle(context), type_, p.x, w, out.data[j], geo.rows, geo.in_features,
+                           geo.parts[j], type_);
     } else {  // fp32 products of the gate and up rows, then SiLU(gate) * up rounded once
       Scratch sums(context, allocator_, static_cast<size_t>(geo.rows * geo.weight_rows()) * sizeof(float));
       cublas::LinearGemm(CublasHandle(context), type_, p.x, p.w, sums.data(), geo.rows, geo.in_features,

@@ -262,8 +262,9 @@ class LinearCpuKernel {
     try {
       const Inputs<ln::kNumInputs> in(context, ln::kInputPorts);
       const LinearGeometry geo = ResolveLinear(in, attrs_);
-      void* out = Output(context, ln::kOutputOutput, geo.output_shape());
-      RunLinearCpu(geo, type_, in.data[ln::kInputInput], in.data[ln::kInputWeight], out, OrtParallelFor(context));
+      const LinearOutputs out = LinearOutputs::Make(context, geo);
+      RunLinearCpu(geo, type_, in.data[ln::kInputInput], in.data[ln::kInputWeight], out.data,
+                   OrtParallelFor(context));
       return nullptr;
     } catch (const std::exception& e) {
       return ToStatus(e, ln::kName);

@@ -185,9 +185,50 @@ inline ConvAttributes ReadConvAttributes(const OrtKernelInfo* info) {
                             IntAttribute(info, cv::kAttrStateUpdateCapacity, cv::kDefaultStateUpdateCapacity));
 }
 
+// A Linear node's outputs, one per part of geo.parts.
+struct LinearOutputs {
+  void* data[contract::linear::kNumOutputs] = {};
+  static LinearOutputs Make(OrtKernelContext* context, const LinearGeometry& geo) {
+    LinearOutputs out;
+    for (size_t j = 0; j < geo.parts.size(); ++j) out.data[j] = Output(context, j, geo.output_shape(j));
+    return out;
+  }
+};
+
+// An ints attribute (KernelInfoGetAttributeArray_int64); absent: empty, the contract's default.
+inline std::vector<int64_t> IntsAttribute(const OrtKernelInfo* info, const char* name) {
+  const OrtApi& api = Ort::GetApi();
+  size_t size = 0;
+  if (OrtStatus* st = api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size)) {
+    api.ReleaseStatus(st);
+    return {};
+  }
+  std::vector<int64_t> values(size);
+  if (size > 0) Ort::ThrowOnError(api.KernelInfoGetAttributeArray_int64(info, name, values.data(), &size));
+  return values;
+}
+
+// The node's outputs that exist (a named output; an omitted optional one has an empty name), if they are its
+// first ones; else -1.
+inline int LeadingOutputs(const OrtKernelInfo* info) {
+  const OrtApi& api = Ort::GetApi();
+  size_t count = 0;
+  Ort::ThrowOnError(api.KernelInfo_GetOutputCount(info, &count));
+  int leading = 0, named = 0;
+  for (size_t i = 0; i < count; ++i) {
+    size_t size = 0;
+    Ort::ThrowOnError(api.KernelInfo_GetOutputName(info, i, nullptr, &size));
+    const bool exists = size > 1;  // size counts the terminating NUL
+    named += exists;
+    if (exists && leading == static_cast<int>(i)) ++leading;
+  }
+  return named == leading ? leading : -1;
+}
+
 inline LinearAttributes ReadLinearAttributes(const OrtKernelInfo* info) {
   namespace ln = contract::linear;
-  return MakeLinearAttributes(StringAttribute(info, ln::kAttrActivation, ln::kDefaultActivation));
+  return MakeLinearAttributes(StringAttribute(info, ln::kAttrActivation, ln::kDefaultActivation),
+                              IntsAttribute(info, ln::kAttrOutputFeatures), LeadingOutputs(info));
 }
 
 }  // namespace onnx_hybrid

@@ -78,7 +78,11 @@ __device__ __forceinline__ void linear_rows(const LinearParams& p) {
       for (int s = 0; s < p.splits; ++s) acc[r] += partial[r][warp + s];
     }
   }
-  if (live && lane == 0) y[n] = ohk::from_f32<T>(SWIGLU ? linear_swiglu_value(acc[0], acc[kRows - 1]) : acc[0]);
+  if (!live || lane != 0) return;
+  int column = n;  // within its part's output (output_features)
+  for (int j = 0; j + 1 < p.parts; ++j)
+    if (n >= p.part_start[j]) y = static_cast<T*>(p.y_rest[j]), column = n - p.part_start[j];
+  y[column] = ohk::from_f32<T>(SWIGLU ? linear_swiglu_value(acc[0], acc[kRows - 1]) : acc[0]);
 }
 
 // y [rows, N] = SiLU(gate) * up from the [rows, 2N] fp32 products of a cuBLAS call (calls LinearRows does not take).

@@ -92,7 +92,10 @@ struct ConvReplayParams {
 struct LinearParams {
   const void* x;              // [rows, k], contiguous, 16-byte aligned
   const void* w;              // [n, k], contiguous, 16-byte aligned; swiglu: [2n, k], gate rows then up rows
-  void* y;                    // [rows, n]
+  void* y;                    // [rows, n], or its first `parts` columns' output
+  void* y_rest[3];            // the outputs of the columns from part_start[0], [1], [2] on (output_features)
+  int part_start[3];          // ascending; a part's output is [rows, its columns]
+  int parts;                  // outputs: 1-4
   const float* sums;          // linear_swiglu_*: the [rows, 2n] fp32 products cuBLAS wrote
   int rows;                   // 1 for linear_rows_* (LinearUsesRows)
   int n;                      // output features
