@@ -83,6 +83,10 @@ int64_t GdnWorkspaceBytes(const GdnGeometry& geo, ElemType type, const GdnParams
   return bytes > 0 && GdnUsesChunked(geo, type, params, device.arch, device.smem_optin, engine) ? bytes : 0;
 }
 
+static_assert(sizeof(LinearParams::part_start) / sizeof(int) == contract::linear::kMaxOutputFeaturesCount - 1 &&
+                  sizeof(LinearParams::y_rest) / sizeof(void*) == contract::linear::kMaxOutputFeaturesCount - 1,
+              "LinearParams holds every output after the first");
+
 LinearParams MakeLinearParams(const LinearGeometry& geo, const void* const* inputs, void* const* outputs) {
   namespace ln = contract::linear;
   LinearParams p{};

@@ -79,9 +79,11 @@ __device__ __forceinline__ void linear_rows(const LinearParams& p) {
     }
   }
   if (!live || lane != 0) return;
-  int column = n;  // within its part's output (output_features)
-  for (int j = 0; j + 1 < p.parts; ++j)
-    if (n >= p.part_start[j]) y = static_cast<T*>(p.y_rest[j]), column = n - p.part_start[j];
+  int column = n;  // within its part's output (output_features); unrolled: a variable index would copy the
+                   // parameter arrays to the stack (ptxas)
+#pragma unroll
+  for (int j = 0; j < int(sizeof(p.part_start) / sizeof(p.part_start[0])); ++j)
+    if (j + 1 < p.parts && n >= p.part_start[j]) y = static_cast<T*>(p.y_rest[j]), column = n - p.part_start[j];
   y[column] = ohk::from_f32<T>(SWIGLU ? linear_swiglu_value(acc[0], acc[kRows - 1]) : acc[0]);
 }
 
