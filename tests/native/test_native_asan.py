@@ -5,8 +5,8 @@ process with libasan preloaded and ONNX_HYBRID_LIBRARY naming that copy: every m
 (negative, decreasing, past the end, wrong length, cu[0] != 0, last offset != T) and every shape rejection of the
 state ops, PagedAttention's malformed metadata, and valid calls at the edges of each engine (ragged with
 zero-length rows, capture, chunk tails, gates in the activation type, wide and deep convs, pools in every element
-type, Linear's feature tiles). An out-of-bounds access aborts the process with an ASan report; a rejection must
-come back as an ORT error naming the op.
+type, Linear's feature tiles, swiglu and split outputs). An out-of-bounds access aborts the process with an ASan
+report; a rejection must come back as an ORT error naming the op.
 Without that set-up (a plain ``pytest`` run) the marker deselects them; tests/native/test_native_library.py runs the
 ``quick`` ones this way in the normal suite.
 """
@@ -100,7 +100,12 @@ VALID_PAGED = [dict(lengths=[1, 0, 40, 16], past=[15, 9, 0, 16], spare_blocks=0,
                dict(lengths=[2, 3], past=[0, 14], dtype="bfloat16", num_heads=8, kv_num_heads=1)]
 
 # Linear (rows, in_features, out_features, dtype): no rows, one feature, a partial last tile of 64 features.
-VALID_LINEAR = [(0, 8, 3, "float"), (1, 1, 1, "float16"), (5, 33, 129, "bfloat16"), (2, 640, 65, "float")]
+# (rows, in_features, weight rows, dtype, attributes): feature tiles, swiglu's gate and up tiles, parts that
+# straddle tiles
+VALID_LINEAR = [(0, 8, 3, "float", {}), (1, 1, 1, "float16", {}), (5, 33, 129, "bfloat16", {}),
+                (2, 640, 65, "float", {}), (3, 17, 130, "float16", {"activation": "swiglu"}),
+                (1, 9, 2, "float", {"activation": "swiglu"}), (4, 40, 131, "bfloat16", {"output_features": [1, 64, 66]}),
+                (2, 12, 70, "float", {"output_features": [3, 64, 2, 1]})]
 
 
 def _valid(cases, quick):  # the first cases also run in the quick selection
@@ -136,8 +141,8 @@ def test_valid_paged_attention_edges(case):
 def test_valid_linear_edges(case):
     import ml_dtypes
 
-    rows, in_features, out_features, dtype = case
+    rows, in_features, out_features, dtype, attributes = case
     np_type = {"float": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
     rng = np.random.default_rng(1)
     run_single_op("Linear", {"input": rng.standard_normal((rows, in_features)).astype(np_type),
-                             "weight": rng.standard_normal((out_features, in_features)).astype(np_type)})
+                             "weight": rng.standard_normal((out_features, in_features)).astype(np_type)}, attributes)
