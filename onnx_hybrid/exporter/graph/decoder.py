@@ -116,11 +116,20 @@ def build_decoder(ctx: GraphContext, options: GraphOptions) -> tuple[list[ir.Val
         ctx.shared = preamble(ctx, input_ids, attention_mask, position_ids, capture_count, active)
     full_attention = full_attention_mixer(ctx, paged)
     hidden = ctx.embed(ctx.op("Reshape", input_ids, ctx.const([-1])))  # [N, H]
+    mask = ctx.shared.mask_column
+    if mask is not None:  # padded positions' residual is zero from here on (docs/model.md#gated-deltanet-layer)
+        hidden = ctx.op("Mul", hidden, mask)
+
+    def mixer(i: int, kind: str, x: ir.Value) -> ir.Value:
+        if kind == LINEAR:
+            return gated_deltanet(ctx, i, x, *layer_io[i])
+        out = full_attention(ctx, i, x, *layer_io[i])
+        # the one block whose output at a padded position is not zero: masked, so that the residual stays zero there
+        return out if mask is None else ctx.op("Mul", out, mask)
 
     branch = None
     for i, kind in enumerate(cfg.layer_types):
-        mixer = gated_deltanet if kind == LINEAR else full_attention
-        hidden, branch = decoder_layer(ctx, i, hidden, branch, lambda x: mixer(ctx, i, x, *layer_io[i]))
+        hidden, branch = decoder_layer(ctx, i, hidden, branch, partial(mixer, i, kind))
 
     return inputs, _head(ctx, hidden, branch, options) + state_outputs + update_outputs
 
