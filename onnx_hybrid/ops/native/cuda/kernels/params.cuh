@@ -88,11 +88,11 @@ struct ConvReplayParams {
   int capacity;
 };
 
-// LinearRows (linear.cu): y = x @ w^T for one row of x.
+// Linear's kernels (linear.cu): LinearRows, y = x @ w^T for one row of x; linear_swiglu_* after cuBLAS.
 struct LinearParams {
   const void* x;              // [rows, k], contiguous, 16-byte aligned
   const void* w;              // [n, k], contiguous, 16-byte aligned; swiglu: [2n, k], gate rows then up rows
-  void* y;                    // [rows, n], or its first `parts` columns' output
+  void* y;                    // [rows, n]; with output_features the first part's output
   void* y_rest[3];            // the outputs of the columns from part_start[0], [1], [2] on (output_features)
   int part_start[3];          // ascending; a part's output is [rows, its columns]
   int parts;                  // outputs: 1-4
