@@ -20,6 +20,7 @@ from onnx import TensorProto, helper
 
 from onnx_hybrid_testing.e2e import cpu_model
 from onnx_hybrid_testing.results import write_json
+from onnx_hybrid_testing.single_op import IR_VERSION
 
 TYPES = {"fp32": (TensorProto.FLOAT, np.float32), "fp16": (TensorProto.FLOAT16, np.float16)}
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -28,12 +29,13 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 def session(nodes, heads: int, head_size: int, elem: int, provider: str, threads: int,
             initializers=()) -> ort.InferenceSession:
     width = heads * head_size
-    inputs = [helper.make_tensor_value_info("x", elem, ["n", width]), helper.make_tensor_value_info("s", elem, [head_size]),
+    inputs = [helper.make_tensor_value_info("x", elem, ["n", width]),
+              helper.make_tensor_value_info("s", elem, [head_size]),
               helper.make_tensor_value_info("z", elem, ["n", width])]
     graph = helper.make_graph(nodes, "gated_norm", inputs, [helper.make_tensor_value_info("y", elem, None)],
                               initializer=list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = 10
+    opsets = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]  # 23: RMSNormalization
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), options, providers=[PROVIDERS[provider]])
@@ -47,10 +49,12 @@ def fused(heads, head_size, elem, provider, threads, eps):
 def separate(heads, head_size, elem, provider, threads, eps):
     per_head = helper.make_tensor("per_head", TensorProto.INT64, [3], [0, heads, head_size])
     packed = helper.make_tensor("packed", TensorProto.INT64, [2], [0, heads * head_size])
-    nodes = [helper.make_node("Reshape", ["x", "per_head"], ["x3"]), helper.make_node("Reshape", ["z", "per_head"], ["z3"]),
+    nodes = [helper.make_node("Reshape", ["x", "per_head"], ["x3"]),
+             helper.make_node("Reshape", ["z", "per_head"], ["z3"]),
              helper.make_node("RMSNormalization", ["x3", "s"], ["normed"], axis=-1, epsilon=eps, stash_type=1),
              helper.make_node("Sigmoid", ["z3"], ["sigmoid"]), helper.make_node("Mul", ["z3", "sigmoid"], ["silu"]),
-             helper.make_node("Mul", ["normed", "silu"], ["gated"]), helper.make_node("Reshape", ["gated", "packed"], ["y"])]
+             helper.make_node("Mul", ["normed", "silu"], ["gated"]),
+             helper.make_node("Reshape", ["gated", "packed"], ["y"])]
     return session(nodes, heads, head_size, elem, provider, threads, [per_head, packed])
 
 

@@ -219,7 +219,6 @@ LINEAR = OpSpec(
 )
 
 
-
 def linear_output_names(output_features: Sequence[int] = ()) -> list[str]:
     """The outputs of a Linear node with these output_features: output, output_1, ..., one per size (the kernels
     check the node against this)."""

@@ -104,7 +104,8 @@ VALID_PAGED = [dict(lengths=[1, 0, 40, 16], past=[15, 9, 0, 16], spare_blocks=0,
 # straddle tiles
 VALID_LINEAR = [(0, 8, 3, "float", {}), (1, 1, 1, "float16", {}), (5, 33, 129, "bfloat16", {}),
                 (2, 640, 65, "float", {}), (3, 17, 130, "float16", {"activation": "swiglu"}),
-                (1, 9, 2, "float", {"activation": "swiglu"}), (4, 40, 131, "bfloat16", {"output_features": [1, 64, 66]}),
+                (1, 9, 2, "float", {"activation": "swiglu"}),
+                (4, 40, 131, "bfloat16", {"output_features": [1, 64, 66]}),
                 (2, 12, 70, "float", {"output_features": [3, 64, 2, 1]})]
 
 

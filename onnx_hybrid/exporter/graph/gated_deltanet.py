@@ -56,7 +56,7 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
     hv, dv = cfg.gdn_value_heads, cfg.gdn_value_dim
     vd, channels = cfg.value_dim, cfg.conv_channels
 
-    # Padded positions arrive as zeros, as HF makes them here: their residual is zero (docs/model.md#gated-deltanet-layer)
+    # Padded positions arrive as zeros, as HF makes them (docs/model.md#gated-deltanet-layer, step 1)
     main, gates = in_projection_segments(ctx, prefix)
     separate_gates = ctx.quant is not None and not ctx.quant.gates  # b/a rows kept in the activation type
     fused, sizes = (main, [channels, vd]) if separate_gates else (main + gates, [channels, vd, hv, hv])

@@ -1,7 +1,6 @@
 #include "cpu/linear_cpu.h"
 
 #include <algorithm>
-#include <cmath>
 #include <memory>
 
 #include "cpu/cpu_kernels.h"
@@ -54,7 +53,8 @@ void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, c
       const float* w_up = AsFloat(type, weight, (out + f0) * in, width * in, up_buffer);
       std::unique_ptr<float[]> up(new float[static_cast<size_t>(rows * width)]);
       kernels.dots(rows, width, in, x, in, w_up, in, up.get(), width);
-      for (int64_t i = 0; i < rows * width; ++i) y[i] = y[i] / (1.0f + std::exp(-y[i])) * up[i];
+      kernels.silu(y.get(), rows * width);
+      for (int64_t i = 0; i < rows * width; ++i) y[i] *= up[i];
     }
     StoreColumns(geo, type, y.get(), f0, width, outputs);
   });

@@ -6,7 +6,7 @@
 constexpr int kLinearWarps = launch_config::kLinearWarps;
 constexpr int kLinearAhead = launch_config::kLinearAhead;
 
-// SiLU(gate) * up of two fp32 products, exact expf and division as on the CPU (docs/op-contract.md#linear).
+// SiLU(gate) * up of two fp32 products, with expf and IEEE division (docs/op-contract.md#linear).
 __device__ __forceinline__ float linear_swiglu_value(float gate, float up) { return gate / (1.f + expf(-gate)) * up; }
 
 // One output feature n (a row of w; with SWIGLU rows n and N + n) per `splits` warps; the warps of a feature take
