@@ -41,8 +41,7 @@ def project(ctx: GraphContext, layer: int, x: ir.Value) -> tuple[ir.Value, ir.Va
         w.require(f"{prefix}{part}.weight", [rows, hidden])
     qkv_w = ctx.projection(f"{prefix}qkv_proj.weight", [Segment(f"{prefix}{p}.weight", 0, n) for p, n in names],
                            [2 * hq * d + 2 * hkv * d, hidden])
-    qg, k, v = ctx.ops("Split", ctx.linear(x, qkv_w), ctx.const([2 * hq * d, hkv * d, hkv * d]),
-                       num_outputs=3, axis=-1)
+    qg, k, v = ctx.linear_parts(x, qkv_w, [2 * hq * d, hkv * d, hkv * d])
     # q_proj rows are [query | gate] interleaved per head (docs/model.md#gated-full-attention, step 1).
     q, gate = ctx.ops("Split", ctx.op("Reshape", qg, ctx.const([0, hq, 2 * d])), ctx.const([d, d]),
                       num_outputs=2, axis=-1)

@@ -151,6 +151,16 @@ class GraphContext:
             return self._linear_node(x, weight, "none")
         return self.op("Gemm", x, weight, transB=1)
 
+    def linear_parts(self, x: ir.Value, weight: ir.Value | QuantizedWeight, sizes: list[int]) -> tuple[ir.Value, ...]:
+        """x @ W^T split into columns of ``sizes``: one Linear with an output per part where the projections are our
+        Linear, else the product and a Split."""
+        if self.linear_op and not isinstance(weight, QuantizedWeight):
+            outputs = [ir.Value() for _ in sizes]
+            self.add_node(contract.make_ir_node(contract.LINEAR, {"input": x, "weight": weight}, outputs,
+                                                {"output_features": sizes}))
+            return tuple(outputs)
+        return self.ops("Split", self.linear(x, weight), self.const(sizes), num_outputs=len(sizes), axis=-1)
+
     def swiglu_linear(self, x: ir.Value, gate_up: ir.Value | QuantizedWeight, width: int) -> ir.Value:
         """SiLU(x @ G^T) * (x @ U^T) for gate_up = [G; U] ([2 * width, in]): one Linear(activation=swiglu) where the
         projections are our Linear, else the product, a Split, SiLU and Mul."""
