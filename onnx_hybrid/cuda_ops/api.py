@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from ..ops import contract, library
 from ..ops.c_api import ELEMENT_TYPE_CODES, Array, ConvCall, GdnCall
-from .tensors import DeviceTensor, as_device_tensor, empty, stream_pointer
+from .tensors import DeviceTensor, as_device_tensor, empty, pointers_and_keys, stream_pointer
 
 
 class PlanError(ValueError):
@@ -89,19 +89,22 @@ _GATE_INPUTS = ("decay", "beta")  # float32, or both of the query's type (the li
 _INT_INPUTS = ("cu_seqlens", "capture_count")
 
 
-_INPUT_NAMES: dict[str, tuple[tuple[str, ...], frozenset]] = {}  # by op name: hashing an OpSpec costs ~3 us
+_INPUT_NAMES: dict[str, tuple] = {}  # by op name: hashing an OpSpec costs ~3 us
+_HOST_INPUTS = ("state_update_active",)
 
 
-def _input_names(op: contract.OpSpec) -> tuple[tuple[str, ...], frozenset]:
+def _input_names(op: contract.OpSpec) -> tuple[tuple[str, ...], frozenset, tuple[str, ...]]:
+    """The op's input names in order, as a set, and in order with the host inputs blanked (a name no feed has)."""
     names = _INPUT_NAMES.get(op.name)
     if names is None:
         ordered = tuple(p.name for p in op.inputs)
-        names = _INPUT_NAMES[op.name] = (ordered, frozenset(ordered))
+        device = tuple(" host" if name in _HOST_INPUTS else name for name in ordered)
+        names = _INPUT_NAMES[op.name] = (ordered, frozenset(ordered), device)
     return names
 
 
 def _tensors(op: contract.OpSpec, feeds: Mapping[str, Any], host: tuple[str, ...] = ()) -> dict:
-    names, known = _input_names(op)
+    names, known, _ = _input_names(op)
     if not known.issuperset(feeds):
         raise KeyError(f"{op.name}: unknown input(s) {sorted(set(feeds) - known)}")
     tensors = {}
@@ -222,17 +225,17 @@ def _gdn(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: An
     if engine not in _ENGINES:
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
     given_attributes = tuple(attributes.items())  # in the caller's order: the reuse key, not the rule
-    t = _tensors(contract.GATED_DELTA_NET, feeds, host=("state_update_active",))
     active = _host_flag(feeds.get("state_update_active"))
     outputs = dict(outputs or {})
-    outs = _output_tensors(outputs)
     # A call like an earlier one (same shapes, types, devices, attributes and knobs, outputs given) reuses its
     # checked and filled call struct: only pointers, the stream and the active flag change.
-    signature = _signature(t, outs, given_attributes, (engine, rec_rows, rec_groups, scan_width, prep_heads,
-                                                       only_kernels, active is None))
-    prepared = _prepared_calls().get((op, signature)) if signature and not binding else None
+    reuse = _reuse_key(contract.GATED_DELTA_NET, feeds, outputs, given_attributes,
+                       (engine, rec_rows, rec_groups, scan_width, prep_heads, only_kernels, active is None))
+    prepared = _prepared_calls().get(reuse[0]) if reuse and not binding else None
     if prepared is not None:
-        return _run_prepared(prepared, t, outputs, outs, active, stream, workspace, op), prepared
+        return _run_prepared(prepared, reuse[1], outputs, active, stream, workspace, op), prepared
+    t = _tensors(contract.GATED_DELTA_NET, feeds, host=("state_update_active",))
+    outs = _output_tensors(outputs)
     attrs = _attributes(op, tuple(sorted(given_attributes)))
     q = t["query"]
     act_types = ("float32", "float16", "bfloat16")
@@ -274,9 +277,9 @@ def _gdn(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: An
                              f"{call.workspace_needed} bytes (gdn_workspace_bytes)")
         _launch_with_workspace(lib.onnx_hybrid_cuda_gated_delta_net, call, device, workspace, scratch, op)
     prepared = None
-    if signature:
+    if reuse and given:
         prepared = _PreparedCall(call, active_host, device, lib.onnx_hybrid_cuda_gated_delta_net, t)
-        _prepared_calls()[(op, signature)] = prepared
+        _prepared_calls()[reuse[0]] = prepared
     return tuple(arrays), prepared
 
 
@@ -339,25 +342,34 @@ def _prepared_calls() -> dict:
     return calls
 
 
-def _signature(tensors: Mapping[str, DeviceTensor | None], outs: list[DeviceTensor] | None, attributes: tuple,
-               knobs: tuple) -> tuple | None:
-    """What the checks and the call struct depend on besides pointers (shapes, types, devices); None unless every
+def _reuse_key(op: contract.OpSpec, feeds: Mapping[str, Any], outputs: Mapping[str, Any], attributes: tuple,
+               knobs: tuple) -> tuple[tuple, list[int]] | None:
+    """The key of what the checks and the call struct depend on besides pointers (shapes, types, devices, the
+    attributes as given, knobs), and the pointers of the inputs then the outputs (0 where absent); None unless every
     output is given (a call that allocates its outputs is not the one a decode loop repeats)."""
-    if outs is None:
-        return None
-    inputs = tuple([None if x is None else x[1:4] for x in tensors.values()])  # (shape, dtype, device)
-    return attributes, knobs, tuple([o[1:4] for o in outs]), inputs
+    names, known, device_names = _input_names(op)
+    if not known.issuperset(feeds):
+        return None  # _tensors names the unknown input
+    arrays = [feeds.get(name) for name in device_names]  # state_update_active, a host value, read as absent
+    for name in _OUTPUT_NAMES:
+        x = outputs.get(name)
+        if x is None:
+            return None
+        arrays.append(x)
+    pointers, keys = pointers_and_keys(arrays, names + _OUTPUT_NAMES)
+    keys += (op.name, attributes, knobs)
+    return tuple(keys), pointers
 
 
-def _run_prepared(prepared: _PreparedCall, tensors: Mapping[str, DeviceTensor | None], outputs: Mapping[str, Any],
-                  outs: list[DeviceTensor], active: int | None, stream: Any, workspace: Any, op: str) -> tuple:
+def _run_prepared(prepared: _PreparedCall, pointers: list[int], outputs: Mapping[str, Any], active: int | None,
+                  stream: Any, workspace: Any, op: str) -> tuple:
     call = prepared.call
     if prepared.active is not None:
         prepared.active.value = active
-    values = list(tensors.values())
     for i, slot in prepared.slots:
-        slot.data = values[i].ptr or 1  # 1: a present input that holds no element
-    call.outputs[:] = [outs[0].ptr or 1, outs[1].ptr or 1, outs[2].ptr or 1]
+        slot.data = pointers[i] or 1  # 1: a present input that holds no element
+    n = len(call.inputs)
+    call.outputs[:] = [pointers[n] or 1, pointers[n + 1] or 1, pointers[n + 2] or 1]
     call.stream = stream_handle = stream_pointer(stream)
     scratch = None
     if workspace is not None:
@@ -401,13 +413,13 @@ def _conv(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: A
     """varlen_causal_conv's work; also returns the checked call it ran (None where the outputs were not all given)."""
     op = contract.VARLEN_CAUSAL_CONV.name
     given_attributes = tuple(attributes.items())
-    t = _tensors(contract.VARLEN_CAUSAL_CONV, feeds)
     outputs = dict(outputs or {})
-    outs = _output_tensors(outputs)
-    signature = _signature(t, outs, given_attributes, (only_kernels,))
-    prepared = _prepared_calls().get((op, signature)) if signature else None
+    reuse = _reuse_key(contract.VARLEN_CAUSAL_CONV, feeds, outputs, given_attributes, (only_kernels,))
+    prepared = _prepared_calls().get(reuse[0]) if reuse else None
     if prepared is not None:
-        return _run_prepared(prepared, t, outputs, outs, None, stream, None, op), prepared
+        return _run_prepared(prepared, reuse[1], outputs, None, stream, None, op), prepared
+    t = _tensors(contract.VARLEN_CAUSAL_CONV, feeds)
+    outs = _output_tensors(outputs)
     attrs = _attributes(op, tuple(sorted(given_attributes)))
     x = t["input"]
     _check_type(op, "input", x, ("float32", "float16", "bfloat16"))
@@ -434,9 +446,9 @@ def _conv(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: A
         arrays = _allocate(outputs, call, _OUTPUT_NAMES, dtypes, device, op)
         _run(lib.onnx_hybrid_cuda_varlen_causal_conv, call, device, call.stream, op)
     prepared = None
-    if signature:
+    if reuse and given:
         prepared = _PreparedCall(call, None, device, lib.onnx_hybrid_cuda_varlen_causal_conv, t)
-        _prepared_calls()[(op, signature)] = prepared
+        _prepared_calls()[reuse[0]] = prepared
     return tuple(arrays), prepared
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 ELEMENT_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
 _CAI_TYPES = {"<f4": "float32", "<f2": "float16", "<i4": "int32"}
@@ -77,6 +77,27 @@ def as_device_tensor(x: Any, name: str) -> DeviceTensor:
         return _from_dlpack(x, name)
     raise TypeError(f"{name}: expected a CUDA array (CuPy, __cuda_array_interface__ or __dlpack__), "
                     f"got {type(x).__name__}")
+
+
+def pointers_and_keys(arrays: Sequence[Any], names: Sequence[str]) -> tuple[list[int], list]:
+    """The device pointers of arrays (None: absent, pointer 0) and keys of what else a launch depends on (shape,
+    element type, device), read with the fewest calls: a repeated call looks its checked launch up by these keys.
+    Contiguous CUDA torch tensors key on torch's own shape and dtype objects; other arrays go through
+    as_device_tensor (same checks)."""
+    torch_tensor = _TORCH[0] or _torch_tensor_type()
+    pointers, keys = [], []
+    for x, name in zip(arrays, names):
+        if x is None:
+            pointers.append(0)
+            keys.append(None)
+        elif type(x) is torch_tensor and x.is_contiguous():
+            pointers.append(x.data_ptr())
+            keys.append((x.shape, x.dtype, x.get_device()))
+        else:
+            t = as_device_tensor(x, name)
+            pointers.append(t.ptr)
+            keys.append(t[1:4])
+    return pointers, keys
 
 
 _TORCH: list = [None, {}]  # torch.Tensor and torch's element types by name, once torch is imported
