@@ -83,4 +83,13 @@ inline constexpr int kLinearAhead = 4;    // 16-byte pieces of w each lane has r
 inline constexpr int kLinearMinWarps = 32768;
 inline constexpr int kLinearSwigluThreads = 256;  // linear_swiglu_*: one output element per thread
 
+// ---- QuantizedLinear (quantized_linear.cu) ----
+inline constexpr int kQlinearWarps = 8;   // warps per block
+inline constexpr int kQlinearAhead = 4;   // segments (2 x 16 bytes of weights a lane) requested before using one
+inline constexpr int kQlinearMaxRowTiles = 8;  // qlinear_mma_* serves up to 8 rows of x per tile, 64 in all
+// Warps per group of 16 features double (1, 2, 4, 8) until the grid has at least this many warps, while each warp
+// keeps two segments.
+inline constexpr int kQlinearMinWarps = 2048;
+inline constexpr int kQlinearDequantizeThreads = 256;  // qlinear_dequantize_*: 8 elements per thread
+
 }  // namespace launch_config
