@@ -221,3 +221,30 @@ def test_gated_norm_is_one_node_on_cuda_and_separate_nodes_on_the_cpu(layout, tm
     reference = GreedyDriver(make_session(cpu, contract.DOMAIN)).generate(prompts, 8)
     assert ours.tokens == reference.tokens
     np.testing.assert_allclose(ours.prefill_logits, reference.prefill_logits, rtol=0, atol=1e-4)
+
+
+def test_int4_projections_are_quantized_linear_on_cuda(checkpoint, tmp_path):
+    """docs/op-contract.md#quantizedlinear: -e cuda int4 exports write each 4-bit projection as one QuantizedLinear
+    (SwiGLU MLPs with activation swiglu, packed projections with an output per part); CPU exports keep MatMulNBits. Forced on an fp32 -e cuda export (which runs on the CPU
+    here), it computes the greedy tokens and logits of the CPU export's MatMulNBits at accuracy_level 0."""
+    cuda = export(checkpoint, tmp_path / "cuda", execution_provider="cuda", weights="int4", mtp=False,
+                  progress=False)
+    types = op_types(cuda)
+    assert "QuantizedLinear" in types and "MatMulNBits" not in types
+    nodes = onnx.load(str(cuda / "model.onnx"), load_external_data=False).graph.node
+    attributes = [{a.name for a in n.attribute} for n in nodes if n.op_type == "QuantizedLinear"]
+    assert any("activation" in a for a in attributes) and any("output_features" in a for a in attributes)
+    assert validate(cuda).ok
+    cpu = export(checkpoint, tmp_path / "cpu", weights="int4", accuracy_level=0, mtp=False, progress=False,
+                 kv_cache="concat")
+    assert "MatMulNBits" in op_types(cpu) and "QuantizedLinear" not in op_types(cpu)
+    fp32 = export(checkpoint, tmp_path / "fp32", execution_provider="cuda", dtype="fp32", weights="int4",
+                  accuracy_level=0, linear_op=True, mtp=False, progress=False)
+    assert "QuantizedLinear" in op_types(fp32)
+    prompts = [[5, 17, 33, 2, 99, 64, 7], [44, 3, 150]]
+    ours = GreedyDriver(make_session(fp32, contract.DOMAIN)).generate(prompts, 8)
+    reference = GreedyDriver(make_session(cpu, contract.DOMAIN)).generate(prompts, 8)
+    assert ours.tokens == reference.tokens
+    # fp32 sums in other orders, layer after layer: within 1e-4 of the logits' scale
+    scale = np.abs(reference.prefill_logits).max()
+    assert np.abs(np.asarray(ours.prefill_logits) - reference.prefill_logits).max() <= 1e-4 * scale
