@@ -89,7 +89,7 @@ inline constexpr int kQlinearAhead = 4;   // segments (2 x 16 bytes of weights a
 inline constexpr int kQlinearMaxRowTiles = 8;  // qlinear_mma_* serves up to 8 rows of x per tile, 64 in all
 // Warps per group of 16 features double (1, 2, 4, 8) until the grid has at least this many warps, while each warp
 // keeps two segments.
-inline constexpr int kQlinearMinWarps = 2048;
+inline constexpr int kQlinearMinWarps = 8192;
 inline constexpr int kQlinearDequantizeThreads = 256;  // qlinear_dequantize_*: 8 elements per thread
 
 }  // namespace launch_config

@@ -21,35 +21,28 @@ namespace ohk {
 template <typename T> struct Pair;
 template <> struct Pair<__half> {
   using type = __half2;
-  static constexpr unsigned kMagic = 0x64006400u;  // 1024.0 in each half: 1024 + q is exact for q < 1024
-  static __device__ __forceinline__ __half2 biased(float zero_point) {  // 1024 + zero_point, in both halves
-    return __float2half2_rn(1024.f + zero_point);
-  }
+  static constexpr unsigned kMagic = 0x6400u;  // 1024.0: 1024 + q is exact for q < 1024, its bits 0x6400 | q
 };
 template <> struct Pair<__nv_bfloat16> {
   using type = __nv_bfloat162;
-  static constexpr unsigned kMagic = 0x43004300u;  // 128.0 in each half: 128 + q is exact for q < 128
-  static __device__ __forceinline__ __nv_bfloat162 biased(float zero_point) {
-    return __float2bfloat162_rn(128.f + zero_point);
-  }
+  static constexpr unsigned kMagic = 0x4300u;  // 128.0: 128 + q is exact for q < 128, its bits 0x4300 | q
 };
 
-template <typename T>
-__device__ __forceinline__ unsigned as_bits(typename Pair<T>::type v) {
-  return *reinterpret_cast<const unsigned*>(&v);
-}
+// Both halves of a pair set to the 16-bit pattern `bits`.
+__device__ __forceinline__ unsigned splat(unsigned bits) { return bits * 0x00010001u; }
 
 // Nibbles m and m + 4 of `word` (bits 4m and 16 + 4m: elements k + m and k + m + 4) as a pair of T, dequantized:
-// ((magic + q) - (magic + zero_point)) is exact, the product by the scale rounds once.
+// (magic + q) - (magic + zero_point) is exact, the product by the scale rounds once. `biased_zero` and `scale` are
+// pairs of bits (splat).
 template <typename T>
-__device__ __forceinline__ unsigned dequantize_pair(unsigned word, int m, typename Pair<T>::type biased_zero,
-                                                    typename Pair<T>::type scale) {
+__device__ __forceinline__ unsigned dequantize_pair(unsigned word, int m, unsigned biased_zero, unsigned scale) {
   using P = typename Pair<T>::type;
   unsigned bits;
-  const unsigned shifted = word >> (4 * m);
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(bits) : "r"(shifted), "r"(0x000F000Fu), "r"(Pair<T>::kMagic));
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(bits) : "r"(word >> (4 * m)), "r"(0x000F000Fu), "r"(splat(Pair<T>::kMagic)));
   const P q = *reinterpret_cast<const P*>(&bits);
-  return as_bits<T>(__hmul2(__hsub2(q, biased_zero), scale));
+  const P z = *reinterpret_cast<const P*>(&biased_zero), s = *reinterpret_cast<const P*>(&scale);
+  const P v = __hmul2(__hsub2(q, z), s);
+  return *reinterpret_cast<const unsigned*>(&v);
 }
 
 template <typename T>
@@ -70,33 +63,48 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const un
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The zero point of weight row `row`, block `block`: its nibble of the packed [rows, ceil(blocks / 2)] bytes, or 8.
-__device__ __forceinline__ unsigned qlinear_zero_point(const LinearParams& p, int row, int block) {
-  if (p.zero_points == nullptr) return 8;
-  const unsigned char z = __ldg(p.zero_points + (size_t)row * ((p.k_blocks + 1) / 2) + block / 2);
-  return (block & 1) ? z >> 4 : z & 15;
+// The zero point of block `block` from a row's packed zero points (two blocks a byte, low nibble first), or 8.
+__device__ __forceinline__ unsigned qlinear_zero_point(const unsigned char* row_zero_points, int block) {
+  if (row_zero_points == nullptr) return 8;
+  return (__ldg(row_zero_points + (block >> 1)) >> ((block & 1) * 4)) & 15;
 }
 
 }  // namespace ohk
 
-// One weight row's share of a segment for this lane: 16 bytes (32 elements of one block), the block's scale and
-// zero point; all zero where out of range (a zero scale makes the lane's A values zero).
+// One weight row as a lane reads it: its 16-byte pieces (this lane's quarter of each 128-element segment), scales
+// and zero points; all null where the row is past the end (the lane's A values are then zero).
 template <typename T>
+struct QlinearRow {
+  const uint4* w;
+  const unsigned short* scales;
+  const unsigned char* zero_points;
+
+  __device__ __forceinline__ QlinearRow(const LinearParams& p, int row, bool live, int q, int block_shift) {
+    const size_t row_bytes = (size_t)p.k_blocks << (block_shift - 1);
+    w = live ? reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(p.w) + row * row_bytes + q * 16)
+             : nullptr;
+    scales = live ? static_cast<const unsigned short*>(p.scales) + (size_t)row * p.k_blocks : nullptr;
+    zero_points = live && p.zero_points ? p.zero_points + (size_t)row * ((p.k_blocks + 1) / 2) : nullptr;
+  }
+};
+
+// A row's share of a segment for this lane: 16 bytes of codes (32 elements of one block), and the block's scale and
+// biased zero point as pairs of bits; zero where the row is dead or the lane's elements are past in_features.
 struct QlinearPiece {
   uint4 w;
-  T scale;
-  unsigned zero_point;
+  unsigned scale, biased_zero;
 };
 
 template <typename T>
-__device__ __forceinline__ QlinearPiece<T> qlinear_load(const LinearParams& p, int row, int seg, int q, bool valid) {
-  QlinearPiece<T> piece{uint4{}, ohk::from_f32<T>(0.f), 8};
-  if (!valid) return piece;
-  const int k0 = seg * 128 + q * 32, block = k0 / p.block_size;
-  const size_t row_bytes = (size_t)p.k_blocks * p.block_size / 2;
-  piece.w = __ldg(reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(p.w) + row * row_bytes + k0 / 2));
-  piece.scale = static_cast<const T*>(p.scales)[(size_t)row * p.k_blocks + block];
-  piece.zero_point = ohk::qlinear_zero_point(p, row, block);
+__device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, int seg, int q, bool in_range,
+                                                     int block_shift) {
+  QlinearPiece piece{uint4{}, 0u, ohk::splat(ohk::Pair<T>::kMagic + 8)};
+  if (row.w != nullptr && in_range) {
+    const int block = (seg * 128 + q * 32) >> block_shift;
+    piece.w = __ldg(row.w + seg * 4);
+    piece.scale = ohk::splat(__ldg(row.scales + block));
+    piece.biased_zero = ohk::splat(ohk::Pair<T>::kMagic + ohk::qlinear_zero_point(row.zero_points, block));
+  }
   return piece;
 }
 
@@ -128,54 +136,62 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
   const int row_lo = f0 + r, row_hi = SWIGLU ? p.n + f0 + r : f0 + r + 8;
   const bool live_lo = f0 + r < p.n, live_hi = SWIGLU ? live_lo : f0 + r + 8 < p.n;
   const int segments = (p.k + 127) / 128;
-  // This lane's quarter of a segment is in range when its 32 elements are (k is a multiple of 32).
-  auto in_range = [&](int seg) { return seg < segments && seg * 128 + q * 32 < p.k; };
+  const int block_shift = __ffs(p.block_size) - 1;  // block_size is a power of two
+  const int k_lane = p.k - q * 32;  // this lane's quarter of segment s is in range when s * 128 < k_lane
+  const QlinearRow<T> lo_row(p, row_lo, live_lo, q, block_shift), hi_row(p, row_hi, live_hi, q, block_shift);
 
-  QlinearPiece<T> ahead[kQlinearAhead][2];
+  QlinearPiece ahead[kQlinearAhead][2];
 #pragma unroll
   for (int a = 0; a < kQlinearAhead; ++a) {
     const int seg = split + a * p.splits;
-    ahead[a][0] = qlinear_load<T>(p, row_lo, seg, q, live_lo && in_range(seg));
-    ahead[a][1] = qlinear_load<T>(p, row_hi, seg, q, live_hi && in_range(seg));
+    ahead[a][0] = qlinear_load<T>(lo_row, seg, q, seg * 128 < k_lane, block_shift);
+    ahead[a][1] = qlinear_load<T>(hi_row, seg, q, seg * 128 < k_lane, block_shift);
   }
   ohk::wait_for_inputs();
 
+  // B rows: x row t * 8 + r, from this lane's quarter of each segment.
+  const uint4* x_rows[TILES];
+  bool x_live[TILES];
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+    x_live[t] = t * 8 + r < p.rows;
+    x_rows[t] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + (size_t)(x_live[t] ? t * 8 + r : 0) * p.k +
+                                               q * 32);
+  }
   float acc[TILES][4] = {};
-  const T* x = static_cast<const T*>(p.x);
   for (int base = split; base < segments; base += kQlinearAhead * p.splits) {
 #pragma unroll
     for (int a = 0; a < kQlinearAhead; ++a) {
       const int seg = base + a * p.splits;
       if (seg < segments) {  // uniform across the warp
-        const QlinearPiece<T> lo = ahead[a][0], hi = ahead[a][1];
+        const QlinearPiece lo = ahead[a][0], hi = ahead[a][1];
         const int next = seg + kQlinearAhead * p.splits;
-        ahead[a][0] = qlinear_load<T>(p, row_lo, next, q, live_lo && in_range(next));
-        ahead[a][1] = qlinear_load<T>(p, row_hi, next, q, live_hi && in_range(next));
-        const bool valid = in_range(seg);
-        const int k0 = seg * 128 + q * 32;  // this lane's 32 elements
-        const P scale_lo(lo.scale, lo.scale), scale_hi(hi.scale, hi.scale);
-        const P zero_lo = ohk::Pair<T>::biased(float(lo.zero_point)), zero_hi = ohk::Pair<T>::biased(float(hi.zero_point));
+        ahead[a][0] = qlinear_load<T>(lo_row, next, q, next * 128 < k_lane, block_shift);
+        ahead[a][1] = qlinear_load<T>(hi_row, next, q, next * 128 < k_lane, block_shift);
+        const bool valid = seg * 128 < k_lane;
+        uint4 xv[TILES][4];
+#pragma unroll
+        for (int t = 0; t < TILES; ++t)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            xv[t][i] = valid && x_live[t] ? __ldg(x_rows[t] + seg * 16 + i) : uint4{};
         const unsigned wl[4] = {lo.w.x, lo.w.y, lo.w.z, lo.w.w}, wh[4] = {hi.w.x, hi.w.y, hi.w.z, hi.w.w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {  // word i: elements k0 + 8 i .. + 7
+        for (int i = 0; i < 4; ++i) {  // word i: elements k0 + 8 i .. + 7 of this lane's 32
           // Step 2i takes elements (0, 4) and (1, 5) of the word, step 2i + 1 (2, 6) and (3, 7).
-          const unsigned a_even[4] = {ohk::dequantize_pair<T>(wl[i], 0, zero_lo, scale_lo),
-                                      ohk::dequantize_pair<T>(wh[i], 0, zero_hi, scale_hi),
-                                      ohk::dequantize_pair<T>(wl[i], 1, zero_lo, scale_lo),
-                                      ohk::dequantize_pair<T>(wh[i], 1, zero_hi, scale_hi)};
-          const unsigned a_odd[4] = {ohk::dequantize_pair<T>(wl[i], 2, zero_lo, scale_lo),
-                                     ohk::dequantize_pair<T>(wh[i], 2, zero_hi, scale_hi),
-                                     ohk::dequantize_pair<T>(wl[i], 3, zero_lo, scale_lo),
-                                     ohk::dequantize_pair<T>(wh[i], 3, zero_hi, scale_hi)};
+          const unsigned a_even[4] = {ohk::dequantize_pair<T>(wl[i], 0, lo.biased_zero, lo.scale),
+                                      ohk::dequantize_pair<T>(wh[i], 0, hi.biased_zero, hi.scale),
+                                      ohk::dequantize_pair<T>(wl[i], 1, lo.biased_zero, lo.scale),
+                                      ohk::dequantize_pair<T>(wh[i], 1, hi.biased_zero, hi.scale)};
+          const unsigned a_odd[4] = {ohk::dequantize_pair<T>(wl[i], 2, lo.biased_zero, lo.scale),
+                                     ohk::dequantize_pair<T>(wh[i], 2, hi.biased_zero, hi.scale),
+                                     ohk::dequantize_pair<T>(wl[i], 3, lo.biased_zero, lo.scale),
+                                     ohk::dequantize_pair<T>(wh[i], 3, hi.biased_zero, hi.scale)};
 #pragma unroll
-          for (int t = 0; t < TILES; ++t) {
-            // B: x row t * 8 + r, this lane's elements k0 + 8 i .. + 7, paired as the A fragments are.
-            const int xrow = t * 8 + r;
-            uint4 xv = uint4{};
-            if (valid && xrow < p.rows)
-              xv = __ldg(reinterpret_cast<const uint4*>(x + (size_t)xrow * p.k + k0 + 8 * i));
-            const unsigned b_even[2] = {__byte_perm(xv.x, xv.z, 0x5410), __byte_perm(xv.x, xv.z, 0x7632)};
-            const unsigned b_odd[2] = {__byte_perm(xv.y, xv.w, 0x5410), __byte_perm(xv.y, xv.w, 0x7632)};
+          for (int t = 0; t < TILES; ++t) {  // B: the same elements of x row t * 8 + r, paired as A's
+            const uint4 v = xv[t][i];
+            const unsigned b_even[2] = {__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632)};
+            const unsigned b_odd[2] = {__byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632)};
             ohk::mma_16816<T>(acc[t], a_even, b_even);
             ohk::mma_16816<T>(acc[t], a_odd, b_odd);
           }
@@ -224,21 +240,22 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
 // Each thread dequantizes one 32-bit word (8 elements) of the packed weight into `dequantized` [weight rows, k].
 template <typename T>
 __device__ __forceinline__ void qlinear_dequantize(const LinearParams& p) {
-  using P = typename ohk::Pair<T>::type;
   const size_t words_per_row = (size_t)p.k / 8;
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int weight_rows = p.swiglu ? 2 * p.n : p.n;
   if (i >= words_per_row * weight_rows) return;
   const int row = int(i / words_per_row), word = int(i % words_per_row);
-  const int block = word * 8 / p.block_size;
-  const size_t row_bytes = (size_t)p.k_blocks * p.block_size / 2;
-  const unsigned w = __ldg(reinterpret_cast<const unsigned*>(static_cast<const unsigned char*>(p.w) +
-                                                             row * row_bytes) + word);
-  const T s = static_cast<const T*>(p.scales)[(size_t)row * p.k_blocks + block];
-  const P scale(s, s), zero = ohk::Pair<T>::biased(float(ohk::qlinear_zero_point(p, row, block)));
-  uint4 out;
+  const int block_shift = __ffs(p.block_size) - 1;
+  const int block = (word * 8) >> block_shift;
+  const size_t row_bytes = (size_t)p.k_blocks << (block_shift - 1);
+  const unsigned w = __ldg(reinterpret_cast<const unsigned*>(static_cast<const unsigned char*>(p.w) + row * row_bytes) +
+                           word);
+  const unsigned scale = ohk::splat(__ldg(static_cast<const unsigned short*>(p.scales) + (size_t)row * p.k_blocks + block));
+  const unsigned char* zero_points = p.zero_points ? p.zero_points + (size_t)row * ((p.k_blocks + 1) / 2) : nullptr;
+  const unsigned zero = ohk::splat(ohk::Pair<T>::kMagic + ohk::qlinear_zero_point(zero_points, block));
   const unsigned e04 = ohk::dequantize_pair<T>(w, 0, zero, scale), e15 = ohk::dequantize_pair<T>(w, 1, zero, scale);
   const unsigned e26 = ohk::dequantize_pair<T>(w, 2, zero, scale), e37 = ohk::dequantize_pair<T>(w, 3, zero, scale);
+  uint4 out;
   out.x = __byte_perm(e04, e15, 0x5410);  // elements 0, 1
   out.y = __byte_perm(e26, e37, 0x5410);  // 2, 3
   out.z = __byte_perm(e04, e15, 0x7632);  // 4, 5
