@@ -105,25 +105,32 @@ def test_output_features_against_reference_and_the_whole_product(rows, in_featur
         start += size
 
 
-@pytest.mark.parametrize("rows", [1, 4, 16])  # LinearRows, and cuBLAS inside the captured graph
-@pytest.mark.parametrize("activation", ["none", "swiglu"])
-def test_cuda_graph_replays_a_step_with_new_inputs(rows, activation):
-    rng = np.random.default_rng(rows)
-    feeds = random_feeds(rng, rows, 1024, 384, "float16")
-    width = 384 if activation == "none" else 192
-    session = cuda_session(single_op.single_op_model(OP, feeds, {"activation": activation}), graph=True)
+def check_graph_replay(op: str, make_feeds, width: int, attributes: dict, want, tolerance: float) -> None:
+    """A session of one ``op`` node with CUDA graphs, replayed four times with new inputs written into its bound
+    buffers: each step's output against ``want(feeds)``. ``make_feeds()`` gives a step's fp16 inputs."""
+    feeds = make_feeds()
+    rows = feeds["input"].shape[0]
+    session = cuda_session(single_op.single_op_model(op, feeds, attributes), graph=True)
     io = session.io_binding()
     arrays = bind_inputs(io, feeds)
     out = cupy.empty((rows, width), dtype=np.float16)
     io.bind_output("output", "cuda", 0, np.float16, [rows, width], out.data.ptr)
     for step in range(4):
-        step_feeds = feeds if step == 0 else random_feeds(rng, rows, 1024, 384, "float16")
+        step_feeds = feeds if step == 0 else make_feeds()
         for name, array in arrays.items():
             array[...] = to_device(step_feeds[name])
         cupy.cuda.runtime.deviceSynchronize()
         session.run_with_iobinding(io)
-        want = reference.linear(step_feeds, activation)
-        assert relative_error(cupy.asnumpy(out), want) <= TOLERANCE["float16"], step
+        assert relative_error(cupy.asnumpy(out), want(step_feeds)) <= tolerance, step
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])  # LinearRows, and cuBLAS inside the captured graph
+@pytest.mark.parametrize("activation", ["none", "swiglu"])
+def test_cuda_graph_replays_a_step_with_new_inputs(rows, activation):
+    rng = np.random.default_rng(rows)
+    check_graph_replay(OP, lambda: random_feeds(rng, rows, 1024, 384, "float16"), 384 if activation == "none" else 192,
+                       {"activation": activation}, lambda feeds: reference.linear(feeds, activation),
+                       TOLERANCE["float16"])
 
 
 def test_errors_match_the_cpu_kernel():

@@ -17,10 +17,10 @@ from test_cuda_ep import SKIP
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 if SKIP is None:
-    import cupy
     import ml_dtypes
 
-    from test_cuda_ep import bind_inputs, cuda_session, to_device
+    from test_cuda_ep import cuda_session
+    from test_cuda_linear import check_graph_replay
 
     DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 else:
@@ -104,21 +104,9 @@ def test_a_row_has_the_same_bits_alone_and_among_64(dtype, attributes):
 @pytest.mark.parametrize("activation", ["none", "swiglu"])
 def test_cuda_graph_replays_a_step_with_new_inputs(rows, activation):
     rng = np.random.default_rng(rows)
-    feeds = quantized_feeds(rng, rows, 1024, 384, "float16")
-    width = 384 if activation == "none" else 192
-    session = cuda_session(single_op.single_op_model(OP, feeds, {"activation": activation}), graph=True)
-    io = session.io_binding()
-    arrays = bind_inputs(io, feeds)
-    out = cupy.empty((rows, width), dtype=np.float16)
-    io.bind_output("output", "cuda", 0, np.float16, [rows, width], out.data.ptr)
-    for step in range(4):
-        step_feeds = feeds if step == 0 else quantized_feeds(rng, rows, 1024, 384, "float16")
-        for name, array in arrays.items():
-            array[...] = to_device(step_feeds[name])
-        cupy.cuda.runtime.deviceSynchronize()
-        session.run_with_iobinding(io)
-        want = reference.quantized_linear(step_feeds, activation)
-        assert relative_error(cupy.asnumpy(out), want) <= TOLERANCE["float16"], step
+    check_graph_replay(OP, lambda: quantized_feeds(rng, rows, 1024, 384, "float16"),
+                       384 if activation == "none" else 192, {"activation": activation},
+                       lambda feeds: reference.quantized_linear(feeds, activation), TOLERANCE["float16"])
 
 
 def test_errors_match_the_cpu_kernel():
