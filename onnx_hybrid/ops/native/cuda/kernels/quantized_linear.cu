@@ -71,40 +71,48 @@ __device__ __forceinline__ unsigned qlinear_zero_point(const unsigned char* row_
 
 }  // namespace ohk
 
-// One weight row as a lane reads it: its 16-byte pieces (this lane's quarter of each 128-element segment), scales
-// and zero points; all null where the row is past the end (the lane's A values are then zero).
+// One weight row as a lane reads it from segment seg0 on: its 16-byte pieces (this lane's quarter of each
+// 128-element segment), scales and zero points. A dead row (past n) reads row 0 with its scales masked to zero, so
+// that its A values are zero and no load needs a predicate for it.
 template <typename T>
 struct QlinearRow {
-  const uint4* w;
-  const unsigned short* scales;
-  const unsigned char* zero_points;
+  const uint4* w;                   // segment seg0's piece
+  const unsigned short* scales;     // the row's
+  const unsigned char* zero_points;  // the row's, or null (8)
+  unsigned live;                    // all ones, or zero for a dead row
 
-  __device__ __forceinline__ QlinearRow(const LinearParams& p, int row, bool live, int q, int block_shift) {
+  __device__ __forceinline__ QlinearRow(const LinearParams& p, int row, bool is_live, int q, int seg0,
+                                        int block_shift) {
+    row = is_live ? row : 0;
     const size_t row_bytes = (size_t)p.k_blocks << (block_shift - 1);
-    w = live ? reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(p.w) + row * row_bytes + q * 16)
-             : nullptr;
-    scales = live ? static_cast<const unsigned short*>(p.scales) + (size_t)row * p.k_blocks : nullptr;
-    zero_points = live && p.zero_points ? p.zero_points + (size_t)row * ((p.k_blocks + 1) / 2) : nullptr;
+    w = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(p.w) + row * row_bytes + q * 16) + seg0 * 4;
+    scales = static_cast<const unsigned short*>(p.scales) + (size_t)row * p.k_blocks;
+    zero_points = p.zero_points ? p.zero_points + (size_t)row * ((p.k_blocks + 1) / 2) : nullptr;
+    live = is_live ? 0xFFFFFFFFu : 0u;
   }
 };
 
 // A row's share of a segment for this lane: 16 bytes of codes (32 elements of one block), and the block's scale and
-// biased zero point as pairs of bits; zero where the row is dead or the lane's elements are past in_features.
+// biased zero point as pairs of bits; the codes and scale zero where the lane's elements are past in_features.
 struct QlinearPiece {
   uint4 w;
   unsigned scale, biased_zero;
 };
 
+// Segment `seg` (the `index`-th of this warp's) of `row`; `valid`: the lane's 32 elements are inside in_features.
+// An invalid lane reads segment seg0's piece (memory of the row) and gets a zero scale: plain loads, which the
+// compiler may schedule freely, and A values of zero.
 template <typename T>
-__device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, int seg, int q, bool in_range,
-                                                     int block_shift) {
-  QlinearPiece piece{uint4{}, 0u, ohk::splat(ohk::Pair<T>::kMagic + 8)};
-  if (row.w != nullptr && in_range) {
-    const int block = (seg * 128 + q * 32) >> block_shift;
-    piece.w = __ldg(row.w + seg * 4);
-    piece.scale = ohk::splat(__ldg(row.scales + block));
-    piece.biased_zero = ohk::splat(ohk::Pair<T>::kMagic + ohk::qlinear_zero_point(row.zero_points, block));
-  }
+__device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, int index, int seg, int q, bool valid,
+                                                     int seg0, int block_shift) {
+  const int block = ((valid ? seg : seg0) * 128 + q * 32) >> block_shift;
+  QlinearPiece piece;
+  piece.w = __ldg(row.w + (valid ? index * 4 : 0));
+  piece.scale = ohk::splat(__ldg(row.scales + block)) & (valid ? row.live : 0u);
+  unsigned zero = 8;
+  if (row.zero_points != nullptr)  // uniform
+    zero = (__ldg(row.zero_points + (block >> 1)) >> ((block & 1) * 4)) & 15;
+  piece.biased_zero = ohk::splat(ohk::Pair<T>::kMagic + zero);
   return piece;
 }
 
@@ -126,58 +134,51 @@ __device__ __forceinline__ T* qlinear_output(const LinearParams& p, int feature,
 
 template <typename T, bool SWIGLU, int TILES>
 __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
-  using P = typename ohk::Pair<T>::type;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = lane >> 2, q = lane & 3;
   constexpr int kFeatures = SWIGLU ? 8 : 16;  // output features per group of warps
   const int f0 = (blockIdx.x * (kQlinearWarps / p.splits) + warp / p.splits) * kFeatures;
   const int split = warp % p.splits;
   // A rows r and r + 8: features f0 + r and f0 + r + 8, or gate row f0 + r and its up row n + f0 + r.
-  const int row_lo = f0 + r, row_hi = SWIGLU ? p.n + f0 + r : f0 + r + 8;
   const bool live_lo = f0 + r < p.n, live_hi = SWIGLU ? live_lo : f0 + r + 8 < p.n;
-  const int segments = (p.k + 127) / 128;
+  // Each warp of a group takes a contiguous run of segments (the group adds them in split order below).
+  const int segments = (p.k + 127) >> 7;
+  const int per_warp = (segments + p.splits - 1) / p.splits;
+  const int seg0 = split * per_warp, count = max(0, min(segments, seg0 + per_warp) - seg0);
   const int block_shift = __ffs(p.block_size) - 1;  // block_size is a power of two
-  const int k_lane = p.k - q * 32;  // this lane's quarter of segment s is in range when s * 128 < k_lane
-  const QlinearRow<T> lo_row(p, row_lo, live_lo, q, block_shift), hi_row(p, row_hi, live_hi, q, block_shift);
+  const int k_lane = p.k - q * 32;  // this lane's quarter of segment s is inside in_features when s * 128 < k_lane
+  const QlinearRow<T> lo_row(p, f0 + r, live_lo, q, seg0, block_shift);
+  const QlinearRow<T> hi_row(p, SWIGLU ? p.n + f0 + r : f0 + r + 8, live_hi, q, seg0, block_shift);
 
   QlinearPiece ahead[kQlinearAhead][2];
 #pragma unroll
   for (int a = 0; a < kQlinearAhead; ++a) {
-    const int seg = split + a * p.splits;
-    ahead[a][0] = qlinear_load<T>(lo_row, seg, q, seg * 128 < k_lane, block_shift);
-    ahead[a][1] = qlinear_load<T>(hi_row, seg, q, seg * 128 < k_lane, block_shift);
+    const bool valid = a < count && (seg0 + a) * 128 < k_lane;
+    ahead[a][0] = qlinear_load<T>(lo_row, a, seg0 + a, q, valid, seg0, block_shift);
+    ahead[a][1] = qlinear_load<T>(hi_row, a, seg0 + a, q, valid, seg0, block_shift);
   }
   ohk::wait_for_inputs();
 
-  // B rows: x row t * 8 + r, from this lane's quarter of each segment.
+  // B rows: x row t * 8 + r (rows past the call's read row 0: their columns of the product are never stored).
   const uint4* x_rows[TILES];
-  bool x_live[TILES];
 #pragma unroll
-  for (int t = 0; t < TILES; ++t) {
-    x_live[t] = t * 8 + r < p.rows;
-    x_rows[t] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + (size_t)(x_live[t] ? t * 8 + r : 0) * p.k +
-                                               q * 32);
-  }
+  for (int t = 0; t < TILES; ++t)
+    x_rows[t] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) +
+                                               (size_t)(t * 8 + r < p.rows ? t * 8 + r : 0) * p.k + q * 32) + seg0 * 16;
   float acc[TILES][4] = {};
-  for (int base = split; base < segments; base += kQlinearAhead * p.splits) {
+  for (int base = 0; base < count; base += kQlinearAhead) {
 #pragma unroll
     for (int a = 0; a < kQlinearAhead; ++a) {
-      const int seg = base + a * p.splits;
-      if (seg < segments) {  // uniform across the warp
+      const int index = base + a;
+      if (index < count) {  // uniform across the warp
         const QlinearPiece lo = ahead[a][0], hi = ahead[a][1];
-        const int next = seg + kQlinearAhead * p.splits;
-        ahead[a][0] = qlinear_load<T>(lo_row, next, q, next * 128 < k_lane, block_shift);
-        ahead[a][1] = qlinear_load<T>(hi_row, next, q, next * 128 < k_lane, block_shift);
-        const bool valid = seg * 128 < k_lane;
-        uint4 xv[TILES][4];
+        const bool valid = (seg0 + index) * 128 < k_lane;
+        const uint4* x_seg[TILES];  // this segment's x pieces (an invalid lane's A values are zero: any x will do)
 #pragma unroll
-        for (int t = 0; t < TILES; ++t)
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            xv[t][i] = valid && x_live[t] ? __ldg(x_rows[t] + seg * 16 + i) : uint4{};
+        for (int t = 0; t < TILES; ++t) x_seg[t] = x_rows[t] + (valid ? index * 16 : 0);
         const unsigned wl[4] = {lo.w.x, lo.w.y, lo.w.z, lo.w.w}, wh[4] = {hi.w.x, hi.w.y, hi.w.z, hi.w.w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {  // word i: elements k0 + 8 i .. + 7 of this lane's 32
+        for (int i = 0; i < 4; ++i) {  // word i: elements 8 i .. 8 i + 7 of this lane's 32
           // Step 2i takes elements (0, 4) and (1, 5) of the word, step 2i + 1 (2, 6) and (3, 7).
           const unsigned a_even[4] = {ohk::dequantize_pair<T>(wl[i], 0, lo.biased_zero, lo.scale),
                                       ohk::dequantize_pair<T>(wh[i], 0, hi.biased_zero, hi.scale),
@@ -189,13 +190,18 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
                                      ohk::dequantize_pair<T>(wh[i], 3, hi.biased_zero, hi.scale)};
 #pragma unroll
           for (int t = 0; t < TILES; ++t) {  // B: the same elements of x row t * 8 + r, paired as A's
-            const uint4 v = xv[t][i];
+            const uint4 v = __ldg(x_seg[t] + i);
             const unsigned b_even[2] = {__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632)};
             const unsigned b_odd[2] = {__byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632)};
             ohk::mma_16816<T>(acc[t], a_even, b_even);
             ohk::mma_16816<T>(acc[t], a_odd, b_odd);
           }
         }
+        // The segment kQlinearAhead on, into the registers this one has just freed.
+        const int next = index + kQlinearAhead;
+        const bool next_valid = next < count && (seg0 + next) * 128 < k_lane;
+        ahead[a][0] = qlinear_load<T>(lo_row, next, seg0 + next, q, next_valid, seg0, block_shift);
+        ahead[a][1] = qlinear_load<T>(hi_row, next, seg0 + next, q, next_valid, seg0, block_shift);
       }
     }
   }
