@@ -248,3 +248,22 @@ def test_int4_projections_are_quantized_linear_on_cuda(checkpoint, tmp_path):
     # fp32 sums in other orders, layer after layer: within 1e-4 of the logits' scale
     scale = np.abs(reference.prefill_logits).max()
     assert np.abs(np.asarray(ours.prefill_logits) - reference.prefill_logits).max() <= 1e-4 * scale
+
+
+@pytest.mark.parametrize("layout", ["qwen3_5_moe_text", "qwen3_next"])
+def test_int4_quantized_linear_in_the_moe_and_qwen3_next_layouts(layout, tmp_path):
+    """The same in the MoE layout (the routed experts stay one QMoE; the shared expert is a QuantizedLinear SwiGLU)
+    and Qwen3-Next's (packed in_proj_qkvz / in_proj_ba as outputs of one node)."""
+    checkpoint = make_tiny_checkpoint(tmp_path / "hf", layout, seed=1)
+    fp32 = export(checkpoint, tmp_path / "fp32", execution_provider="cuda", dtype="fp32", weights="int4",
+                  accuracy_level=0, linear_op=True, mtp=False, progress=False)
+    types = op_types(fp32)
+    assert "QuantizedLinear" in types and "MatMulNBits" not in types and "QMoE" in types
+    cpu = export(checkpoint, tmp_path / "cpu", weights="int4", accuracy_level=0, mtp=False, progress=False,
+                 kv_cache="concat")
+    prompts = [[5, 17, 33, 2, 99, 64, 7], [44, 3, 150]]
+    ours = GreedyDriver(make_session(fp32, contract.DOMAIN)).generate(prompts, 8)
+    reference = GreedyDriver(make_session(cpu, contract.DOMAIN)).generate(prompts, 8)
+    assert ours.tokens == reference.tokens
+    scale = np.abs(reference.prefill_logits).max()
+    assert np.abs(np.asarray(ours.prefill_logits) - reference.prefill_logits).max() <= 1e-4 * scale
