@@ -86,10 +86,11 @@ def test_against_reference_and_ort_matmul_nbits(rows, in_features, weight_rows, 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("attributes", [{}, {"activation": "swiglu"}, {"output_features": [3, 61, 200, 6]}])
-def test_a_row_has_the_same_bits_alone_and_among_64(dtype, attributes):
+@pytest.mark.parametrize("asymmetric", [False, True])  # the kernel without selects (no zero points), and the general
+def test_a_row_has_the_same_bits_alone_and_among_64(dtype, attributes, asymmetric):
     """What makes a verify step's rows the decode steps they stand for: the kernel's per-row sums do not depend on
     the rows beside them (row tiles of 1, 2, 4 and 8 x 8 rows)."""
-    feeds = quantized_feeds(np.random.default_rng(7), 64, 1024, 270, dtype, asymmetric=True)
+    feeds = quantized_feeds(np.random.default_rng(7), 64, 1024, 270, dtype, asymmetric=asymmetric)
     together = run(feeds, attributes)
     for rows in (1, 5, 9, 17, 33):
         part = run({**feeds, "input": feeds["input"][:rows]}, attributes)
@@ -98,6 +99,19 @@ def test_a_row_has_the_same_bits_alone_and_among_64(dtype, attributes):
     want = reference.quantized_linear(feeds, **attributes)
     for got, expected in zip(together.values(), want if isinstance(want, tuple) else (want,)):
         assert relative_error(got, expected) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("rows", [1, 9, 64])
+def test_the_aligned_kernel_equals_the_general_one(dtype, rows):
+    """Symmetric weights take the kernel without per-piece selects; the same weights with explicit zero points of 8
+    take the general one: the products are the same numbers, so the bits must be too."""
+    feeds = quantized_feeds(np.random.default_rng(rows), rows, 2048, 300, dtype)
+    explicit = {**feeds, "zero_points": np.full((300, 32), 0x88, np.uint8)}  # 64 blocks, two a byte
+    for attributes in ({}, {"activation": "swiglu"}):
+        aligned, general = run(feeds, attributes), run(explicit, attributes)
+        for name in aligned:
+            np.testing.assert_array_equal(aligned[name].view(np.uint8), general[name].view(np.uint8))
 
 
 @pytest.mark.parametrize("rows", [1, 16, 100])  # the tensor-core kernel, and dequantize + cuBLAS, in the graph

@@ -275,7 +275,12 @@ std::vector<CudaLaunch<LinearParams>> PlanQuantizedLinear(ElemType type, const L
   while (p.splits < cp::kQlinearWarps && groups * p.splits < cp::kQlinearMinWarps &&
          segments >= int64_t(4) * p.splits)
     p.splits *= 2;
-  return {{KernelName(p.swiglu ? "qlinear_mma_swiglu_" : "qlinear_mma_", type).Append("_t").Append(tiles),
+  // Whole segments, blocks of at most a segment and no zero points: the variant without per-piece selects.
+  const bool aligned = p.k % 128 == 0 && p.block_size <= 128 && p.zero_points == nullptr;
+  return {{KernelName(p.swiglu ? "qlinear_mma_swiglu_" : "qlinear_mma_", type)
+               .Append("_t")
+               .Append(tiles)
+               .Append(aligned ? "_aligned" : ""),
            {U(CeilDiv(groups, cp::kQlinearWarps / p.splits)), 1, 1}, {U(cp::kQlinearWarps * 32), 1, 1}, 0, p}};
 }
 

@@ -22,10 +22,14 @@ template <typename T> struct Pair;
 template <> struct Pair<__half> {
   using type = __half2;
   static constexpr unsigned kMagic = 0x6400u;  // 1024.0: 1024 + q is exact for q < 1024, its bits 0x6400 | q
+  // The bits of -(64 + zero_point): with the nibble left in place (1024 + 16 q), (1024 + 16 q) / 16 - (64 + z) is
+  // q - z, exact in one fused multiply-add, so a word's nibbles 1 and 3 of each byte need no shift.
+  __device__ static constexpr unsigned high_zero(unsigned zero_point) { return 0xD400u + (zero_point << 4); }
 };
 template <> struct Pair<__nv_bfloat16> {
   using type = __nv_bfloat162;
   static constexpr unsigned kMagic = 0x4300u;  // 128.0: 128 + q is exact for q < 128, its bits 0x4300 | q
+  __device__ static constexpr unsigned high_zero(unsigned) { return 0; }  // unused: bf16's 7 mantissa bits cannot hold 16 q
 };
 
 // Both halves of a pair set to the 16-bit pattern `bits`.
@@ -43,6 +47,30 @@ __device__ __forceinline__ unsigned dequantize_pair(unsigned word, int m, unsign
   const P z = *reinterpret_cast<const P*>(&biased_zero), s = *reinterpret_cast<const P*>(&scale);
   const P v = __hmul2(__hsub2(q, z), s);
   return *reinterpret_cast<const unsigned*>(&v);
+}
+
+// The four pairs (m, m + 4), m = 0..3, of the 8 nibbles of `word`, dequantized as dequantize_pair does.
+template <typename T>
+__device__ __forceinline__ void dequantize_word(unsigned word, unsigned biased_zero, unsigned high_zero,
+                                                unsigned scale, unsigned (&pairs)[4]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) pairs[m] = dequantize_pair<T>(word, m, biased_zero, scale);
+}
+// fp16: one shift for the word; nibbles 1 and 3 of each byte pair stay in place (see Pair<__half>::high_zero).
+template <>
+__device__ __forceinline__ void dequantize_word<__half>(unsigned word, unsigned biased_zero, unsigned high_zero,
+                                                        unsigned scale, unsigned (&pairs)[4]) {
+  const unsigned upper = word >> 8, magic = splat(Pair<__half>::kMagic);
+  const __half2 z = *reinterpret_cast<const __half2*>(&biased_zero), zh = *reinterpret_cast<const __half2*>(&high_zero);
+  const __half2 s = *reinterpret_cast<const __half2*>(&scale), sixteenth = __float2half2_rn(0.0625f);
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    unsigned bits;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(bits) : "r"(m < 2 ? word : upper), "r"(m % 2 ? 0x00F000F0u : 0x000F000Fu), "r"(magic));
+    const __half2 q = *reinterpret_cast<const __half2*>(&bits);
+    const __half2 v = __hmul2(m % 2 ? __hfma2(q, sixteenth, zh) : __hsub2(q, z), s);
+    pairs[m] = *reinterpret_cast<const unsigned*>(&v);
+  }
 }
 
 template <typename T>
@@ -93,26 +121,37 @@ struct QlinearRow {
 };
 
 // A row's share of a segment for this lane: 16 bytes of codes (32 elements of one block), and the block's scale and
-// biased zero point as pairs of bits; the codes and scale zero where the lane's elements are past in_features.
+// zero point as pairs of bits (ohk::dequantize_word's operands); the scale zero where the lane's elements are past
+// in_features.
 struct QlinearPiece {
   uint4 w;
-  unsigned scale, biased_zero;
+  unsigned scale, biased_zero, high_zero;
 };
 
-// Segment `seg` (the `index`-th of this warp's) of `row`; `valid`: the lane's 32 elements are inside in_features.
-// An invalid lane reads segment seg0's piece (memory of the row) and gets a zero scale: plain loads, which the
-// compiler may schedule freely, and A values of zero.
-template <typename T>
-__device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, int index, int seg, int q, bool valid,
+// Segment seg0 + index of `row`. ALIGNED calls (in_features a multiple of 128, blocks of at most 128, no zero
+// points) have every lane's piece inside in_features and its block at block0 + index * (128 / block_size). Otherwise `valid` says whether the lane's 32 elements are inside in_features; an
+// invalid lane reads segment seg0's piece (memory of the row) and gets a zero scale: plain loads, which the compiler
+// may schedule freely, and A values of zero.
+template <typename T, bool ALIGNED>
+__device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, int index, int q, bool valid,
                                                      int seg0, int block_shift) {
-  const int block = ((valid ? seg : seg0) * 128 + q * 32) >> block_shift;
   QlinearPiece piece;
+  if (ALIGNED) {  // `valid` only says whether the warp has this segment at all (past its run: read its first)
+    const int block0 = (seg0 * 128 + q * 32) >> block_shift, at = valid ? index : 0;
+    piece.w = __ldg(row.w + at * 4);
+    piece.scale = ohk::splat(__ldg(row.scales + block0 + (at << (7 - block_shift)))) & row.live;
+    piece.biased_zero = ohk::splat(ohk::Pair<T>::kMagic + 8);
+    piece.high_zero = ohk::splat(ohk::Pair<T>::high_zero(8));
+    return piece;
+  }
+  const int block = ((valid ? seg0 + index : seg0) * 128 + q * 32) >> block_shift;
   piece.w = __ldg(row.w + (valid ? index * 4 : 0));
   piece.scale = ohk::splat(__ldg(row.scales + block)) & (valid ? row.live : 0u);
   unsigned zero = 8;
   if (row.zero_points != nullptr)  // uniform
     zero = (__ldg(row.zero_points + (block >> 1)) >> ((block & 1) * 4)) & 15;
   piece.biased_zero = ohk::splat(ohk::Pair<T>::kMagic + zero);
+  piece.high_zero = ohk::splat(ohk::Pair<T>::high_zero(zero));
   return piece;
 }
 
@@ -132,7 +171,7 @@ __device__ __forceinline__ T* qlinear_output(const LinearParams& p, int feature,
   return y;
 }
 
-template <typename T, bool SWIGLU, int TILES>
+template <typename T, bool SWIGLU, int TILES, bool ALIGNED>
 __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = lane >> 2, q = lane & 3;
@@ -154,8 +193,8 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
 #pragma unroll
   for (int a = 0; a < kQlinearAhead; ++a) {
     const bool valid = a < count && (seg0 + a) * 128 < k_lane;
-    ahead[a][0] = qlinear_load<T>(lo_row, a, seg0 + a, q, valid, seg0, block_shift);
-    ahead[a][1] = qlinear_load<T>(hi_row, a, seg0 + a, q, valid, seg0, block_shift);
+    ahead[a][0] = qlinear_load<T, ALIGNED>(lo_row, a, q, valid, seg0, block_shift);
+    ahead[a][1] = qlinear_load<T, ALIGNED>(hi_row, a, q, valid, seg0, block_shift);
   }
   ohk::wait_for_inputs();
 
@@ -172,7 +211,7 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
       const int index = base + a;
       if (index < count) {  // uniform across the warp
         const QlinearPiece lo = ahead[a][0], hi = ahead[a][1];
-        const bool valid = (seg0 + index) * 128 < k_lane;
+        const bool valid = ALIGNED || (seg0 + index) * 128 < k_lane;
         const uint4* x_seg[TILES];  // this segment's x pieces (an invalid lane's A values are zero: any x will do)
 #pragma unroll
         for (int t = 0; t < TILES; ++t) x_seg[t] = x_rows[t] + (valid ? index * 16 : 0);
@@ -180,14 +219,11 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // word i: elements 8 i .. 8 i + 7 of this lane's 32
           // Step 2i takes elements (0, 4) and (1, 5) of the word, step 2i + 1 (2, 6) and (3, 7).
-          const unsigned a_even[4] = {ohk::dequantize_pair<T>(wl[i], 0, lo.biased_zero, lo.scale),
-                                      ohk::dequantize_pair<T>(wh[i], 0, hi.biased_zero, hi.scale),
-                                      ohk::dequantize_pair<T>(wl[i], 1, lo.biased_zero, lo.scale),
-                                      ohk::dequantize_pair<T>(wh[i], 1, hi.biased_zero, hi.scale)};
-          const unsigned a_odd[4] = {ohk::dequantize_pair<T>(wl[i], 2, lo.biased_zero, lo.scale),
-                                     ohk::dequantize_pair<T>(wh[i], 2, hi.biased_zero, hi.scale),
-                                     ohk::dequantize_pair<T>(wl[i], 3, lo.biased_zero, lo.scale),
-                                     ohk::dequantize_pair<T>(wh[i], 3, hi.biased_zero, hi.scale)};
+          unsigned lo_pairs[4], hi_pairs[4];
+          ohk::dequantize_word<T>(wl[i], lo.biased_zero, lo.high_zero, lo.scale, lo_pairs);
+          ohk::dequantize_word<T>(wh[i], hi.biased_zero, hi.high_zero, hi.scale, hi_pairs);
+          const unsigned a_even[4] = {lo_pairs[0], hi_pairs[0], lo_pairs[1], hi_pairs[1]};
+          const unsigned a_odd[4] = {lo_pairs[2], hi_pairs[2], lo_pairs[3], hi_pairs[3]};
 #pragma unroll
           for (int t = 0; t < TILES; ++t) {  // B: the same elements of x row t * 8 + r, paired as A's
             const uint4 v = __ldg(x_seg[t] + i);
@@ -199,9 +235,9 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
         }
         // The segment kQlinearAhead on, into the registers this one has just freed.
         const int next = index + kQlinearAhead;
-        const bool next_valid = next < count && (seg0 + next) * 128 < k_lane;
-        ahead[a][0] = qlinear_load<T>(lo_row, next, seg0 + next, q, next_valid, seg0, block_shift);
-        ahead[a][1] = qlinear_load<T>(hi_row, next, seg0 + next, q, next_valid, seg0, block_shift);
+        const bool next_valid = next < count && (ALIGNED || (seg0 + next) * 128 < k_lane);
+        ahead[a][0] = qlinear_load<T, ALIGNED>(lo_row, next, q, next_valid, seg0, block_shift);
+        ahead[a][1] = qlinear_load<T, ALIGNED>(hi_row, next, q, next_valid, seg0, block_shift);
       }
     }
   }
@@ -269,15 +305,16 @@ __device__ __forceinline__ void qlinear_dequantize(const LinearParams& p) {
   reinterpret_cast<uint4*>(static_cast<T*>(p.dequantized) + (size_t)row * p.k)[word] = out;
 }
 
-#define OHK_QLINEAR_KERNELS(TNAME, T, TILES)                                                                   \
-  extern "C" __global__ void __launch_bounds__(kQlinearWarps * 32) qlinear_mma_##TNAME##_t##TILES(             \
-      const LinearParams p) {                                                                                  \
-    qlinear_mma<T, false, TILES>(p);                                                                           \
-  }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(kQlinearWarps * 32) qlinear_mma_swiglu_##TNAME##_t##TILES(      \
-      const LinearParams p) {                                                                                  \
-    qlinear_mma<T, true, TILES>(p);                                                                            \
+// qlinear_mma_{swiglu_}<type>_t<row tiles>{_aligned}
+#define OHK_QLINEAR_KERNEL(NAME, T, SWIGLU, TILES, ALIGNED)                                                    \
+  extern "C" __global__ void __launch_bounds__(kQlinearWarps * 32) NAME(const LinearParams p) {                \
+    qlinear_mma<T, SWIGLU, TILES, ALIGNED>(p);                                                                 \
   }
+#define OHK_QLINEAR_KERNELS(TNAME, T, TILES)                                                                   \
+  OHK_QLINEAR_KERNEL(qlinear_mma_##TNAME##_t##TILES, T, false, TILES, false)                                   \
+  OHK_QLINEAR_KERNEL(qlinear_mma_swiglu_##TNAME##_t##TILES, T, true, TILES, false)                             \
+  OHK_QLINEAR_KERNEL(qlinear_mma_##TNAME##_t##TILES##_aligned, T, false, TILES, true)                          \
+  OHK_QLINEAR_KERNEL(qlinear_mma_swiglu_##TNAME##_t##TILES##_aligned, T, true, TILES, true)
 #define OHK_QLINEAR_TYPE(TNAME, T)                                                                             \
   OHK_QLINEAR_KERNELS(TNAME, T, 1)                                                                             \
   OHK_QLINEAR_KERNELS(TNAME, T, 2)                                                                             \
