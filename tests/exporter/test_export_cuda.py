@@ -241,11 +241,16 @@ def test_int4_projections_are_quantized_linear_on_cuda(checkpoint, tmp_path):
     fp32 = export(checkpoint, tmp_path / "fp32", execution_provider="cuda", dtype="fp32", weights="int4",
                   accuracy_level=0, linear_op=True, mtp=False, progress=False)
     assert "QuantizedLinear" in op_types(fp32)
+    assert_greedy_like_the_cpu_export(fp32, cpu)
+
+
+def assert_greedy_like_the_cpu_export(ours_dir, cpu_dir):
+    """Greedy tokens equal to the CPU MatMulNBits export's, logits within 1e-4 of their scale (fp32 sums in other
+    orders, layer after layer)."""
     prompts = [[5, 17, 33, 2, 99, 64, 7], [44, 3, 150]]
-    ours = GreedyDriver(make_session(fp32, contract.DOMAIN)).generate(prompts, 8)
-    reference = GreedyDriver(make_session(cpu, contract.DOMAIN)).generate(prompts, 8)
+    ours = GreedyDriver(make_session(ours_dir, contract.DOMAIN)).generate(prompts, 8)
+    reference = GreedyDriver(make_session(cpu_dir, contract.DOMAIN)).generate(prompts, 8)
     assert ours.tokens == reference.tokens
-    # fp32 sums in other orders, layer after layer: within 1e-4 of the logits' scale
     scale = np.abs(reference.prefill_logits).max()
     assert np.abs(np.asarray(ours.prefill_logits) - reference.prefill_logits).max() <= 1e-4 * scale
 
@@ -261,9 +266,4 @@ def test_int4_quantized_linear_in_the_moe_and_qwen3_next_layouts(layout, tmp_pat
     assert "QuantizedLinear" in types and "MatMulNBits" not in types and "QMoE" in types
     cpu = export(checkpoint, tmp_path / "cpu", weights="int4", accuracy_level=0, mtp=False, progress=False,
                  kv_cache="concat")
-    prompts = [[5, 17, 33, 2, 99, 64, 7], [44, 3, 150]]
-    ours = GreedyDriver(make_session(fp32, contract.DOMAIN)).generate(prompts, 8)
-    reference = GreedyDriver(make_session(cpu, contract.DOMAIN)).generate(prompts, 8)
-    assert ours.tokens == reference.tokens
-    scale = np.abs(reference.prefill_logits).max()
-    assert np.abs(np.asarray(ours.prefill_logits) - reference.prefill_logits).max() <= 1e-4 * scale
+    assert_greedy_like_the_cpu_export(fp32, cpu)
