@@ -102,6 +102,18 @@ def test_a_row_has_the_same_bits_alone_and_among_64(dtype, attributes, asymmetri
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
+def test_lanes_past_in_features_read_nothing_of_the_next_row(dtype):
+    """in_features 96: a lane's share of the 128-element segment lies past each row, on the next row's first values;
+    it must count as zeros even where those are infinite (0 * inf is NaN)."""
+    feeds = quantized_feeds(np.random.default_rng(3), 9, 96, 64, dtype, asymmetric=True)
+    feeds["input"][4, :32] = np.inf
+    got, want = run(feeds)["output"], reference.quantized_linear(feeds)
+    rows = [r for r in range(9) if r != 4]
+    assert np.isfinite(got[rows].astype(np.float64)).all()
+    assert relative_error(got[rows], want[rows]) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("rows", [1, 9, 64])
 def test_the_aligned_kernel_equals_the_general_one(dtype, rows):
     """Symmetric weights take the kernel without per-piece selects; the same weights with explicit zero points of 8

@@ -212,7 +212,7 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
       if (index < count) {  // uniform across the warp
         const QlinearPiece lo = ahead[a][0], hi = ahead[a][1];
         const bool valid = ALIGNED || (seg0 + index) * 128 < k_lane;
-        const uint4* x_seg[TILES];  // this segment's x pieces (an invalid lane's A values are zero: any x will do)
+        const uint4* x_seg[TILES];  // this segment's x pieces
 #pragma unroll
         for (int t = 0; t < TILES; ++t) x_seg[t] = x_rows[t] + (valid ? index * 16 : 0);
         const unsigned wl[4] = {lo.w.x, lo.w.y, lo.w.z, lo.w.w}, wh[4] = {hi.w.x, hi.w.y, hi.w.z, hi.w.w};
@@ -226,7 +226,9 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
           const unsigned a_odd[4] = {lo_pairs[2], hi_pairs[2], lo_pairs[3], hi_pairs[3]};
 #pragma unroll
           for (int t = 0; t < TILES; ++t) {  // B: the same elements of x row t * 8 + r, paired as A's
-            const uint4 v = __ldg(x_seg[t] + i);
+            // An invalid lane's A values are zero, but 0 * inf or NaN is not: its B values are zero too (what lies
+            // past a row's in_features, or past the input, is not its data).
+            const uint4 v = valid ? __ldg(x_seg[t] + i) : make_uint4(0, 0, 0, 0);
             const unsigned b_even[2] = {__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632)};
             const unsigned b_odd[2] = {__byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632)};
             ohk::mma_16816<T>(acc[t], a_even, b_even);
