@@ -181,15 +181,32 @@ template <typename T>
 __device__ __forceinline__ float gdn_gate(const GdnParams& p, const float* base, size_t i) {
   return p.gates_act ? ohk::to_f32(reinterpret_cast<const T*>(base)[i]) : base[i];
 }
-// The same as predicated loads in straight-line code (ld_global_if): 0 where `valid` is false.
+// The same as a predicated load in straight-line code (ld_global_if), kept as raw bits (0 where `valid` is false)
+// in one register whatever the gate type: the fp32 word, or the 16-bit T zero-extended; gdn_gate_from_bits widens
+// it where it is used. Two loads of two types held two registers and spilled in the verify kernels (ptxas, sm_90).
 template <typename T>
-__device__ __forceinline__ float gdn_gate_if(const GdnParams& p, const float* base, size_t i, bool valid) {
+__device__ __forceinline__ unsigned gdn_gate_bits_if(const GdnParams& p, const float* base, size_t i, bool valid) {
   if constexpr (sizeof(T) == 4) {
-    return ohk::ld_global_if(base + i, valid);
+    return __float_as_uint(ohk::ld_global_if(base + i, valid));
   } else {
-    const float wide = ohk::ld_global_if(base + i, valid && !p.gates_act);
-    const T narrow = ohk::ld_global_if(reinterpret_cast<const T*>(base) + i, valid && p.gates_act);
-    return p.gates_act ? ohk::to_f32(narrow) : wide;
+    const bool act = p.gates_act;
+    const char* at = reinterpret_cast<const char*>(base) + (i << (act ? 1 : 2));
+    unsigned raw;
+    asm volatile(
+        "{\n.reg .pred w, n;\nsetp.ne.b32 w, %2, 0;\nsetp.ne.b32 n, %3, 0;\nmov.b32 %0, 0;\n"
+        "@w ld.global.u32 %0, [%1];\n@n ld.global.u16 %0, [%1];\n}\n"
+        : "=r"(raw)
+        : "l"(at), "r"((int)(valid && !act)), "r"((int)(valid && act)));
+    return raw;
+  }
+}
+template <typename T>
+__device__ __forceinline__ float gdn_gate_from_bits(const GdnParams& p, unsigned raw) {
+  if constexpr (sizeof(T) == 4) {
+    return __uint_as_float(raw);
+  } else {
+    const unsigned short narrow = static_cast<unsigned short>(raw);
+    return p.gates_act ? ohk::to_f32(*reinterpret_cast<const T*>(&narrow)) : __uint_as_float(raw);
   }
 }
 

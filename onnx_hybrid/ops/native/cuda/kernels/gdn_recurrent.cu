@@ -326,8 +326,8 @@ __device__ __forceinline__ int rec_block_warps(const GdnParams& p, int group_row
 template <typename T, class L>
 struct TokenInputs {
   T q[L::kKeys], k[L::kKeys];
-  float decay;  // raw decay input (scalar-decay rules)
-  float beta;   // raw beta input
+  unsigned decay;  // raw decay input's bits (scalar-decay rules; gdn_gate_bits_if)
+  unsigned beta;   // raw beta input's bits
 };
 
 // Token `tok`'s inputs, or zeros where `valid` is false (no load issued: the guessed token of an empty call).
@@ -337,8 +337,8 @@ __device__ __forceinline__ void load_token(const GdnParams& p, int tok, bool val
   const int dk = valid ? p.dk : 0;
   load_head<T, L>(qb + (size_t)tok * p.q_stride, lane, dk, in.q);
   load_head<T, L>(kb + (size_t)tok * p.k_stride, lane, dk, in.k);
-  in.decay = gdn_gate_if<T>(p, p.decay, (size_t)tok * p.hv + h, valid && p.has_decay && !p.decay_per_key);
-  in.beta = gdn_gate_if<T>(p, p.beta, (size_t)tok * p.hv + h, valid && p.has_delta);
+  in.decay = gdn_gate_bits_if<T>(p, p.decay, (size_t)tok * p.hv + h, valid && p.has_decay && !p.decay_per_key);
+  in.beta = gdn_gate_bits_if<T>(p, p.beta, (size_t)tok * p.hv + h, valid && p.has_delta);
 }
 
 // Sum over lanes OFF * 2, apart by less (a row's lanes), of N values per lane (N a power of two <= 2 OFF):
@@ -384,7 +384,8 @@ struct TokenValues {
 // The token's beta (delta rules), from its raw input.
 template <typename T, class L>
 __device__ __forceinline__ float token_beta(const GdnParams& p, const TokenInputs<T, L>& cur) {
-  return p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-cur.beta)) : cur.beta) : 1.0f;
+  const float beta = gdn_gate_from_bits<T>(p, cur.beta);
+  return p.has_delta ? (p.beta_sigmoid ? 1.0f / (1.0f + expf(-beta)) : beta) : 1.0f;
 }
 
 template <typename T, class L>
@@ -425,7 +426,7 @@ __device__ __forceinline__ void token_values(const GdnParams& p, const TokenInpu
   }
   tv.alpha = 1.0f;
   if (p.has_decay && !p.decay_per_key) {
-    float g = raw.decay;
+    float g = gdn_gate_from_bits<T>(p, raw.decay);
     if (p.gate_qwen) {
       const float z = g + gate.dt_bias;
       g = gate.neg_a * (z > 20.0f ? z : log1pf(expf(z)));
