@@ -90,27 +90,28 @@ _INT_INPUTS = ("cu_seqlens", "capture_count")
 
 
 _INPUT_NAMES: dict[str, tuple] = {}  # by op name: hashing an OpSpec costs ~3 us
-_HOST_INPUTS = ("state_update_active",)
 
 
-def _input_names(op: contract.OpSpec) -> tuple[tuple[str, ...], frozenset, tuple[str, ...]]:
-    """The op's input names in order, as a set, and in order with the host inputs blanked (a name no feed has)."""
+def _input_names(op: contract.OpSpec) -> tuple[tuple[str, ...], frozenset, tuple[str, ...], tuple[str, ...]]:
+    """The op's input names in order; as a set; in order with the host-memory inputs (the contract's, e.g.
+    state_update_active) blanked to a name no feed has; and that, then the output names (_reuse_key's arrays)."""
     names = _INPUT_NAMES.get(op.name)
     if names is None:
         ordered = tuple(p.name for p in op.inputs)
-        device = tuple(" host" if name in _HOST_INPUTS else name for name in ordered)
-        names = _INPUT_NAMES[op.name] = (ordered, frozenset(ordered), device)
+        device = tuple(" host" if p.host_memory else p.name for p in op.inputs)
+        names = _INPUT_NAMES[op.name] = (ordered, frozenset(ordered), device, ordered + _OUTPUT_NAMES)
     return names
 
 
-def _tensors(op: contract.OpSpec, feeds: Mapping[str, Any], host: tuple[str, ...] = ()) -> dict:
-    names, known, _ = _input_names(op)
+def _tensors(op: contract.OpSpec, feeds: Mapping[str, Any]) -> dict:
+    """The op's inputs by name as device tensors; None where absent or a host-memory input (read by the caller)."""
+    names, known, device, _ = _input_names(op)
     if not known.issuperset(feeds):
         raise KeyError(f"{op.name}: unknown input(s) {sorted(set(feeds) - known)}")
     tensors = {}
-    for name in names:
-        x = feeds.get(name)
-        tensors[name] = None if x is None or name in host else as_device_tensor(x, name)
+    for name, device_name in zip(names, device):
+        x = feeds.get(device_name)
+        tensors[name] = None if x is None else as_device_tensor(x, name)
     return tensors
 
 
@@ -234,7 +235,7 @@ def _gdn(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: An
     prepared = _prepared_calls().get(reuse[0]) if reuse and not binding else None
     if prepared is not None:
         return _run_prepared(prepared, reuse[1], outputs, active, stream, workspace, op), prepared
-    t = _tensors(contract.GATED_DELTA_NET, feeds, host=("state_update_active",))
+    t = _tensors(contract.GATED_DELTA_NET, feeds)
     outs = _output_tensors(outputs)
     attrs = _attributes(op, tuple(sorted(given_attributes)))
     q = t["query"]
@@ -347,7 +348,7 @@ def _reuse_key(op: contract.OpSpec, feeds: Mapping[str, Any], outputs: Mapping[s
     """The key of what the checks and the call struct depend on besides pointers (shapes, types, devices, the
     attributes as given, knobs), and the pointers of the inputs then the outputs (0 where absent); None unless every
     output is given (a call that allocates its outputs is not the one a decode loop repeats)."""
-    names, known, device_names = _input_names(op)
+    _, known, device_names, array_names = _input_names(op)
     if not known.issuperset(feeds):
         return None  # _tensors names the unknown input
     arrays = [feeds.get(name) for name in device_names]  # state_update_active, a host value, read as absent
@@ -356,7 +357,7 @@ def _reuse_key(op: contract.OpSpec, feeds: Mapping[str, Any], outputs: Mapping[s
         if x is None:
             return None
         arrays.append(x)
-    pointers, keys = pointers_and_keys(arrays, names + _OUTPUT_NAMES)
+    pointers, keys = pointers_and_keys(arrays, array_names)
     keys += (op.name, attributes, knobs)
     return tuple(keys), pointers
 
@@ -390,7 +391,7 @@ def gdn_workspace_bytes(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any],
     ``stream`` (0 without the chunked kernels): what to preallocate before capturing the call in a CUDA graph.
     Launches nothing."""
     op = contract.GATED_DELTA_NET.name
-    t = _tensors(contract.GATED_DELTA_NET, feeds, host=("state_update_active",))
+    t = _tensors(contract.GATED_DELTA_NET, feeds)
     attrs = _attributes(op, tuple(sorted(attributes.items())))
     q = t["query"]
     lib = _library(q.device)
