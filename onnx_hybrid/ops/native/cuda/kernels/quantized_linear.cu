@@ -32,6 +32,9 @@ template <> struct Pair<__nv_bfloat16> {
   __device__ static constexpr unsigned high_zero(unsigned) { return 0; }  // unused: bf16's 7 mantissa bits cannot hold 16 q
 };
 
+// Word i (0..3) of a 16-byte piece.
+__device__ __forceinline__ unsigned word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
 // Both halves of a pair set to the 16-bit pattern `bits`.
 __device__ __forceinline__ unsigned splat(unsigned bits) { return bits * 0x00010001u; }
 
@@ -109,6 +112,7 @@ struct QlinearRow {
   const unsigned char* zero_points;  // the row's, or null (8)
   unsigned live;                    // all ones, or zero for a dead row
 
+  QlinearRow() = default;
   __device__ __forceinline__ QlinearRow(const LinearParams& p, int row, bool is_live, int q, int seg0,
                                         int block_shift) {
     row = is_live ? row : 0;
@@ -175,26 +179,36 @@ template <typename T, bool SWIGLU, int TILES, bool ALIGNED>
 __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = lane >> 2, q = lane & 3;
-  constexpr int kFeatures = SWIGLU ? 8 : 16;  // output features per group of warps
-  const int f0 = (blockIdx.x * (kQlinearWarps / p.splits) + warp / p.splits) * kFeatures;
+  // Weight row tiles (m16) a warp takes (launch_config.h): each x load serves MT times the weights. The warps of a
+  // group and their segments depend on n and k only, so a row's sums are the same for every MT.
+  constexpr int MT = ALIGNED ? launch_config::kQlinearAlignedWeightTiles[TILES == 1 ? 0 : TILES == 2 ? 1 : TILES == 4 ? 2 : 3] : 1;
+  constexpr int kTileFeatures = SWIGLU ? 8 : 16;  // output features per weight row tile
+  const int f0 = (blockIdx.x * (kQlinearWarps / p.splits) + warp / p.splits) * kTileFeatures * MT;
   const int split = warp % p.splits;
-  // A rows r and r + 8: features f0 + r and f0 + r + 8, or gate row f0 + r and its up row n + f0 + r.
-  const bool live_lo = f0 + r < p.n, live_hi = SWIGLU ? live_lo : f0 + r + 8 < p.n;
   // Each warp of a group takes a contiguous run of segments (the group adds them in split order below).
   const int segments = (p.k + 127) >> 7;
   const int per_warp = (segments + p.splits - 1) / p.splits;
   const int seg0 = split * per_warp, count = max(0, min(segments, seg0 + per_warp) - seg0);
   const int block_shift = __ffs(p.block_size) - 1;  // block_size is a power of two
   const int k_lane = p.k - q * 32;  // this lane's quarter of segment s is inside in_features when s * 128 < k_lane
-  const QlinearRow<T> lo_row(p, f0 + r, live_lo, q, seg0, block_shift);
-  const QlinearRow<T> hi_row(p, SWIGLU ? p.n + f0 + r : f0 + r + 8, live_hi, q, seg0, block_shift);
+  // Tile m's A rows r and r + 8: features fm + r and fm + r + 8, or gate row fm + r and its up row n + fm + r.
+  QlinearRow<T> rows[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    const int fm = f0 + m * kTileFeatures;
+    const bool live_lo = fm + r < p.n, live_hi = SWIGLU ? live_lo : fm + r + 8 < p.n;
+    rows[m][0] = QlinearRow<T>(p, fm + r, live_lo, q, seg0, block_shift);
+    rows[m][1] = QlinearRow<T>(p, SWIGLU ? p.n + fm + r : fm + r + 8, live_hi, q, seg0, block_shift);
+  }
 
-  QlinearPiece ahead[kQlinearAhead][2];
+  QlinearPiece ahead[kQlinearAhead][MT][2];
 #pragma unroll
   for (int a = 0; a < kQlinearAhead; ++a) {
     const bool valid = a < count && (seg0 + a) * 128 < k_lane;
-    ahead[a][0] = qlinear_load<T, ALIGNED>(lo_row, a, q, valid, seg0, block_shift);
-    ahead[a][1] = qlinear_load<T, ALIGNED>(hi_row, a, q, valid, seg0, block_shift);
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) ahead[a][m][h] = qlinear_load<T, ALIGNED>(rows[m][h], a, q, valid, seg0, block_shift);
   }
   ohk::wait_for_inputs();
 
@@ -204,26 +218,30 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
   for (int t = 0; t < TILES; ++t)
     x_rows[t] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) +
                                                (size_t)(t * 8 + r < p.rows ? t * 8 + r : 0) * p.k + q * 32) + seg0 * 16;
-  float acc[TILES][4] = {};
+  float acc[TILES][MT][4] = {};
   for (int base = 0; base < count; base += kQlinearAhead) {
 #pragma unroll
     for (int a = 0; a < kQlinearAhead; ++a) {
       const int index = base + a;
       if (index < count) {  // uniform across the warp
-        const QlinearPiece lo = ahead[a][0], hi = ahead[a][1];
         const bool valid = ALIGNED || (seg0 + index) * 128 < k_lane;
         const uint4* x_seg[TILES];  // this segment's x pieces
 #pragma unroll
         for (int t = 0; t < TILES; ++t) x_seg[t] = x_rows[t] + (valid ? index * 16 : 0);
-        const unsigned wl[4] = {lo.w.x, lo.w.y, lo.w.z, lo.w.w}, wh[4] = {hi.w.x, hi.w.y, hi.w.z, hi.w.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // word i: elements 8 i .. 8 i + 7 of this lane's 32
           // Step 2i takes elements (0, 4) and (1, 5) of the word, step 2i + 1 (2, 6) and (3, 7).
-          unsigned lo_pairs[4], hi_pairs[4];
-          ohk::dequantize_word<T>(wl[i], lo.biased_zero, lo.high_zero, lo.scale, lo_pairs);
-          ohk::dequantize_word<T>(wh[i], hi.biased_zero, hi.high_zero, hi.scale, hi_pairs);
-          const unsigned a_even[4] = {lo_pairs[0], hi_pairs[0], lo_pairs[1], hi_pairs[1]};
-          const unsigned a_odd[4] = {lo_pairs[2], hi_pairs[2], lo_pairs[3], hi_pairs[3]};
+          unsigned a_even[MT][4], a_odd[MT][4];
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            const QlinearPiece& lo = ahead[a][m][0];
+            const QlinearPiece& hi = ahead[a][m][1];
+            unsigned lo_pairs[4], hi_pairs[4];
+            ohk::dequantize_word<T>(ohk::word(lo.w, i), lo.biased_zero, lo.high_zero, lo.scale, lo_pairs);
+            ohk::dequantize_word<T>(ohk::word(hi.w, i), hi.biased_zero, hi.high_zero, hi.scale, hi_pairs);
+            a_even[m][0] = lo_pairs[0], a_even[m][1] = hi_pairs[0], a_even[m][2] = lo_pairs[1], a_even[m][3] = hi_pairs[1];
+            a_odd[m][0] = lo_pairs[2], a_odd[m][1] = hi_pairs[2], a_odd[m][2] = lo_pairs[3], a_odd[m][3] = hi_pairs[3];
+          }
 #pragma unroll
           for (int t = 0; t < TILES; ++t) {  // B: the same elements of x row t * 8 + r, paired as A's
             // An invalid lane's A values are zero, but 0 * inf or NaN is not: its B values are zero too (what lies
@@ -231,54 +249,66 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
             const uint4 v = valid ? __ldg(x_seg[t] + i) : make_uint4(0, 0, 0, 0);
             const unsigned b_even[2] = {__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632)};
             const unsigned b_odd[2] = {__byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632)};
-            ohk::mma_16816<T>(acc[t], a_even, b_even);
-            ohk::mma_16816<T>(acc[t], a_odd, b_odd);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+              ohk::mma_16816<T>(acc[t][m], a_even[m], b_even);
+              ohk::mma_16816<T>(acc[t][m], a_odd[m], b_odd);
+            }
           }
         }
         // The segment kQlinearAhead on, into the registers this one has just freed.
         const int next = index + kQlinearAhead;
         const bool next_valid = next < count && (ALIGNED || (seg0 + next) * 128 < k_lane);
-        ahead[a][0] = qlinear_load<T, ALIGNED>(lo_row, next, q, next_valid, seg0, block_shift);
-        ahead[a][1] = qlinear_load<T, ALIGNED>(hi_row, next, q, next_valid, seg0, block_shift);
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            ahead[a][m][h] = qlinear_load<T, ALIGNED>(rows[m][h], next, q, next_valid, seg0, block_shift);
       }
     }
   }
 
   if (p.splits > 1) {  // the warps of a group add their sums in split order
-    __shared__ float partial[kQlinearWarps][TILES * 4][32];
+    __shared__ float partial[kQlinearWarps][TILES * MT * 4][32];
 #pragma unroll
     for (int t = 0; t < TILES; ++t)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) partial[warp][t * 4 + c][lane] = acc[t][c];
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) partial[warp][(t * MT + m) * 4 + c][lane] = acc[t][m][c];
     __syncthreads();
     if (split != 0) return;
 #pragma unroll
     for (int t = 0; t < TILES; ++t)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        float sum = 0.f;
-        for (int s = 0; s < p.splits; ++s) sum += partial[warp + s][t * 4 + c][lane];
-        acc[t][c] = sum;
-      }
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          float sum = 0.f;
+          for (int s = 0; s < p.splits; ++s) sum += partial[warp + s][(t * MT + m) * 4 + c][lane];
+          acc[t][m][c] = sum;
+        }
   }
 
-  // C: acc[t][0..1] hold A row r at x rows t * 8 + 2q and + 1, acc[t][2..3] A row r + 8.
+  // C: acc[t][m][0..1] hold tile m's A row r at x rows t * 8 + 2q and + 1, acc[t][m][2..3] its A row r + 8.
 #pragma unroll
-  for (int h = 0; h < (SWIGLU ? 1 : 2); ++h) {
-    const int feature = f0 + r + 8 * h;
-    if (feature >= p.n) continue;
-    int column, width;
-    T* y = qlinear_output<T>(p, feature, column, width);
+  for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int t = 0; t < TILES; ++t)
+    for (int h = 0; h < (SWIGLU ? 1 : 2); ++h) {
+      const int feature = f0 + m * kTileFeatures + r + 8 * h;
+      if (feature >= p.n) continue;
+      int column, width;
+      T* y = qlinear_output<T>(p, feature, column, width);
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int row = t * 8 + 2 * q + e;
-        if (row >= p.rows) continue;
-        const float v = SWIGLU ? linear_swiglu_value(acc[t][e], acc[t][2 + e]) : acc[t][2 * h + e];
-        y[(size_t)row * width + column] = ohk::from_f32<T>(v);
-      }
-  }
+      for (int t = 0; t < TILES; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int row = t * 8 + 2 * q + e;
+          if (row >= p.rows) continue;
+          const float v = SWIGLU ? linear_swiglu_value(acc[t][m][e], acc[t][m][2 + e]) : acc[t][m][2 * h + e];
+          y[(size_t)row * width + column] = ohk::from_f32<T>(v);
+        }
+    }
 }
 
 // Each thread dequantizes one 32-bit word (8 elements) of the packed weight into `dequantized` [weight rows, k].
