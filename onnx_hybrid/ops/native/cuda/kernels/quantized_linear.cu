@@ -29,11 +29,14 @@ template <> struct Pair<__half> {
 template <> struct Pair<__nv_bfloat16> {
   using type = __nv_bfloat162;
   static constexpr unsigned kMagic = 0x4300u;  // 128.0: 128 + q is exact for q < 128, its bits 0x4300 | q
-  __device__ static constexpr unsigned high_zero(unsigned) { return 0; }  // unused: bf16's 7 mantissa bits cannot hold 16 q
+  // Unused: bf16's 7 mantissa bits cannot hold 16 q.
+  __device__ static constexpr unsigned high_zero(unsigned) { return 0; }
 };
 
 // Word i (0..3) of a 16-byte piece.
-__device__ __forceinline__ unsigned word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+__device__ __forceinline__ unsigned word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
 
 // Both halves of a pair set to the 16-bit pattern `bits`.
 __device__ __forceinline__ unsigned splat(unsigned bits) { return bits * 0x00010001u; }
@@ -45,7 +48,9 @@ template <typename T>
 __device__ __forceinline__ unsigned dequantize_pair(unsigned word, int m, unsigned biased_zero, unsigned scale) {
   using P = typename Pair<T>::type;
   unsigned bits;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(bits) : "r"(word >> (4 * m)), "r"(0x000F000Fu), "r"(splat(Pair<T>::kMagic)));
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n"
+      : "=r"(bits)
+      : "r"(word >> (4 * m)), "r"(0x000F000Fu), "r"(splat(Pair<T>::kMagic)));
   const P q = *reinterpret_cast<const P*>(&bits);
   const P z = *reinterpret_cast<const P*>(&biased_zero), s = *reinterpret_cast<const P*>(&scale);
   const P v = __hmul2(__hsub2(q, z), s);
@@ -69,7 +74,9 @@ __device__ __forceinline__ void dequantize_word<__half>(unsigned word, unsigned 
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     unsigned bits;
-    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(bits) : "r"(m < 2 ? word : upper), "r"(m % 2 ? 0x00F000F0u : 0x000F000Fu), "r"(magic));
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n"
+        : "=r"(bits)
+        : "r"(m < 2 ? word : upper), "r"(m % 2 ? 0x00F000F0u : 0x000F000Fu), "r"(magic));
     const __half2 q = *reinterpret_cast<const __half2*>(&bits);
     const __half2 v = __hmul2(m % 2 ? __hfma2(q, sixteenth, zh) : __hsub2(q, z), s);
     pairs[m] = *reinterpret_cast<const unsigned*>(&v);
@@ -133,9 +140,10 @@ struct QlinearPiece {
 };
 
 // Segment seg0 + index of `row`. ALIGNED calls (in_features a multiple of 128, blocks of at most 128, no zero
-// points) have every lane's piece inside in_features and its block at block0 + index * (128 / block_size). Otherwise `valid` says whether the lane's 32 elements are inside in_features; an
-// invalid lane reads segment seg0's piece (memory of the row) and gets a zero scale: plain loads, which the compiler
-// may schedule freely, and A values of zero.
+// points) have every lane's piece inside in_features and its block at block0 + index * (128 / block_size).
+// Otherwise `valid` says whether the lane's 32 elements are inside in_features; an invalid lane reads segment seg0's
+// piece (memory of the row) and gets a zero scale: plain loads, which the compiler may schedule freely, and A values
+// of zero.
 template <typename T, bool ALIGNED>
 __device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, int index, int q, bool valid,
                                                      int seg0, int block_shift) {
@@ -181,7 +189,8 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
   const int r = lane >> 2, q = lane & 3;
   // Weight row tiles (m16) a warp takes (launch_config.h): each x load serves MT times the weights. The warps of a
   // group and their segments depend on n and k only, so a row's sums are the same for every MT.
-  constexpr int MT = ALIGNED ? launch_config::kQlinearAlignedWeightTiles[TILES == 1 ? 0 : TILES == 2 ? 1 : TILES == 4 ? 2 : 3] : 1;
+  constexpr int kTileIndex = TILES == 1 ? 0 : TILES == 2 ? 1 : TILES == 4 ? 2 : 3;
+  constexpr int MT = ALIGNED ? launch_config::kQlinearAlignedWeightTiles[kTileIndex] : 1;
   constexpr int kTileFeatures = SWIGLU ? 8 : 16;  // output features per weight row tile
   const int f0 = (blockIdx.x * (kQlinearWarps / p.splits) + warp / p.splits) * kTileFeatures * MT;
   const int split = warp % p.splits;
@@ -239,8 +248,11 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
             unsigned lo_pairs[4], hi_pairs[4];
             ohk::dequantize_word<T>(ohk::word(lo.w, i), lo.biased_zero, lo.high_zero, lo.scale, lo_pairs);
             ohk::dequantize_word<T>(ohk::word(hi.w, i), hi.biased_zero, hi.high_zero, hi.scale, hi_pairs);
-            a_even[m][0] = lo_pairs[0], a_even[m][1] = hi_pairs[0], a_even[m][2] = lo_pairs[1], a_even[m][3] = hi_pairs[1];
-            a_odd[m][0] = lo_pairs[2], a_odd[m][1] = hi_pairs[2], a_odd[m][2] = lo_pairs[3], a_odd[m][3] = hi_pairs[3];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {  // mma's A registers: row r, row r + 8, then the same for the next k pair
+              a_even[m][2 * j] = lo_pairs[j], a_even[m][2 * j + 1] = hi_pairs[j];
+              a_odd[m][2 * j] = lo_pairs[2 + j], a_odd[m][2 * j + 1] = hi_pairs[2 + j];
+            }
           }
 #pragma unroll
           for (int t = 0; t < TILES; ++t) {  // B: the same elements of x row t * 8 + r, paired as A's
@@ -324,7 +336,8 @@ __device__ __forceinline__ void qlinear_dequantize(const LinearParams& p) {
   const size_t row_bytes = (size_t)p.k_blocks << (block_shift - 1);
   const unsigned w = __ldg(reinterpret_cast<const unsigned*>(static_cast<const unsigned char*>(p.w) + row * row_bytes) +
                            word);
-  const unsigned scale = ohk::splat(__ldg(static_cast<const unsigned short*>(p.scales) + (size_t)row * p.k_blocks + block));
+  const unsigned scale =
+      ohk::splat(__ldg(static_cast<const unsigned short*>(p.scales) + (size_t)row * p.k_blocks + block));
   const unsigned char* zero_points = p.zero_points ? p.zero_points + (size_t)row * ((p.k_blocks + 1) / 2) : nullptr;
   const unsigned zero = ohk::splat(ohk::Pair<T>::kMagic + ohk::qlinear_zero_point(zero_points, block));
   const unsigned e04 = ohk::dequantize_pair<T>(w, 0, zero, scale), e15 = ohk::dequantize_pair<T>(w, 1, zero, scale);
