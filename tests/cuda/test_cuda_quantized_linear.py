@@ -135,6 +135,15 @@ def test_cuda_graph_replays_a_step_with_new_inputs(rows, activation):
                        lambda feeds: reference.quantized_linear(feeds, activation), TOLERANCE["float16"])
 
 
+def test_in_features_the_cuda_kernels_cannot_take_is_refused_with_the_reason():
+    """in_features 44 (blocks of 16): not the tensor-core kernel's, nor a multiple of 8 for the dequantized weight's
+    rows; the CPU kernel takes it, the CUDA one says why not."""
+    feeds = quantized_feeds(np.random.default_rng(5), 2, 44, 8, "float16", block_size=16)
+    assert reference.quantized_linear(feeds, block_size=16).shape == (2, 8)
+    with pytest.raises(Exception, match="need in_features a multiple of 8 .*; got 44"):
+        run(feeds)
+
+
 def test_errors_match_the_cpu_kernel():
     feeds = {"input": np.zeros((2, 40), np.float16), "weight": np.zeros((4, 2, 16), np.uint8),
              "scales": np.zeros((4, 1), np.float16)}

@@ -177,9 +177,11 @@ OrtStatusPtr QuantizedLinearCudaKernel::ComputeV2(OrtKernelContext* context) {
       return nullptr;
     }
     if (geo.in_features % 8 != 0 || geo.in_features > INT32_MAX)
-      throw std::invalid_argument("the CUDA kernel of more than " + std::to_string(launch_config::kQlinearMaxRowTiles * 8) +
-                                  " rows takes in_features a multiple of 8 (at most 2^31 - 1); got " +
-                                  std::to_string(geo.in_features));
+      throw std::invalid_argument(
+          "on CUDA, calls the tensor-core kernel does not take (more than " +
+          std::to_string(launch_config::kQlinearMaxRowTiles * 8) +
+          " rows, in_features or block_size not a multiple of 32, an input not 16-byte aligned) need in_features a "
+          "multiple of 8 (at most 2^31 - 1); got " + std::to_string(geo.in_features));
     // More rows: the weight dequantized into scratch (the same values the tensor-core kernel forms), then cuBLAS.
     Scratch weight(context, allocator_, static_cast<size_t>(geo.weight_rows() * geo.in_features) * ElemSize(type_));
     p.dequantized = weight.data();
