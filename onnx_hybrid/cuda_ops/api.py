@@ -416,11 +416,11 @@ def _conv(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: A
     """varlen_causal_conv's work; also returns the checked call it ran (None where the outputs were not all given)."""
     op = contract.VARLEN_CAUSAL_CONV.name
     given_attributes = tuple(attributes.items())
-    outputs = dict(outputs or {})
-    reuse = _reuse_key(contract.VARLEN_CAUSAL_CONV, feeds, outputs, given_attributes, (only_kernels,))
+    reuse = _reuse_key(contract.VARLEN_CAUSAL_CONV, feeds, outputs or {}, given_attributes, (only_kernels,))
     prepared = _prepared_calls().get(reuse[0]) if reuse else None
     if prepared is not None:
         return _run_prepared(prepared, reuse[1], outputs, None, stream, None, op), prepared
+    outputs = dict(outputs or {})  # the outputs this call allocates join the caller's
     t = _tensors(contract.VARLEN_CAUSAL_CONV, feeds)
     outs = _output_tensors(outputs)
     attrs = _attributes(op, tuple(sorted(given_attributes)))
