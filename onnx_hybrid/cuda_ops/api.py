@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import threading
 from typing import Any, Mapping
 
@@ -31,6 +32,7 @@ class PlanError(ValueError):
 _ENGINES = {"auto": 0, "chunked": 1, "recurrent": 2}
 _LAUNCHED, _NEEDS_MEMORY, _OUTPUT_SHAPES, _CONTRACT_VIOLATION, _BAD_KNOB = 0, 1, 2, -2, -3
 _OUTPUT_NAMES = ("output", "final_state", "state_update")
+_given_outputs = operator.itemgetter(*_OUTPUT_NAMES)  # the outputs as a tuple, in the contract's order
 _prepared: set[int] = set()  # devices whose kernel image the library has
 
 
@@ -227,14 +229,14 @@ def _gdn(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: An
         raise ValueError(f"engine must be auto, chunked or recurrent, got {engine!r}")
     given_attributes = tuple(attributes.items())  # in the caller's order: the reuse key, not the rule
     active = _host_flag(feeds.get("state_update_active"))
-    outputs = dict(outputs or {})
     # A call like an earlier one (same shapes, types, devices, attributes and knobs, outputs given) reuses its
     # checked and filled call struct: only pointers, the stream and the active flag change.
-    reuse = _reuse_key(contract.GATED_DELTA_NET, feeds, outputs, given_attributes,
+    reuse = _reuse_key(contract.GATED_DELTA_NET, feeds, outputs or {}, given_attributes,
                        (engine, rec_rows, rec_groups, scan_width, prep_heads, only_kernels, active is None))
     prepared = _prepared_calls().get(reuse[0]) if reuse and not binding else None
     if prepared is not None:
         return _run_prepared(prepared, reuse[1], outputs, active, stream, workspace, op), prepared
+    outputs = dict(outputs or {})  # the outputs this call allocates join the caller's
     t = _tensors(contract.GATED_DELTA_NET, feeds)
     outs = _output_tensors(outputs)
     attrs = _attributes(op, tuple(sorted(given_attributes)))
@@ -382,7 +384,7 @@ def _run_prepared(prepared: _PreparedCall, pointers: list[int], outputs: Mapping
         call.workspace, call.workspace_bytes = None, 0
     if _run(prepared.entry, call, prepared.device, stream_handle, op, prepared.ref) == _NEEDS_MEMORY:
         _launch_with_workspace(prepared.entry, call, prepared.device, workspace, scratch, op)
-    return tuple(outputs[name] for name in _OUTPUT_NAMES)
+    return _given_outputs(outputs)
 
 
 def gdn_workspace_bytes(feeds: Mapping[str, Any], *, outputs: Mapping[str, Any], engine: str = "auto",
@@ -414,11 +416,11 @@ def _conv(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: A
     """varlen_causal_conv's work; also returns the checked call it ran (None where the outputs were not all given)."""
     op = contract.VARLEN_CAUSAL_CONV.name
     given_attributes = tuple(attributes.items())
-    outputs = dict(outputs or {})
-    reuse = _reuse_key(contract.VARLEN_CAUSAL_CONV, feeds, outputs, given_attributes, (only_kernels,))
+    reuse = _reuse_key(contract.VARLEN_CAUSAL_CONV, feeds, outputs or {}, given_attributes, (only_kernels,))
     prepared = _prepared_calls().get(reuse[0]) if reuse else None
     if prepared is not None:
         return _run_prepared(prepared, reuse[1], outputs, None, stream, None, op), prepared
+    outputs = dict(outputs or {})  # the outputs this call allocates join the caller's
     t = _tensors(contract.VARLEN_CAUSAL_CONV, feeds)
     outs = _output_tensors(outputs)
     attrs = _attributes(op, tuple(sorted(given_attributes)))
