@@ -225,8 +225,9 @@ def test_gated_norm_is_one_node_on_cuda_and_separate_nodes_on_the_cpu(layout, tm
 
 def test_int4_projections_are_quantized_linear_on_cuda(checkpoint, tmp_path):
     """docs/op-contract.md#quantizedlinear: -e cuda int4 exports write each 4-bit projection as one QuantizedLinear
-    (SwiGLU MLPs with activation swiglu, packed projections with an output per part); CPU exports keep MatMulNBits. Forced on an fp32 -e cuda export (which runs on the CPU
-    here), it computes the greedy tokens and logits of the CPU export's MatMulNBits at accuracy_level 0."""
+    (SwiGLU MLPs with activation swiglu, packed projections with an output per part); CPU exports keep MatMulNBits.
+    Forced on an fp32 -e cuda export (which runs on the CPU here), it computes the greedy tokens and logits of the
+    CPU export's MatMulNBits at accuracy_level 0."""
     cuda = export(checkpoint, tmp_path / "cuda", execution_provider="cuda", weights="int4", mtp=False,
                   progress=False)
     types = op_types(cuda)
@@ -242,6 +243,27 @@ def test_int4_projections_are_quantized_linear_on_cuda(checkpoint, tmp_path):
                   accuracy_level=0, linear_op=True, mtp=False, progress=False)
     assert "QuantizedLinear" in op_types(fp32)
     assert_greedy_like_the_cpu_export(fp32, cpu)
+
+
+def test_int4_exports_that_verify_drafts_keep_quantized_linear(checkpoint, tmp_path, caplog):
+    """QuantizedLinear's rows do not depend on the rows beside them (up to 64 a step), so a -e cuda int4 export with
+    an MTP head keeps it, in the head too, while its projections in the activation type stay Gemm; the warning names
+    what is left to ORT's kernels, and goes once the lm_head and the gates are quantized too. int8 stays
+    MatMulNBits, with its own warning."""
+    head = export(checkpoint, tmp_path / "head", execution_provider="cuda", weights="int4", progress=False)
+    for name in ("model.onnx", "mtp.onnx"):
+        types = op_types(head, name)
+        assert "QuantizedLinear" in types and "MatMulNBits" not in types and "Linear" not in types, name
+    assert ("but the lm_head (--quantize-lm-head), the GatedDeltaNet's b and a gates (--quantize-gates) run on "
+            "ORT's CUDA kernels") in caplog.text
+    assert validate(head).ok
+    caplog.clear()
+    export(checkpoint, tmp_path / "all", execution_provider="cuda", weights="int4", quantize_lm_head=True,
+           quantize_gates=True, progress=False)
+    assert "may leave plain decoding's tokens" not in caplog.text
+    int8 = export(checkpoint, tmp_path / "int8", execution_provider="cuda", weights="int8", progress=False)
+    assert "MatMulNBits" in op_types(int8) and "QuantizedLinear" not in op_types(int8)
+    assert "MatMulNBits computes a row alone (decode) and among others (verify)" in caplog.text
 
 
 def assert_greedy_like_the_cpu_export(ours_dir, cpu_dir):

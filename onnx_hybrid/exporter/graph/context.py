@@ -94,6 +94,8 @@ class GraphContext:
     # Projections in the activation type as onnx_hybrid::Linear (CUDA: the weights of a decode step read at the
     # copy rate) instead of Gemm(transB=1)
     linear_op: bool = False
+    # 4-bit projections as onnx_hybrid::QuantizedLinear instead of com.microsoft::MatMulNBits
+    quantized_linear_op: bool = False
     # The GatedDeltaNet output norm as com.microsoft::GatedRMSNorm (CUDA: one launch instead of three; ORT 1.32's CPU
     # kernel is several times slower than the separate nodes, docs/model.md#gated-rmsnorm)
     gated_norm_op: bool = False
@@ -168,9 +170,9 @@ class GraphContext:
 
     def _own_linear(self, weight: ir.Value | QuantizedWeight) -> bool:
         """Whether a projection is our Linear (or, for 4-bit weights, QuantizedLinear) rather than ORT's ops."""
-        if not self.linear_op:
-            return False
-        return not isinstance(weight, QuantizedWeight) or weight.spec.bits == contract.QUANTIZED_LINEAR_BITS
+        if isinstance(weight, QuantizedWeight):
+            return self.quantized_linear_op and weight.spec.bits == contract.QUANTIZED_LINEAR_BITS
+        return self.linear_op
 
     def _linear_node(self, x: ir.Value, weight: ir.Value | QuantizedWeight, outputs: list[ir.Value],
                      activation: str = "none", output_features: list[int] | None = None) -> list[ir.Value]:
