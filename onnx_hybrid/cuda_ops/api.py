@@ -236,7 +236,7 @@ def _gdn(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: An
     prepared = _prepared_calls().get(reuse[0]) if reuse and not binding else None
     if prepared is not None:
         return _run_prepared(prepared, reuse[1], outputs, active, stream, workspace, op), prepared
-    outputs = dict(outputs or {})  # the outputs this call allocates join the caller's
+    outputs = dict(outputs or {})  # a copy: the outputs this call allocates go into it, not into the caller's
     t = _tensors(contract.GATED_DELTA_NET, feeds)
     outs = _output_tensors(outputs)
     attrs = _attributes(op, tuple(sorted(given_attributes)))
@@ -420,7 +420,7 @@ def _conv(feeds: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: A
     prepared = _prepared_calls().get(reuse[0]) if reuse else None
     if prepared is not None:
         return _run_prepared(prepared, reuse[1], outputs, None, stream, None, op), prepared
-    outputs = dict(outputs or {})  # the outputs this call allocates join the caller's
+    outputs = dict(outputs or {})  # a copy: the outputs this call allocates go into it, not into the caller's
     t = _tensors(contract.VARLEN_CAUSAL_CONV, feeds)
     outs = _output_tensors(outputs)
     attrs = _attributes(op, tuple(sorted(given_attributes)))
