@@ -277,8 +277,7 @@ std::vector<CudaLaunch<LinearParams>> PlanQuantizedLinear(ElemType type, const L
     p.splits *= 2;
   // Whole segments, blocks of at most a segment and no zero points: the variant without per-piece selects.
   const bool aligned = p.k % 128 == 0 && p.block_size <= 128 && p.zero_points == nullptr;
-  const int tile_index = tiles == 1 ? 0 : tiles == 2 ? 1 : tiles == 4 ? 2 : 3;
-  const int64_t warp_groups = CeilDiv(groups, aligned ? cp::kQlinearAlignedWeightTiles[tile_index] : 1);
+  const int64_t warp_groups = CeilDiv(groups, aligned && tiles == cp::kQlinearTwoWeightTilesAt ? 2 : 1);
   return {{KernelName(p.swiglu ? "qlinear_mma_swiglu_" : "qlinear_mma_", type)
                .Append("_t")
                .Append(tiles)

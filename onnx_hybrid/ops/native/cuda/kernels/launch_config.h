@@ -90,11 +90,11 @@ inline constexpr int kQlinearWarps = 8;   // warps per block
 // one row 1.8-2.5 TB/s instead of 1.6-2.4).
 inline constexpr int kQlinearAhead = 2;
 inline constexpr int kQlinearMaxRowTiles = 8;  // qlinear_mma_* serves up to 8 rows of x per tile, 64 in all
-// Weight row tiles (16 rows each) a warp of the _aligned kernels takes at 1, 2, 4 and 8 row tiles of x. Two at two
-// (9-16 rows): x comes from L1, 16 lines a load at 8 rows, and a second weight tile halves the loads per weight
+// The row tiles of x at which a warp of the _aligned kernels takes two weight row tiles (16 rows each) instead of
+// one: at 9-16 rows x comes from L1, 16 lines a load at 8 rows, and a second weight tile halves the loads per weight
 // byte. One at one row tile (its lanes share x lines) and at four and eight (registers: 172 a thread at four); one
 // in the general kernels (177-187 at two).
-inline constexpr int kQlinearAlignedWeightTiles[4] = {1, 2, 1, 1};
+inline constexpr int kQlinearTwoWeightTilesAt = 2;
 // Warps per group of 16 features double (1, 2, 4, 8) until the grid has at least this many warps, while each warp
 // keeps two segments.
 inline constexpr int kQlinearMinWarps = 4096;  // 2048 about as good on an H100; 8192 slower at two ahead

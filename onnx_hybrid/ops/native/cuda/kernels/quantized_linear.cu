@@ -189,8 +189,7 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
   const int r = lane >> 2, q = lane & 3;
   // Weight row tiles (m16) a warp takes (launch_config.h): each x load serves MT times the weights. The warps of a
   // group and their segments depend on n and k only, so a row's sums are the same for every MT.
-  constexpr int kTileIndex = TILES == 1 ? 0 : TILES == 2 ? 1 : TILES == 4 ? 2 : 3;
-  constexpr int MT = ALIGNED ? launch_config::kQlinearAlignedWeightTiles[kTileIndex] : 1;
+  constexpr int MT = ALIGNED && TILES == launch_config::kQlinearTwoWeightTilesAt ? 2 : 1;
   constexpr int kTileFeatures = SWIGLU ? 8 : 16;  // output features per weight row tile
   const int f0 = (blockIdx.x * (kQlinearWarps / p.splits) + warp / p.splits) * kTileFeatures * MT;
   const int split = warp % p.splits;
