@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
-import time
 
 import _checkout  # noqa: F401  (the test helpers beside the package are not installed)
 import cupy
@@ -24,6 +22,9 @@ from onnx_hybrid.exporter.quantize import QuantSpec, quantize
 from onnx_hybrid.ops import contract, library
 from onnx_hybrid_testing import single_op
 from onnx_hybrid_testing.results import write_json
+
+from bench_cuda_ep import median_run_time  # scripts/ is this process's first import path
+from bench_gpu import copy_rate
 
 # (name, output features, in_features, activation): a 9B layer's projections (swiglu: gate|up packed).
 CASES = [("o_proj", 4096, 4096, "none"), ("qkv", 20480, 4096, "none"), ("gate_up", 12288, 4096, "swiglu"),
@@ -62,27 +63,7 @@ def time_model(data: bytes, ours: bool, x: cupy.ndarray, out_shapes: list, runs:
     outs = [cupy.empty(shape, dtype=np.float16) for shape in out_shapes]
     for i, o in enumerate(outs):
         io.bind_output(f"y{i}", "cuda", 0, np.float16, list(o.shape), o.data.ptr)
-    for _ in range(3):
-        session.run_with_iobinding(io)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        session.run_with_iobinding(io)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def copy_rate() -> float:
-    a = cupy.empty(1 << 30, dtype=cupy.uint8)
-    b = cupy.empty_like(a)
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    b[...] = a
-    start.record()
-    for _ in range(10):
-        b[...] = a
-    end.record()
-    end.synchronize()
-    return 2 * a.nbytes * 10 / (cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return median_run_time(session, io, runs, warmup=3)
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 if SKIP is None:
     import ml_dtypes
 
-    from test_cuda_ep import cuda_session
+    from test_cuda_ep import cuda_and_cpu_errors, cuda_session
     from test_cuda_linear import check_graph_replay
 
     DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -147,10 +147,5 @@ def test_in_features_the_cuda_kernels_cannot_take_is_refused_with_the_reason():
 def test_errors_match_the_cpu_kernel():
     feeds = {"input": np.zeros((2, 40), np.float16), "weight": np.zeros((4, 2, 16), np.uint8),
              "scales": np.zeros((4, 1), np.float16)}
-    model = single_op.single_op_model(OP, feeds, validate=False)
-    messages = []
-    for session in (cuda_session(model), single_op.make_session(model)):
-        with pytest.raises(Exception) as raised:
-            single_op.run_session(session, feeds)
-        messages.append(str(raised.value).split("QuantizedLinear: ", 1)[-1])
-    assert messages[0] == messages[1] == "scales must have shape [4, 2] (weight rows, blocks); got [4, 1]"
+    on_cuda, on_cpu = cuda_and_cpu_errors(single_op.single_op_model(OP, feeds, validate=False), feeds)
+    assert on_cuda == on_cpu == "scales must have shape [4, 2] (weight rows, blocks); got [4, 1]"
