@@ -31,9 +31,10 @@ OP = contract.QUANTIZED_LINEAR.name
 # run its fp32 on TF32 tensor cores (~1e-3).
 TOLERANCE = {"float16": 2e-3, "bfloat16": 8e-3}
 # (rows, in_features, weight rows, block size): the tensor-core kernel (tiles of 8 rows, in_features not a multiple
-# of 128), and cuBLAS over the dequantized weight (65+ rows, or a block of 16).
-SHAPES = [(1, 4096, 130, 32), (3, 96, 1000, 64), (9, 2048, 257, 128), (64, 512, 64, 32), (65, 256, 33, 32),
-          (2, 48, 40, 16), (200, 1024, 100, 64)]
+# of 128, 9 segments of 128 that four warps of a row tile would not share evenly), and cuBLAS over the dequantized
+# weight (65+ rows, or a block of 16).
+SHAPES = [(1, 4096, 130, 32), (3, 96, 1000, 64), (9, 2048, 257, 128), (64, 512, 64, 32), (1, 1152, 64, 32),
+          (65, 256, 33, 32), (2, 48, 40, 16), (200, 1024, 100, 64)]
 
 
 def quantized_feeds(rng, rows, in_features, weight_rows, dtype, block_size=32, asymmetric=False):

@@ -140,15 +140,16 @@ struct QlinearPiece {
 };
 
 // Segment seg0 + index of `row`. ALIGNED calls (in_features a multiple of 128, blocks of at most 128, no zero
-// points) have every lane's piece inside in_features and its block at block0 + index * (128 / block_size).
-// Otherwise `valid` says whether the lane's 32 elements are inside in_features; an invalid lane reads segment seg0's
-// piece (memory of the row) and gets a zero scale: plain loads, which the compiler may schedule freely, and A values
-// of zero.
+// points) have every lane's piece inside in_features and its block at block0 + index * (128 / block_size); past
+// the warp's run (never used) they read segment seg0's piece, inside the row since the plan gives every warp at
+// least one segment. Otherwise `valid` says whether the lane's 32 elements are inside in_features; a piece that is
+// not (or is past the warp's run) is read from the row's first 16 bytes and first scale, which every row has, with
+// its scale zeroed: plain loads that stay inside the tensors, which the compiler may schedule freely.
 template <typename T, bool ALIGNED>
 __device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, int index, int q, bool valid,
                                                      int seg0, int block_shift) {
   QlinearPiece piece;
-  if (ALIGNED) {  // `valid` only says whether the warp has this segment at all (past its run: read its first)
+  if (ALIGNED) {
     const int block0 = (seg0 * 128 + q * 32) >> block_shift, at = valid ? index : 0;
     piece.w = __ldg(row.w + at * 4);
     piece.scale = ohk::splat(__ldg(row.scales + block0 + (at << (7 - block_shift)))) & row.live;
@@ -156,8 +157,9 @@ __device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, i
     piece.high_zero = ohk::splat(ohk::Pair<T>::high_zero(8));
     return piece;
   }
-  const int block = ((valid ? seg0 + index : seg0) * 128 + q * 32) >> block_shift;
-  piece.w = __ldg(row.w + (valid ? index * 4 : 0));
+  const int row_start = -(seg0 * 4 + q);  // from row.w back to the row's first piece, in 16-byte units
+  const int block = valid ? ((seg0 + index) * 128 + q * 32) >> block_shift : 0;
+  piece.w = __ldg(row.w + (valid ? index * 4 : row_start));
   piece.scale = ohk::splat(__ldg(row.scales + block)) & (valid ? row.live : 0u);
   unsigned zero = 8;
   if (row.zero_points != nullptr)  // uniform
