@@ -271,13 +271,10 @@ std::vector<CudaLaunch<LinearParams>> PlanQuantizedLinear(ElemType type, const L
   int tiles = 1;
   while (tiles * 8 < p.rows) tiles *= 2;
   const int64_t groups = CeilDiv(p.n, p.swiglu ? 8 : 16), segments = CeilDiv(p.k, 128);
-  p.splits = 1;
+  p.splits = 1;  // warps a row tile: at least two segments each (the kernel's runs are never empty)
   while (p.splits < cp::kQlinearWarps && groups * p.splits < cp::kQlinearMinWarps &&
          segments >= int64_t(4) * p.splits)
     p.splits *= 2;
-  // Every warp of a group takes at least one segment: the aligned kernels read a warp's first segment wherever a
-  // piece is unused, which for an empty run would lie past its row.
-  while (p.splits > 1 && (p.splits - 1) * CeilDiv(segments, p.splits) >= segments) p.splits /= 2;
   // Whole segments, blocks of at most a segment and no zero points: the variant without per-piece selects.
   const bool aligned = p.k % 128 == 0 && p.block_size <= 128 && p.zero_points == nullptr;
   const int64_t warp_groups = CeilDiv(groups, aligned && tiles == cp::kQlinearTwoWeightTilesAt ? 2 : 1);

@@ -141,8 +141,7 @@ struct QlinearPiece {
 
 // Segment seg0 + index of `row`. ALIGNED calls (in_features a multiple of 128, blocks of at most 128, no zero
 // points) have every lane's piece inside in_features and its block at block0 + index * (128 / block_size); past
-// the warp's run (never used) they read segment seg0's piece, inside the row since the plan gives every warp at
-// least one segment. Otherwise `valid` says whether the lane's 32 elements are inside in_features; a piece that is
+// the warp's run (never used) they read segment seg0's piece, inside the row since every warp has a segment. Otherwise `valid` says whether the lane's 32 elements are inside in_features; a piece that is
 // not (or is past the warp's run) is read from the row's first 16 bytes and first scale, which every row has, with
 // its scale zeroed: plain loads that stay inside the tensors, which the compiler may schedule freely.
 template <typename T, bool ALIGNED>
@@ -197,8 +196,9 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
   const int split = warp % p.splits;
   // Each warp of a group takes a contiguous run of segments (the group adds them in split order below).
   const int segments = (p.k + 127) >> 7;
-  const int per_warp = (segments + p.splits - 1) / p.splits;
-  const int seg0 = split * per_warp, count = max(0, min(segments, seg0 + per_warp) - seg0);
+  // As even as can be; the plan gives a warp at least two segments (an empty run would read past its row, see
+  // qlinear_load).
+  const int seg0 = split * segments / p.splits, count = (split + 1) * segments / p.splits - seg0;
   const int block_shift = __ffs(p.block_size) - 1;  // block_size is a power of two
   const int k_lane = p.k - q * 32;  // this lane's quarter of segment s is inside in_features when s * 128 < k_lane
   // Tile m's A rows r and r + 8: features fm + r and fm + r + 8, or gate row fm + r and its up row n + fm + r.
