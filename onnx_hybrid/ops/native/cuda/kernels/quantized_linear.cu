@@ -141,9 +141,10 @@ struct QlinearPiece {
 
 // Segment seg0 + index of `row`. ALIGNED calls (in_features a multiple of 128, blocks of at most 128, no zero
 // points) have every lane's piece inside in_features and its block at block0 + index * (128 / block_size); past
-// the warp's run (never used) they read segment seg0's piece, inside the row since every warp has a segment. Otherwise `valid` says whether the lane's 32 elements are inside in_features; a piece that is
-// not (or is past the warp's run) is read from the row's first 16 bytes and first scale, which every row has, with
-// its scale zeroed: plain loads that stay inside the tensors, which the compiler may schedule freely.
+// the warp's run (never used) they read segment seg0's piece, inside the row since every warp has a segment.
+// Otherwise `valid` says whether the lane's 32 elements are inside in_features; a piece that is not (or is past the
+// warp's run) is read from the row's first 16 bytes and first scale, which every row has, with its scale zeroed:
+// plain loads that stay inside the tensors, which the compiler may schedule freely.
 template <typename T, bool ALIGNED>
 __device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, int index, int q, bool valid,
                                                      int seg0, int block_shift) {
