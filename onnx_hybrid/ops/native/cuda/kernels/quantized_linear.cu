@@ -161,9 +161,7 @@ __device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, i
   const int block = valid ? ((seg0 + index) * 128 + q * 32) >> block_shift : 0;
   piece.w = __ldg(row.w + (valid ? index * 4 : row_start));
   piece.scale = ohk::splat(__ldg(row.scales + block)) & (valid ? row.live : 0u);
-  unsigned zero = 8;
-  if (row.zero_points != nullptr)  // uniform
-    zero = (__ldg(row.zero_points + (block >> 1)) >> ((block & 1) * 4)) & 15;
+  const unsigned zero = ohk::qlinear_zero_point(row.zero_points, block);  // null: uniform across the grid
   piece.biased_zero = ohk::splat(ohk::Pair<T>::kMagic + zero);
   piece.high_zero = ohk::splat(ohk::Pair<T>::high_zero(zero));
   return piece;
