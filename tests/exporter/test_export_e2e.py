@@ -81,12 +81,20 @@ def _greedy(out_dir, domain=contract.DOMAIN, **kwargs):
 
 @pytest.mark.parametrize("linear_op", [False, True], ids=["gemm", "linear"])
 def test_layout_matches_transformers(case, tmp_path, linear_op):
-    """Projections as ONNX's Gemm or as our Linear (the CUDA exports' default; here its CPU kernel)."""
+    """Projections as ONNX's Gemm or as our Linear (the CUDA exports' default; here its CPU kernel), the SwiGLU
+    products then as Linear(activation=swiglu) and packed projections as one Linear with an output per part."""
     name, model_dir, ref = case
     out = export(model_dir, tmp_path / "onnx", progress=False, linear_op=linear_op)
     graph = onnx.load(out / "model.onnx", load_external_data=False).graph
     op_types = {node.op_type for node in graph.node}
     assert ("Linear" in op_types, "Gemm" in op_types) == (linear_op, not linear_op)
+    # Each SwiGLU (the dense MLPs, MoE shared experts) is one Linear with activation swiglu, not a Split/SiLU/Mul
+    swiglu = [n for n in graph.node if any(a.name == "activation" and a.s == b"swiglu" for a in n.attribute)]
+    assert bool(swiglu) == linear_op and all(n.op_type == "Linear" for n in swiglu)
+    # and packed projections give their parts as the Linear's outputs: no Split after a Linear
+    linear_outputs = {o for n in graph.node if n.op_type == "Linear" for o in n.output}
+    assert not [n.name for n in graph.node if n.op_type == "Split" and n.input[0] in linear_outputs]
+    assert any(len(n.output) > 1 for n in graph.node if n.op_type == "Linear") == linear_op
     result = _greedy(out)
     assert result.tokens == ref.tokens
     # Row 1 is left-padded in the batch; its last position is still the prompt's last token.

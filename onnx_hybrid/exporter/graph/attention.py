@@ -39,13 +39,16 @@ def project(ctx: GraphContext, layer: int, x: ir.Value) -> tuple[ir.Value, ir.Va
     names = [("q_proj", 2 * hq * d), ("k_proj", hkv * d), ("v_proj", hkv * d)]
     for part, rows in names:
         w.require(f"{prefix}{part}.weight", [rows, hidden])
-    qkv_w = ctx.projection(f"{prefix}qkv_proj.weight", [Segment(f"{prefix}{p}.weight", 0, n) for p, n in names],
-                           [2 * hq * d + 2 * hkv * d, hidden])
-    qg, k, v = ctx.ops("Split", ctx.linear(x, qkv_w), ctx.const([2 * hq * d, hkv * d, hkv * d]),
-                       num_outputs=3, axis=-1)
-    # q_proj rows are [query | gate] interleaved per head (docs/model.md#gated-full-attention, step 1).
-    q, gate = ctx.ops("Split", ctx.op("Reshape", qg, ctx.const([0, hq, 2 * d])), ctx.const([d, d]),
-                      num_outputs=2, axis=-1)
+    # q_proj rows are [query | gate] interleaved per head (docs/model.md#gated-full-attention, step 1); packed here
+    # as every head's query rows, then every head's gate rows, so that q, gate, k and v are column ranges of one
+    # product: one Linear with four outputs, or one Split.
+    q_rows = f"{prefix}q_proj.weight"
+    segments = ([Segment(q_rows, 2 * h * d, 2 * h * d + d) for h in range(hq)]
+                + [Segment(q_rows, 2 * h * d + d, 2 * (h + 1) * d) for h in range(hq)]
+                + [Segment(f"{prefix}{p}.weight", 0, n) for p, n in names[1:]])
+    qkv_w = ctx.projection(f"{prefix}qkv_proj.weight", segments, [2 * hq * d + 2 * hkv * d, hidden])
+    q, gate, k, v = ctx.linear_parts(x, qkv_w, [hq * d, hq * d, hkv * d, hkv * d])
+    q, gate = (ctx.op("Reshape", t, ctx.const([0, hq, d])) for t in (q, gate))
     k = ctx.op("Reshape", k, ctx.const([0, hkv, d]))
     v = ctx.op("Reshape", v, ctx.const([0, hkv, d]))
     q = rotate(ctx, ctx.rms_norm(q, ctx.norm_weight(f"{prefix}q_norm.weight", f"{prefix}q_norm.weight", d)), hq)

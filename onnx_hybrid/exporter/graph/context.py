@@ -148,10 +148,32 @@ class GraphContext:
         if isinstance(weight, QuantizedWeight):
             return matmul_nbits(self, x, weight, self.quant.accuracy_level)
         if self.linear_op:
-            y = ir.Value()
-            self.add_node(contract.make_ir_node(contract.LINEAR, {"input": x, "weight": weight}, [y]))
-            return y
+            return self._linear_node(x, weight, "none")
         return self.op("Gemm", x, weight, transB=1)
+
+    def linear_parts(self, x: ir.Value, weight: ir.Value | QuantizedWeight, sizes: list[int]) -> tuple[ir.Value, ...]:
+        """x @ W^T split into columns of ``sizes``: one Linear with an output per part where the projections are our
+        Linear, else the product and a Split."""
+        if self.linear_op and not isinstance(weight, QuantizedWeight):
+            outputs = [ir.Value() for _ in sizes]
+            self.add_node(contract.make_ir_node(contract.LINEAR, {"input": x, "weight": weight}, outputs,
+                                                {"output_features": sizes}))
+            return tuple(outputs)
+        return self.ops("Split", self.linear(x, weight), self.const(sizes), num_outputs=len(sizes), axis=-1)
+
+    def swiglu_linear(self, x: ir.Value, gate_up: ir.Value | QuantizedWeight, width: int) -> ir.Value:
+        """SiLU(x @ G^T) * (x @ U^T) for gate_up = [G; U] ([2 * width, in]): one Linear(activation=swiglu) where the
+        projections are our Linear, else the product, a Split, SiLU and Mul."""
+        if self.linear_op and not isinstance(gate_up, QuantizedWeight):
+            return self._linear_node(x, gate_up, "swiglu")
+        gate, up = self.ops("Split", self.linear(x, gate_up), self.const([width, width]), num_outputs=2, axis=-1)
+        return self.op("Mul", self.silu(gate), up)
+
+    def _linear_node(self, x: ir.Value, weight: ir.Value, activation: str) -> ir.Value:
+        y = ir.Value()
+        self.add_node(contract.make_ir_node(contract.LINEAR, {"input": x, "weight": weight}, [y],
+                                            {"activation": activation}))
+        return y
 
     def embed(self, token_ids: ir.Value) -> ir.Value:
         """Rows of the embedding table for flat ``token_ids`` [N]: [N, H]."""

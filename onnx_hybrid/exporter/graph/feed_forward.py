@@ -17,16 +17,15 @@ log = logging.getLogger("onnx_hybrid.exporter")
 
 
 def _swiglu(ctx: GraphContext, x: ir.Value, prefix: str, width: int) -> ir.Value:
-    """down(SiLU(gate x) * up x) with gate and up fused into one [2F, H] Gemm."""
+    """down(SiLU(gate x) * up x) with gate and up fused into one [2F, H] product."""
     hidden, w = ctx.config.hidden_size, ctx.weights
     for part in ("gate_proj", "up_proj"):
         w.require(f"{prefix}{part}.weight", [width, hidden])
     gate_up = ctx.projection(f"{prefix}gate_up_proj.weight",
                              [Segment(f"{prefix}{p}.weight", 0, width) for p in ("gate_proj", "up_proj")],
                              [2 * width, hidden])
-    gate, up = ctx.ops("Split", ctx.linear(x, gate_up), ctx.const([width, width]), num_outputs=2, axis=-1)
     down = ctx.projection_tensor(f"{prefix}down_proj.weight", f"{prefix}down_proj.weight", [hidden, width])
-    return ctx.linear(ctx.op("Mul", ctx.silu(gate), up), down)
+    return ctx.linear(ctx.swiglu_linear(x, gate_up, width), down)
 
 
 def dense_mlp(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:

@@ -61,10 +61,10 @@ def gated_deltanet(ctx: GraphContext, layer: int, x: ir.Value, past_conv: ir.Val
     separate_gates = ctx.quant is not None and not ctx.quant.gates  # b/a rows kept in the activation type
     fused, sizes = (main, [channels, vd]) if separate_gates else (main + gates, [channels, vd, hv, hv])
     in_proj = ctx.projection(f"{prefix}in_proj.weight", fused, [sum(sizes), cfg.hidden_size])
-    parts = ctx.ops("Split", ctx.linear(x, in_proj), ctx.const(sizes), num_outputs=len(sizes), axis=-1)
+    parts = ctx.linear_parts(x, in_proj, sizes)
     if separate_gates:
         gate_proj = ctx.weights.rows(f"{prefix}in_proj_ba.weight", gates, [2 * hv, cfg.hidden_size], ctx.np_act)
-        parts += ctx.ops("Split", ctx.linear(x, gate_proj), ctx.const([hv, hv]), num_outputs=2, axis=-1)
+        parts += ctx.linear_parts(x, gate_proj, [hv, hv])
     mixed, z, b, a = parts
 
     conv_weight = ctx.weights.tensor(f"{prefix}conv1d.weight", f"{prefix}conv1d.weight",
