@@ -112,9 +112,11 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     at the copy rate and hands larger ones to cuBLAS as ORT's Gemm does. Default: on for a fp16/bf16 CUDA export
     that uses the library and verifies no drafts (no MTP head, no state-update capacity): the one-row kernel and
     cuBLAS round a row differently, so a verify row would not be the decode step it stands for
-    (docs/op-contract.md#linear). 4-bit projections of such an export are ``onnx_hybrid::QuantizedLinear`` instead of
-    MatMulNBits, drafts or not (a row's bits do not depend on the rows beside it, up to 64 a step); given
-    explicitly, ``linear_op`` decides for both.
+    (docs/op-contract.md#linear). 4-bit projections are ``onnx_hybrid::QuantizedLinear`` instead of MatMulNBits by
+    default where a fp16/bf16 CUDA export verifies drafts: a row's bits do not depend on the rows beside it (up to 64
+    a step), so verify rows are the decode steps they stand for; elsewhere MatMulNBits stays, whose one-row kernel is
+    the faster at batch 1 (docs/benchmarks.md#quantizedlinear-against-matmulnbits). Given explicitly,
+    ``linear_op`` decides for both.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if execution_provider not in EXECUTION_PROVIDERS:
@@ -179,9 +181,10 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
                     mtp_tensors)
     verifies = bool(state_update_capacity or with_mtp)
     own_products = on_cuda and np_act != np.float32 and op_domain == contract.DOMAIN
-    # 4-bit projections as QuantizedLinear whether or not the export verifies drafts: its rows do not depend on the
-    # rows beside them (up to 64 a step); projections in the activation type as Linear only where none are verified.
-    quantized_linear_op = own_products if linear_op is None else linear_op
+    # By default each op where it is the better choice: 4-bit projections as QuantizedLinear where drafts are verified
+    # (its rows do not depend on the rows beside them), else MatMulNBits (faster at one row); projections in the
+    # activation type as Linear only where none are verified (its one row and several round differently).
+    quantized_linear_op = own_products and verifies if linear_op is None else linear_op
     if linear_op is None:
         linear_op = own_products and not verifies
     if verifies and (why := verify_not_lossless(quant, execution_provider, linear_op, quantized_linear_op,

@@ -142,7 +142,7 @@ def test_in_features_the_cuda_kernels_cannot_take_is_refused_with_the_reason():
     feeds = quantized_feeds(np.random.default_rng(5), 2, 44, 8, "float16", block_size=16)
     assert reference.quantized_linear(feeds, block_size=16).shape == (2, 8)
     with pytest.raises(Exception, match="need in_features a multiple of 8 .*; got 44"):
-        run(feeds)
+        run(feeds, {"block_size": 16})
 
 
 def test_errors_match_the_cpu_kernel():

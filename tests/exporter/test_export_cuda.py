@@ -223,13 +223,17 @@ def test_gated_norm_is_one_node_on_cuda_and_separate_nodes_on_the_cpu(layout, tm
     np.testing.assert_allclose(ours.prefill_logits, reference.prefill_logits, rtol=0, atol=1e-4)
 
 
-def test_int4_projections_are_quantized_linear_on_cuda(checkpoint, tmp_path):
-    """docs/op-contract.md#quantizedlinear: -e cuda int4 exports write each 4-bit projection as one QuantizedLinear
-    (SwiGLU MLPs with activation swiglu, packed projections with an output per part); CPU exports keep MatMulNBits.
-    Forced on an fp32 -e cuda export (which runs on the CPU here), it computes the greedy tokens and logits of the
-    CPU export's MatMulNBits at accuracy_level 0."""
+def test_int4_projections_are_quantized_linear_on_cuda_where_asked(checkpoint, tmp_path):
+    """docs/op-contract.md#quantizedlinear: a -e cuda int4 export that verifies no drafts keeps MatMulNBits (its
+    one-row kernel is the faster at batch 1); with --linear-op each 4-bit projection is one QuantizedLinear (SwiGLU
+    MLPs with activation swiglu, packed projections with an output per part); CPU exports keep MatMulNBits. Forced
+    on an fp32 -e cuda export (which runs on the CPU here), it computes the greedy tokens and logits of the CPU
+    export's MatMulNBits at accuracy_level 0."""
+    plain = export(checkpoint, tmp_path / "plain", execution_provider="cuda", weights="int4", mtp=False,
+                   progress=False)
+    assert "MatMulNBits" in op_types(plain) and "QuantizedLinear" not in op_types(plain)
     cuda = export(checkpoint, tmp_path / "cuda", execution_provider="cuda", weights="int4", mtp=False,
-                  progress=False)
+                  linear_op=True, progress=False)
     types = op_types(cuda)
     assert "QuantizedLinear" in types and "MatMulNBits" not in types
     nodes = onnx.load(str(cuda / "model.onnx"), load_external_data=False).graph.node
@@ -245,11 +249,11 @@ def test_int4_projections_are_quantized_linear_on_cuda(checkpoint, tmp_path):
     assert_greedy_like_the_cpu_export(fp32, cpu)
 
 
-def test_int4_exports_that_verify_drafts_keep_quantized_linear(checkpoint, tmp_path, caplog):
+def test_int4_exports_that_verify_drafts_take_quantized_linear(checkpoint, tmp_path, caplog):
     """QuantizedLinear's rows do not depend on the rows beside them (up to 64 a step), so a -e cuda int4 export with
-    an MTP head keeps it, in the head too, while its projections in the activation type stay Gemm; the warning names
-    what is left to ORT's kernels, and goes once the lm_head and the gates are quantized too. int8 stays
-    MatMulNBits, with its own warning."""
+    an MTP head writes it by default, in the head too, while its projections in the activation type stay Gemm; the
+    warning names what is left to ORT's kernels, and goes once the lm_head and the gates are quantized too. int8
+    stays MatMulNBits, with its own warning."""
     head = export(checkpoint, tmp_path / "head", execution_provider="cuda", weights="int4", progress=False)
     for name in ("model.onnx", "mtp.onnx"):
         types = op_types(head, name)
