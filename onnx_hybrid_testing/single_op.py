@@ -16,13 +16,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from onnx_hybrid.ops.contract import DOMAIN, LINEAR, MS_DOMAIN, OPS, OPSET_VERSION, linear_output_names
+from onnx_hybrid.ops.contract import (DOMAIN, LINEAR, MS_DOMAIN, OPS, OPSET_VERSION, QUANTIZED_LINEAR,
+                                      linear_output_names)
 
 AI_ONNX_OPSET = 21
 IR_VERSION = 10  # ORT >= 1.20 reads it
 _ONNX_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
-               np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16, np.dtype(np.int32): TensorProto.INT32}
-_FIXED_TYPES = {"float": TensorProto.FLOAT, "int32": TensorProto.INT32}
+               np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16, np.dtype(np.int32): TensorProto.INT32,
+               np.dtype(np.uint8): TensorProto.UINT8}
+_FIXED_TYPES = {"float": TensorProto.FLOAT, "int32": TensorProto.INT32, "uint8": TensorProto.UINT8}
 
 
 def _activation_type(op_name: str, feeds: Mapping[str, np.ndarray | None]) -> int:
@@ -44,7 +46,7 @@ def single_op_model(op_name: str, feeds: Mapping[str, np.ndarray | None], attrib
     present = {name: np.asarray(value) for name, value in feeds.items() if value is not None}
     if outputs is not None:
         wanted = list(outputs)
-    elif op is LINEAR:  # its outputs follow output_features
+    elif op in (LINEAR, QUANTIZED_LINEAR):  # their outputs follow output_features
         wanted = linear_output_names(dict(attributes or {}).get("output_features", ()))
     else:
         wanted = [p.name for p in op.outputs]

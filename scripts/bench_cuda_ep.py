@@ -86,14 +86,21 @@ def bound(sess, feeds, outputs):
 def ort_time(op, feeds, attrs, outputs, domain, graph, reps):
     sess = session(op, feeds, attrs, domain, graph)
     io, keep = bound(sess, feeds, outputs)
-    for _ in range(5):  # warm-up (and ORT's capture runs in graph mode)
+    seconds = median_run_time(sess, io, reps)
+    del keep
+    return seconds
+
+
+def median_run_time(sess, io, runs: int, warmup: int = 5) -> float:
+    """The median wall time of ``run_with_iobinding`` (which ends with a stream synchronisation) over ``runs``,
+    after ``warmup`` runs (in graph mode ORT captures in the first)."""
+    for _ in range(warmup):
         sess.run_with_iobinding(io)
     times = []
-    for _ in range(reps):
+    for _ in range(runs):
         t0 = time.perf_counter()
         sess.run_with_iobinding(io)
         times.append(time.perf_counter() - t0)
-    del keep
     return statistics.median(times)
 
 

@@ -10,8 +10,9 @@ Exports (names used in row ids):
                   CUDA its defaults: GroupQueryAttention over shared KV buffers, enable_cuda_graph on
   ours-gemm       ours with --no-linear-op: ONNX's Gemm for the projections instead of our Linear
   ours-ms         the same with --op-domain com.microsoft (ONNX Runtime's own kernels)
-  ours-int4       ours with --weights int4 (MatMulNBits, block 32, symmetric)
+  ours-int4       ours with --weights int4 (block 32, symmetric; ORT's MatMulNBits for the 4-bit products)
   ours-int4-head  ours-int4 with --quantize-lm-head (the builder's int4 export quantizes its lm_head too)
+  ours-int4-qlinear ours-int4-head with --linear-op: our QuantizedLinear for the 4-bit products
   builder-fp16    onnxruntime-genai's builder, -p fp16 (fp32 on --device cpu)
   builder-int4    the builder, -p int4 (MatMulNBits weights)
   ours-paged      export-hybrid --paged --state-update-capacity C, with the MTP head (og.Engine)
@@ -132,6 +133,8 @@ def exports(args) -> list[Export]:
         Export("ours-int4", False, options=("--dtype", float_type, "--no-mtp", "--weights", "int4")),
         Export("ours-int4-head", False, options=("--dtype", float_type, "--no-mtp", "--weights", "int4",
                                                  "--quantize-lm-head")),
+        Export("ours-int4-qlinear", False, options=("--dtype", float_type, "--no-mtp", "--weights", "int4",
+                                                    "--quantize-lm-head", "--linear-op")),
         Export("ours-ms", False, options=("--dtype", float_type, "--no-mtp", "--op-domain", "com.microsoft")),
         Export(f"builder-{float_type}", True, precision=float_type, options=_kv({**extra, "exclude_mtp": "true"})),
         Export("builder-int4", True, precision="int4", options=_kv({**extra, "exclude_mtp": "true"})),
@@ -485,8 +488,8 @@ def markdown(results: dict, args) -> str:
 
 
 def _export_order(name: str) -> int:
-    order = ["ours", "ours-gemm", "ours-int4", "ours-int4-head", "ours-ms", "builder-fp16", "builder-fp32",
-             "builder-int4", "ours-paged", "builder-paged"]
+    order = ["ours", "ours-gemm", "ours-int4", "ours-int4-head", "ours-int4-qlinear", "ours-ms", "builder-fp16",
+             "builder-fp32", "builder-int4", "ours-paged", "builder-paged"]
     return order.index(name) if name in order else len(order)
 
 

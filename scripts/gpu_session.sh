@@ -4,6 +4,8 @@
 # Logs go to $OUT (default ./out). STEPS picks the steps, comma-separated (default test,sanitize,bench,conv):
 #   test      tests/cuda/test_cuda_ops_gpu.py: the CUDA kernels on GPU arrays against the float64 reference and FLA
 #   sanitize  compute-sanitizer (memcheck) over every kernel on malformed offsets (scripts/gpu_check.py)
+#   sanitize-linear  compute-sanitizer (memcheck) over the Linear and QuantizedLinear tests in ORT sessions (the
+#             one-row kernels' plain loads must stay inside their tensors at every in_features and row count)
 #   bench     scripts/bench_gpu.py (BENCH_ARGS is passed through the shell: quote case names with spaces)
 #   conv      scripts/bench_gpu_conv_replay.py: the conv and both replays against their byte floors
 #   ort       tests/cuda/test_cuda_ep.py and tests/cuda/test_native_cuda_cpu.py: our CUDA nodes in onnxruntime-gpu sessions
@@ -48,6 +50,10 @@ for step in ${STEPS//,/ }; do
     test) pytest_step pytest tests/cuda/test_cuda_ops_gpu.py ;;
     sanitize) timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/gpu_check.py 2>&1 \
                   | tee "$OUT/sanitizer.log" | tail -8 ;;
+    sanitize-linear) timeout "${PYTEST_TIMEOUT:-540}" compute-sanitizer --tool memcheck --error-exitcode 9 \
+                         python3 -m pytest -q -p no:cacheprovider -k "not graph" ${PYTEST_ARGS} \
+                         tests/cuda/test_cuda_linear.py tests/cuda/test_cuda_quantized_linear.py 2>&1 \
+                  | tee "$OUT/sanitizer_linear.log" | tail -12 ;;
     bench) eval "timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench_gpu.py ${BENCH_ARGS}" 2>&1 | tee "$OUT/bench.log" ;;
     conv) timeout 200 python3 scripts/bench_gpu_conv_replay.py 2>&1 | tee "$OUT/bench_conv_replay.log" ;;
     ort) pytest_step pytest_cuda_ep tests/cuda/test_cuda_ep.py tests/cuda/test_native_cuda_cpu.py ;;
@@ -55,7 +61,7 @@ for step in ${STEPS//,/ }; do
                    | tee "$OUT/bench_cuda_ep.log" ;;
     genai) pytest_step pytest_genai_cuda tests/genai/test_genai_cuda.py ;;
     paged) paged_step 2>&1 | tee "$OUT/paged_greedy.log" ;;
-    *) echo "unknown step '$step' (test, sanitize, bench, conv, ort, ort-bench, genai, paged)"; exit 2 ;;
+    *) echo "unknown step '$step' (test, sanitize, sanitize-linear, bench, conv, ort, ort-bench, genai, paged)"; exit 2 ;;
   esac || status=1
 done
 exit $status

@@ -112,7 +112,11 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     at the copy rate and hands larger ones to cuBLAS as ORT's Gemm does. Default: on for a fp16/bf16 CUDA export
     that uses the library and verifies no drafts (no MTP head, no state-update capacity): the one-row kernel and
     cuBLAS round a row differently, so a verify row would not be the decode step it stands for
-    (docs/op-contract.md#linear).
+    (docs/op-contract.md#linear). 4-bit projections are ``onnx_hybrid::QuantizedLinear`` instead of MatMulNBits by
+    default where a fp16/bf16 CUDA export verifies drafts: a row's bits do not depend on the rows beside it (up to 64
+    a step), so verify rows are the decode steps they stand for; elsewhere MatMulNBits stays, whose one-row kernel is
+    the faster at batch 1 (docs/benchmarks.md#quantizedlinear-against-matmulnbits). Given explicitly,
+    ``linear_op`` decides for both.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if execution_provider not in EXECUTION_PROVIDERS:
@@ -176,20 +180,28 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
         log.warning("skipping %d tensor(s) of the multi-token-prediction head (no MTP export requested)",
                     mtp_tensors)
     verifies = bool(state_update_capacity or with_mtp)
+    own_products = on_cuda and np_act != np.float32 and op_domain == contract.DOMAIN
+    # By default each op where it is the better choice: 4-bit projections as QuantizedLinear where drafts are verified
+    # (its rows do not depend on the rows beside them), else MatMulNBits (faster at one row); projections in the
+    # activation type as Linear only where none are verified (its one row and several round differently).
+    quantized_linear_op = own_products and verifies if linear_op is None else linear_op
     if linear_op is None:
-        linear_op = on_cuda and np_act != np.float32 and op_domain == contract.DOMAIN and not verifies
-    if verifies and (why := verify_not_lossless(quant, execution_provider, linear_op)):
+        linear_op = own_products and not verifies
+    if verifies and (why := verify_not_lossless(quant, execution_provider, linear_op, quantized_linear_op,
+                                                routed_experts=any(cfg.moe_layers))):
         log.warning("speculative decoding with this export may leave plain decoding's tokens: %s "
                     "(docs/lossless-speculative.md)", why)
     logits_type = ir.DataType.from_numpy(_numpy_dtype(logits_dtype)) if logits_dtype else None
-    uses_library = op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN) or linear_op
+    uses_library = (op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN) or linear_op
+                    or (quant is not None and quantized_linear_op))
     library = _op_library() if uses_library else None  # an unbuilt library fails now, not after the weights
     library_name = library.name if library else None
     archs = _cuda_archs(cuda_archs) if on_cuda and library else ()
 
     ctx = GraphContext(config=cfg, weights=Weights(checkpoint), act=ir.DataType.from_numpy(np_act),
                        np_act=np_act, op_domain=op_domain, capacity=state_update_capacity, quant=quant,
-                       kv_cache=kv_cache, linear_op=linear_op, gated_norm_op=on_cuda)
+                       kv_cache=kv_cache, linear_op=linear_op, quantized_linear_op=quantized_linear_op,
+                       gated_norm_op=on_cuda)
     layout = PagedLayout(block_size, paged_attention) if paged else None
     num_blocks = pool_num_blocks(num_blocks, cfg, block_size=block_size, kernel=paged_attention,
                                  itemsize=np_act.itemsize, head_layers=int(with_mtp)) if paged else num_blocks

@@ -50,7 +50,8 @@ def write_mtp_head(main: GraphContext, paged: PagedLayout | None, stage: Path) -
     main model's weights have been written (the shared ones point into its data file)."""
     ctx = GraphContext(config=main.config, weights=Weights(main.weights.checkpoint), act=main.act,
                        np_act=main.np_act, op_domain=main.op_domain, capacity=0, layer_prefix=LAYER_PREFIX,
-                       quant=main.quant, kv_cache=main.kv_cache, linear_op=main.linear_op)
+                       quant=main.quant, kv_cache=main.kv_cache, linear_op=main.linear_op,
+                       quantized_linear_op=main.quantized_linear_op)
     ctx.config = head_config(ctx)
     inputs, outputs = build_mtp_head(ctx, paged)
     # The embedding and lm_head recipes (quantized or not) are the main model's: same names, same data.

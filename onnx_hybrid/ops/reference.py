@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import contract
-from .contract import GATED_DELTA_NET, LINEAR, PAGED_ATTENTION, UPDATE_RULES, VARLEN_CAUSAL_CONV
+from .contract import GATED_DELTA_NET, LINEAR, PAGED_ATTENTION, QUANTIZED_LINEAR, UPDATE_RULES, VARLEN_CAUSAL_CONV
 
 Feeds = Mapping[str, Any]
 
@@ -310,4 +310,28 @@ def linear(feeds: Feeds, activation: str = "none", output_features: Sequence[int
     if not output_features:
         return product
     return tuple(np.split(product, np.cumsum(output_features)[:-1], axis=1))
+
+
+def quantized_linear_weight(weight: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, in_features: int,
+                            element_type) -> np.ndarray:
+    """QuantizedLinear's dequantized weight [weight rows, in_features] as float64: each element
+    ``element_type((q - zero_point) * scale)`` (one rounding; float32 keeps it exact) from MatMulNBits' 4-bit
+    layout, the even element of a byte in its low nibble."""
+    rows, blocks, half_block = weight.shape
+    codes = np.stack([weight & 15, weight >> 4], axis=-1).reshape(rows, blocks, 2 * half_block).astype(np.float64)
+    if zero_points is None:
+        zero = np.full((rows, blocks), 8.0)
+    else:
+        zero = np.stack([zero_points & 15, zero_points >> 4], axis=-1).reshape(rows, -1)[:, :blocks].astype(np.float64)
+    values = (codes - zero[..., None]) * scales.astype(np.float64)[..., None]
+    return values.reshape(rows, -1)[:, :in_features].astype(element_type).astype(np.float64)
+
+
+def quantized_linear(feeds: Feeds, activation: str = "none", output_features: Sequence[int] = (), block_size: int = 32,
+                     bits: int = 4):
+    """:func:`linear` over :func:`quantized_linear_weight` (the input's element type rounds each weight element)."""
+    _reject_unknown_inputs(QUANTIZED_LINEAR, feeds)
+    x = feeds["input"]
+    weight = quantized_linear_weight(feeds["weight"], feeds["scales"], feeds.get("zero_points"), x.shape[1], x.dtype)
+    return linear({"input": x, "weight": weight}, activation, output_features)
 

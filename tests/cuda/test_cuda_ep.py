@@ -68,6 +68,17 @@ def engine_auto():
         library.set_option("cuda_gdn_engine", "auto")
 
 
+def cuda_and_cpu_errors(model, feeds) -> tuple[str, str]:
+    """What a CUDA session and a CPU session of a one-node model raise on ``feeds``, after the op's name."""
+    op = model.graph.node[0].op_type
+    messages = []
+    for session in (cuda_session(model), single_op.make_session(model)):
+        with pytest.raises(Exception) as raised:
+            single_op.run_session(session, feeds)
+        messages.append(str(raised.value).split(f"{op}: ", 1)[-1])
+    return messages[0], messages[1]
+
+
 def cuda_session(model, *, with_library=True, graph=False):
     """A session whose every node runs on the CUDA EP (no silent CPU fallback)."""
     so = ort.SessionOptions()
@@ -176,13 +187,8 @@ def test_conv_agrees_with_ort_cuda_kernel(name, kwargs, tol):
 def test_contract_errors_match_the_cpu_kernels():
     case = random_gdn_case(np.random.default_rng(5), lengths=(3, 4), capacity=2, capture=(1, 1))
     feeds = dict(case.feeds, capture_count=np.array([1, 1, 1], np.int32))  # [B] expected, B = 2
-    model = single_op.single_op_model(GDN, feeds, case.attributes)
-    messages = []
-    for session in (cuda_session(model), single_op.make_session(model)):
-        with pytest.raises(Exception) as raised:
-            single_op.run_session(session, feeds)
-        messages.append(str(raised.value).split("GatedDeltaNet: ", 1)[-1])
-    assert messages[0] == messages[1] and "capture_count" in messages[0]
+    on_cuda, on_cpu = cuda_and_cpu_errors(single_op.single_op_model(GDN, feeds, case.attributes), feeds)
+    assert on_cuda == on_cpu and "capture_count" in on_cuda
 
 
 def test_engine_option_reaches_the_cuda_kernel_and_errors_come_back_as_status():

@@ -19,7 +19,7 @@ if SKIP is None:
     import cupy
     import ml_dtypes
 
-    from test_cuda_ep import bind_inputs, cuda_session, to_device
+    from test_cuda_ep import bind_inputs, cuda_and_cpu_errors, cuda_session, to_device
 
     DTYPES = {"float": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
     ONNX_TYPES = {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
@@ -105,36 +105,38 @@ def test_output_features_against_reference_and_the_whole_product(rows, in_featur
         start += size
 
 
-@pytest.mark.parametrize("rows", [1, 4, 16])  # LinearRows, and cuBLAS inside the captured graph
-@pytest.mark.parametrize("activation", ["none", "swiglu"])
-def test_cuda_graph_replays_a_step_with_new_inputs(rows, activation):
-    rng = np.random.default_rng(rows)
-    feeds = random_feeds(rng, rows, 1024, 384, "float16")
-    width = 384 if activation == "none" else 192
-    session = cuda_session(single_op.single_op_model(OP, feeds, {"activation": activation}), graph=True)
+def check_graph_replay(op: str, make_feeds, width: int, attributes: dict, want, tolerance: float) -> None:
+    """A session of one ``op`` node with CUDA graphs, replayed four times with new inputs written into its bound
+    buffers: each step's output against ``want(feeds)``. ``make_feeds()`` gives a step's fp16 inputs."""
+    feeds = make_feeds()
+    rows = feeds["input"].shape[0]
+    session = cuda_session(single_op.single_op_model(op, feeds, attributes), graph=True)
     io = session.io_binding()
     arrays = bind_inputs(io, feeds)
     out = cupy.empty((rows, width), dtype=np.float16)
     io.bind_output("output", "cuda", 0, np.float16, [rows, width], out.data.ptr)
     for step in range(4):
-        step_feeds = feeds if step == 0 else random_feeds(rng, rows, 1024, 384, "float16")
+        step_feeds = feeds if step == 0 else make_feeds()
         for name, array in arrays.items():
             array[...] = to_device(step_feeds[name])
         cupy.cuda.runtime.deviceSynchronize()
         session.run_with_iobinding(io)
-        want = reference.linear(step_feeds, activation)
-        assert relative_error(cupy.asnumpy(out), want) <= TOLERANCE["float16"], step
+        assert relative_error(cupy.asnumpy(out), want(step_feeds)) <= tolerance, step
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])  # LinearRows, and cuBLAS inside the captured graph
+@pytest.mark.parametrize("activation", ["none", "swiglu"])
+def test_cuda_graph_replays_a_step_with_new_inputs(rows, activation):
+    rng = np.random.default_rng(rows)
+    check_graph_replay(OP, lambda: random_feeds(rng, rows, 1024, 384, "float16"), 384 if activation == "none" else 192,
+                       {"activation": activation}, lambda feeds: reference.linear(feeds, activation),
+                       TOLERANCE["float16"])
 
 
 def test_errors_match_the_cpu_kernel():
     feeds = {"input": np.zeros((2, 8), np.float16), "weight": np.zeros((4, 16), np.float16)}
-    model = single_op.single_op_model(OP, feeds, validate=False)
-    messages = []
-    for session in (cuda_session(model), single_op.make_session(model)):
-        with pytest.raises(Exception) as raised:
-            single_op.run_session(session, feeds)
-        messages.append(str(raised.value).split("Linear: ", 1)[-1])
-    assert messages[0] == messages[1] == "weight in_features must equal input's: expected 8, got 16"
+    on_cuda, on_cpu = cuda_and_cpu_errors(single_op.single_op_model(OP, feeds, validate=False), feeds)
+    assert on_cuda == on_cpu == "weight in_features must equal input's: expected 8, got 16"
     feeds = {"input": np.zeros((1, 8), np.float16), "weight": np.zeros((5, 8), np.float16)}
     model = single_op.single_op_model(OP, feeds, {"activation": "swiglu"})
     with pytest.raises(Exception, match="activation swiglu needs an even number of weight rows"):

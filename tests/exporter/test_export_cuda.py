@@ -221,3 +221,75 @@ def test_gated_norm_is_one_node_on_cuda_and_separate_nodes_on_the_cpu(layout, tm
     reference = GreedyDriver(make_session(cpu, contract.DOMAIN)).generate(prompts, 8)
     assert ours.tokens == reference.tokens
     np.testing.assert_allclose(ours.prefill_logits, reference.prefill_logits, rtol=0, atol=1e-4)
+
+
+def test_int4_projections_are_quantized_linear_on_cuda_where_asked(checkpoint, tmp_path):
+    """docs/op-contract.md#quantizedlinear: a -e cuda int4 export that verifies no drafts keeps MatMulNBits (its
+    one-row kernel is the faster at batch 1); with --linear-op each 4-bit projection is one QuantizedLinear (SwiGLU
+    MLPs with activation swiglu, packed projections with an output per part); CPU exports keep MatMulNBits. Forced
+    on an fp32 -e cuda export (which runs on the CPU here), it computes the greedy tokens and logits of the CPU
+    export's MatMulNBits at accuracy_level 0."""
+    plain = export(checkpoint, tmp_path / "plain", execution_provider="cuda", weights="int4", mtp=False,
+                   progress=False)
+    assert "MatMulNBits" in op_types(plain) and "QuantizedLinear" not in op_types(plain)
+    cuda = export(checkpoint, tmp_path / "cuda", execution_provider="cuda", weights="int4", mtp=False,
+                  linear_op=True, progress=False)
+    types = op_types(cuda)
+    assert "QuantizedLinear" in types and "MatMulNBits" not in types
+    nodes = onnx.load(str(cuda / "model.onnx"), load_external_data=False).graph.node
+    attributes = [{a.name for a in n.attribute} for n in nodes if n.op_type == "QuantizedLinear"]
+    assert any("activation" in a for a in attributes) and any("output_features" in a for a in attributes)
+    assert validate(cuda).ok
+    cpu = export(checkpoint, tmp_path / "cpu", weights="int4", accuracy_level=0, mtp=False, progress=False,
+                 kv_cache="concat")
+    assert "MatMulNBits" in op_types(cpu) and "QuantizedLinear" not in op_types(cpu)
+    fp32 = export(checkpoint, tmp_path / "fp32", execution_provider="cuda", dtype="fp32", weights="int4",
+                  accuracy_level=0, linear_op=True, mtp=False, progress=False)
+    assert "QuantizedLinear" in op_types(fp32)
+    assert_greedy_like_the_cpu_export(fp32, cpu)
+
+
+def test_int4_exports_that_verify_drafts_take_quantized_linear(checkpoint, tmp_path, caplog):
+    """QuantizedLinear's rows do not depend on the rows beside them (up to 64 a step), so a -e cuda int4 export with
+    an MTP head writes it by default, in the head too, while its projections in the activation type stay Gemm; the
+    warning names what is left to ORT's kernels, and goes once the lm_head and the gates are quantized too. int8
+    stays MatMulNBits, with its own warning."""
+    head = export(checkpoint, tmp_path / "head", execution_provider="cuda", weights="int4", progress=False)
+    for name in ("model.onnx", "mtp.onnx"):
+        types = op_types(head, name)
+        assert "QuantizedLinear" in types and "MatMulNBits" not in types and "Linear" not in types, name
+    assert ("but the lm_head (--quantize-lm-head), the GatedDeltaNet's b and a gates (--quantize-gates) run on "
+            "ORT's CUDA kernels") in caplog.text
+    assert validate(head).ok
+    caplog.clear()
+    export(checkpoint, tmp_path / "all", execution_provider="cuda", weights="int4", quantize_lm_head=True,
+           quantize_gates=True, progress=False)
+    assert "may leave plain decoding's tokens" not in caplog.text
+    int8 = export(checkpoint, tmp_path / "int8", execution_provider="cuda", weights="int8", progress=False)
+    assert "MatMulNBits" in op_types(int8) and "QuantizedLinear" not in op_types(int8)
+    assert "MatMulNBits computes a row alone (decode) and among others (verify)" in caplog.text
+
+
+def assert_greedy_like_the_cpu_export(ours_dir, cpu_dir):
+    """Greedy tokens equal to the CPU MatMulNBits export's, logits within 1e-4 of their scale (fp32 sums in other
+    orders, layer after layer)."""
+    prompts = [[5, 17, 33, 2, 99, 64, 7], [44, 3, 150]]
+    ours = GreedyDriver(make_session(ours_dir, contract.DOMAIN)).generate(prompts, 8)
+    reference = GreedyDriver(make_session(cpu_dir, contract.DOMAIN)).generate(prompts, 8)
+    assert ours.tokens == reference.tokens
+    scale = np.abs(reference.prefill_logits).max()
+    assert np.abs(np.asarray(ours.prefill_logits) - reference.prefill_logits).max() <= 1e-4 * scale
+
+
+@pytest.mark.parametrize("layout", ["qwen3_5_moe_text", "qwen3_next"])
+def test_int4_quantized_linear_in_the_moe_and_qwen3_next_layouts(layout, tmp_path):
+    """The same in the MoE layout (the routed experts stay one QMoE; the shared expert is a QuantizedLinear SwiGLU)
+    and Qwen3-Next's (packed in_proj_qkvz / in_proj_ba as outputs of one node)."""
+    checkpoint = make_tiny_checkpoint(tmp_path / "hf", layout, seed=1)
+    fp32 = export(checkpoint, tmp_path / "fp32", execution_provider="cuda", dtype="fp32", weights="int4",
+                  accuracy_level=0, linear_op=True, mtp=False, progress=False)
+    types = op_types(fp32)
+    assert "QuantizedLinear" in types and "MatMulNBits" not in types and "QMoE" in types
+    cpu = export(checkpoint, tmp_path / "cpu", weights="int4", accuracy_level=0, mtp=False, progress=False,
+                 kv_cache="concat")
+    assert_greedy_like_the_cpu_export(fp32, cpu)

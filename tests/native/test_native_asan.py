@@ -147,3 +147,26 @@ def test_valid_linear_edges(case):
     rng = np.random.default_rng(1)
     run_single_op("Linear", {"input": rng.standard_normal((rows, in_features)).astype(np_type),
                              "weight": rng.standard_normal((out_features, in_features)).astype(np_type)}, attributes)
+
+
+# QuantizedLinear (rows, in_features, weight rows, dtype, block size, zero points, attributes): a partial last
+# block, an odd block count (zero points' last byte half used), swiglu and parts over the dequantized tiles.
+VALID_QUANTIZED_LINEAR = [(1, 40, 3, "float16", 32, True, {}), (0, 16, 2, "float", 16, False, {}),
+                          (3, 100, 130, "bfloat16", 64, True, {"activation": "swiglu"}),
+                          (2, 33, 131, "float", 16, True, {"output_features": [1, 64, 66]})]
+
+
+@pytest.mark.parametrize("case", _valid(VALID_QUANTIZED_LINEAR, 1))
+def test_valid_quantized_linear_edges(case):
+    import ml_dtypes
+
+    from onnx_hybrid.exporter.quantize import QuantSpec, quantize
+
+    rows, in_features, weight_rows, dtype, block_size, zero_points, attributes = case
+    np_type = {"float": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    rng = np.random.default_rng(1)
+    q = quantize(rng.standard_normal((weight_rows, in_features)).astype(np.float32),
+                 QuantSpec(4, block_size, symmetric=not zero_points), scale_dtype=np_type)
+    run_single_op("QuantizedLinear", {"input": rng.standard_normal((rows, in_features)).astype(np_type),
+                                      "weight": q.codes, "scales": q.scales, "zero_points": q.zero_points},
+                  {"block_size": block_size, **attributes})

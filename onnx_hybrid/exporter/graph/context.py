@@ -94,6 +94,8 @@ class GraphContext:
     # Projections in the activation type as onnx_hybrid::Linear (CUDA: the weights of a decode step read at the
     # copy rate) instead of Gemm(transB=1)
     linear_op: bool = False
+    # 4-bit projections as onnx_hybrid::QuantizedLinear instead of com.microsoft::MatMulNBits
+    quantized_linear_op: bool = False
     # The GatedDeltaNet output norm as com.microsoft::GatedRMSNorm (CUDA: one launch instead of three; ORT 1.32's CPU
     # kernel is several times slower than the separate nodes, docs/model.md#gated-rmsnorm)
     gated_norm_op: bool = False
@@ -145,35 +147,43 @@ class GraphContext:
 
     def linear(self, x: ir.Value, weight: ir.Value | QuantizedWeight) -> ir.Value:
         """x [N, in] @ W^T with W stored [out, in] as in the checkpoint (or quantized so)."""
+        if self._own_linear(weight):
+            return self._linear_node(x, weight, [ir.Value()])[0]
         if isinstance(weight, QuantizedWeight):
             return matmul_nbits(self, x, weight, self.quant.accuracy_level)
-        if self.linear_op:
-            return self._linear_node(x, weight, "none")
         return self.op("Gemm", x, weight, transB=1)
 
     def linear_parts(self, x: ir.Value, weight: ir.Value | QuantizedWeight, sizes: list[int]) -> tuple[ir.Value, ...]:
         """x @ W^T split into columns of ``sizes``: one Linear with an output per part where the projections are our
         Linear, else the product and a Split."""
-        if self.linear_op and not isinstance(weight, QuantizedWeight):
-            outputs = [ir.Value() for _ in sizes]
-            self.add_node(contract.make_ir_node(contract.LINEAR, {"input": x, "weight": weight}, outputs,
-                                                {"output_features": sizes}))
-            return tuple(outputs)
+        if self._own_linear(weight):
+            return tuple(self._linear_node(x, weight, [ir.Value() for _ in sizes], output_features=sizes))
         return self.ops("Split", self.linear(x, weight), self.const(sizes), num_outputs=len(sizes), axis=-1)
 
     def swiglu_linear(self, x: ir.Value, gate_up: ir.Value | QuantizedWeight, width: int) -> ir.Value:
         """SiLU(x @ G^T) * (x @ U^T) for gate_up = [G; U] ([2 * width, in]): one Linear(activation=swiglu) where the
         projections are our Linear, else the product, a Split, SiLU and Mul."""
-        if self.linear_op and not isinstance(gate_up, QuantizedWeight):
-            return self._linear_node(x, gate_up, "swiglu")
+        if self._own_linear(gate_up):
+            return self._linear_node(x, gate_up, [ir.Value()], activation="swiglu")[0]
         gate, up = self.ops("Split", self.linear(x, gate_up), self.const([width, width]), num_outputs=2, axis=-1)
         return self.op("Mul", self.silu(gate), up)
 
-    def _linear_node(self, x: ir.Value, weight: ir.Value, activation: str) -> ir.Value:
-        y = ir.Value()
-        self.add_node(contract.make_ir_node(contract.LINEAR, {"input": x, "weight": weight}, [y],
-                                            {"activation": activation}))
-        return y
+    def _own_linear(self, weight: ir.Value | QuantizedWeight) -> bool:
+        """Whether a projection is our Linear (or, for 4-bit weights, QuantizedLinear) rather than ORT's ops."""
+        if isinstance(weight, QuantizedWeight):
+            return self.quantized_linear_op and weight.spec.bits == contract.QUANTIZED_LINEAR_BITS
+        return self.linear_op
+
+    def _linear_node(self, x: ir.Value, weight: ir.Value | QuantizedWeight, outputs: list[ir.Value],
+                     activation: str = "none", output_features: list[int] | None = None) -> list[ir.Value]:
+        attributes = {"activation": activation, "output_features": output_features or []}
+        if isinstance(weight, QuantizedWeight):
+            inputs = {"input": x, "weight": weight.codes, "scales": weight.scales, "zero_points": weight.zero_points}
+            attributes["block_size"] = weight.spec.block_size
+            self.add_node(contract.make_ir_node(contract.QUANTIZED_LINEAR, inputs, outputs, attributes))
+        else:
+            self.add_node(contract.make_ir_node(contract.LINEAR, {"input": x, "weight": weight}, outputs, attributes))
+        return outputs
 
     def embed(self, token_ids: ir.Value) -> ir.Value:
         """Rows of the embedding table for flat ``token_ids`` [N]: [N, H]."""

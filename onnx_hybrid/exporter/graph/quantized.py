@@ -82,18 +82,28 @@ DEFAULT_ACCURACY_LEVELS = {"cpu": 4, "cuda": 0}
 CPU_ROW_INVARIANT = {(4, 32), (8, 32), (8, 64)}
 
 
-def verify_not_lossless(quant: QuantOptions | None, execution_provider: str, linear_op: bool = False) -> str | None:
+def verify_not_lossless(quant: QuantOptions | None, execution_provider: str, linear_op: bool = False,
+                        quantized_linear_op: bool = False, routed_experts: bool = False) -> str | None:
     """Why speculative verify steps of an export may not give plain decoding's tokens (None: they do, as far as
-    measured): the MatMulNBits settings at which ONNX Runtime rounds a row by the rows beside it, or our Linear on
-    CUDA, whose one-row kernel and cuBLAS round a row differently."""
+    measured): the MatMulNBits settings at which ONNX Runtime rounds a row by the rows beside it, our Linear on
+    CUDA, whose one-row kernel and cuBLAS round a row differently, or, beside QuantizedLinear (whose rows do not
+    depend on each other, up to 64 a step), the products a CUDA export leaves to ORT's ops."""
     if linear_op and execution_provider != "cpu":
         return ("Linear (--linear-op) computes a one-row decode step with its own kernel and a verify step's rows "
                 "with cuBLAS, which round a row differently")
     if quant is None:
         return None
     if execution_provider != "cpu":
-        return (f"onnxruntime-gpu's {execution_provider.upper()} MatMulNBits computes a row alone (decode) and among "
-                f"others (verify) in different orders")
+        if not (quantized_linear_op and quant.spec.bits == contract.QUANTIZED_LINEAR_BITS):
+            return (f"onnxruntime-gpu's {execution_provider.upper()} MatMulNBits computes a row alone (decode) and "
+                    f"among others (verify) in different orders")
+        left = [what for what, kept in (("the lm_head (--quantize-lm-head)", not quant.lm_head),
+                                        ("the GatedDeltaNet's b and a gates (--quantize-gates)", not quant.gates),
+                                        ("the routed experts (QMoE)", routed_experts)) if kept]
+        if left:
+            return (f"QuantizedLinear keeps a row's bits whatever the rows beside it (up to 64 a step), but "
+                    f"{', '.join(left)} run on ORT's CUDA kernels, not known to do the same")
+        return None
     if quant.accuracy_level != 4 or (quant.spec.bits, quant.spec.block_size) not in CPU_ROW_INVARIANT:
         return (f"ONNX Runtime's CPU MatMulNBits rounds a row by the rows beside it at {quant.spec.bits}-bit weights, "
                 f"block {quant.spec.block_size}, accuracy_level {quant.accuracy_level} (row-invariant: accuracy_level "

@@ -35,7 +35,7 @@ def camel(name: str) -> str:
 
 def port_kind(port) -> str:
     return {"T": "PortType::kActivation", "float": "PortType::kFloat", "int32": "PortType::kInt32",
-            "gate": "PortType::kGate"}[port.type]
+            "uint8": "PortType::kUint8", "gate": "PortType::kGate"}[port.type]
 
 
 def op_block(c, op, namespace: str) -> list[str]:
@@ -82,7 +82,7 @@ def render(c) -> str:
         "namespace onnx_hybrid {",
         "namespace contract {",
         "",
-        "enum class PortType { kActivation, kFloat, kInt32, kGate };",
+        "enum class PortType { kActivation, kFloat, kInt32, kUint8, kGate };",
         "struct PortSpec { const char* name; PortType type; bool optional; bool host_memory; };",
         "struct UpdateRule { const char* name; bool has_decay; bool has_delta; };",
         "",
@@ -105,6 +105,9 @@ def render(c) -> str:
         *op_block(c, c.PAGED_ATTENTION, "paged"),
         "",
         *op_block(c, c.LINEAR, "linear"),
+        "",
+        *op_block(c, c.QUANTIZED_LINEAR, "qlinear"),
+        f"inline constexpr int kQlinearBits = {c.QUANTIZED_LINEAR_BITS};",
         "",
         "// Rejection templates with positional fields {0}, {1}, ...; the op name and \": \" go in front.",
         "namespace msg {",

@@ -1,7 +1,9 @@
 #include "cpu/linear_cpu.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "cpu/cpu_kernels.h"
 
@@ -27,10 +29,12 @@ void StoreColumns(const LinearGeometry& geo, ElemType type, const float* y, int6
       StoreFromFloat(type, y + r * width + (lo - f0), hi - lo, outputs[j], r * geo.parts[j] + (lo - start));
   }
 }
-}  // namespace
 
-void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, const void* weight,
-                  void* const* outputs, const ParallelFor& parallel) {
+// Weight rows [row, row + count) as floats: the data itself (fp32), or a buffer this fills.
+using WeightRows = std::function<const float*(int64_t row, int64_t count, std::unique_ptr<float[]>& buffer)>;
+
+void RunProducts(const LinearGeometry& geo, ElemType type, const void* input, const WeightRows& weight_rows,
+                 void* const* outputs, const ParallelFor& parallel) {
   const int64_t rows = geo.rows, in = geo.in_features, out = geo.out_features;
   if (rows == 0 || out == 0) return;
   const CpuKernels& kernels = Kernels();
@@ -41,7 +45,7 @@ void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, c
     const int64_t f0 = static_cast<int64_t>(index) * kFeatureTile;
     const int64_t width = std::min(kFeatureTile, out - f0);
     std::unique_ptr<float[]> w_buffer;
-    const float* w = AsFloat(type, weight, f0 * in, width * in, w_buffer);
+    const float* w = weight_rows(f0, width, w_buffer);
     if (type == ElemType::kFloat && !geo.swiglu && geo.parts.size() == 1) {  // fp32 sums are the output
       kernels.dots(rows, width, in, x, in, w, in, static_cast<float*>(outputs[0]) + f0, out);
       return;
@@ -50,7 +54,7 @@ void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, c
     kernels.dots(rows, width, in, x, in, w, in, y.get(), width);
     if (geo.swiglu) {  // the tile's gate sums are in y; its up rows are `out` rows further down the weight
       std::unique_ptr<float[]> up_buffer;
-      const float* w_up = AsFloat(type, weight, (out + f0) * in, width * in, up_buffer);
+      const float* w_up = weight_rows(out + f0, width, up_buffer);
       std::unique_ptr<float[]> up(new float[static_cast<size_t>(rows * width)]);
       kernels.dots(rows, width, in, x, in, w_up, in, up.get(), width);
       kernels.silu(y.get(), rows * width);
@@ -58,6 +62,46 @@ void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, c
     }
     StoreColumns(geo, type, y.get(), f0, width, outputs);
   });
+}
+}  // namespace
+
+void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, const void* weight,
+                  void* const* outputs, const ParallelFor& parallel) {
+  const int64_t in = geo.in_features;
+  RunProducts(geo, type, input, [&](int64_t row, int64_t count, std::unique_ptr<float[]>& buffer) {
+    return AsFloat(type, weight, row * in, count * in, buffer);
+  }, outputs, parallel);
+}
+
+void RunQuantizedLinearCpu(const QuantizedLinearGeometry& geo, ElemType type, const void* input,
+                           const uint8_t* weight, const void* scales, const uint8_t* zero_points,
+                           void* const* outputs, const ParallelFor& parallel) {
+  const int64_t in = geo.in_features, blocks = geo.blocks, bs = geo.block_size;
+  const int64_t row_bytes = blocks * bs / 2, zero_point_bytes = (blocks + 1) / 2;
+  RunProducts(geo, type, input, [&](int64_t row, int64_t count, std::unique_ptr<float[]>& buffer) {
+    buffer.reset(new float[static_cast<size_t>(std::max<int64_t>(count * in, 1))]);
+    std::unique_ptr<float[]> scale(new float[static_cast<size_t>(blocks)]);
+    std::vector<uint16_t> rounded(type == ElemType::kFloat ? 0 : static_cast<size_t>(in));
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t w_row = row + r;
+      LoadAsFloat(type, scales, w_row * blocks, blocks, scale.get());
+      const uint8_t* packed = weight + w_row * row_bytes;
+      float* dst = buffer.get() + r * in;
+      for (int64_t k = 0; k < in; ++k) {
+        const int64_t block = k / bs;
+        const int q = (packed[k / 2] >> (4 * (k & 1))) & 15;
+        const int zero = zero_points ? (zero_points[w_row * zero_point_bytes + block / 2] >> (4 * (block & 1))) & 15
+                                     : 8;
+        // Rounded once: in fp32 for fp32; exact for 16-bit scales (at most 11 + 4 bits), then rounded to T below.
+        dst[k] = static_cast<float>(q - zero) * scale[block];
+      }
+      if (type != ElemType::kFloat) {  // T((q - zero_point) * scale): one rounding, as the CUDA kernels'
+        StoreFromFloat(type, dst, in, rounded.data(), 0);
+        LoadAsFloat(type, rounded.data(), 0, in, dst);
+      }
+    }
+    return static_cast<const float*>(buffer.get());
+  }, outputs, parallel);
 }
 
 }  // namespace onnx_hybrid

@@ -11,4 +11,10 @@ namespace onnx_hybrid {
 void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, const void* weight,
                   void* const* outputs, const ParallelFor& parallel);
 
+// QuantizedLinear: the same products over the dequantized weight, each element T((q - zero_point) * scale).
+// `zero_points` may be null (8).
+void RunQuantizedLinearCpu(const QuantizedLinearGeometry& geo, ElemType type, const void* input,
+                           const uint8_t* weight, const void* scales, const uint8_t* zero_points,
+                           void* const* outputs, const ParallelFor& parallel);
+
 }  // namespace onnx_hybrid

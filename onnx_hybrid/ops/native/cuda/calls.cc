@@ -109,4 +109,16 @@ LinearParams MakeLinearParams(const LinearGeometry& geo, const void* const* inpu
   return p;
 }
 
+LinearParams MakeQuantizedLinearParams(const QuantizedLinearGeometry& geo, const void* const* inputs,
+                                       void* const* outputs) {
+  namespace ql = contract::qlinear;
+  const void* linear_inputs[contract::linear::kNumInputs] = {inputs[ql::kInputInput], inputs[ql::kInputWeight]};
+  LinearParams p = MakeLinearParams(geo, linear_inputs, outputs);
+  p.scales = inputs[ql::kInputScales];
+  p.zero_points = static_cast<const unsigned char*>(inputs[ql::kInputZeroPoints]);
+  p.block_size = static_cast<int>(geo.block_size);
+  p.k_blocks = static_cast<int>(std::min<int64_t>(geo.blocks, INT32_MAX));
+  return p;
+}
+
 }  // namespace onnx_hybrid

@@ -23,6 +23,9 @@ ConvParams MakeConvParams(const ConvGeometry& geo, const ConvAttributes& attrs, 
 
 // Linear's parameters (LinearRows; splits are the plan's).
 LinearParams MakeLinearParams(const LinearGeometry& geo, const void* const* inputs, void* const* outputs);
+// QuantizedLinear's: Linear's fields, w the packed weight, and its scales, zero points and blocks.
+LinearParams MakeQuantizedLinearParams(const QuantizedLinearGeometry& geo, const void* const* inputs,
+                                       void* const* outputs);
 
 // The workspace the call's plan needs in params.workspace: the chunked engine's scratch, else 0.
 int64_t GdnWorkspaceBytes(const GdnGeometry& geo, ElemType type, const GdnParams& params,

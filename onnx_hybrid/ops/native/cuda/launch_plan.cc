@@ -261,4 +261,34 @@ std::vector<CudaLaunch<LinearParams>> PlanLinearSwiglu(ElemType type, const Line
            {U(cp::kLinearSwigluThreads), 1, 1}, 0, params}};
 }
 
+bool QuantizedLinearUsesMma(ElemType type, const LinearParams& params) {
+  return type != ElemType::kFloat && params.rows <= cp::kQlinearMaxRowTiles * 8 && params.k % 32 == 0 &&
+         params.block_size % 32 == 0 && params.n < INT32_MAX && Aligned(params.x, 16) && Aligned(params.w, 16);
+}
+
+std::vector<CudaLaunch<LinearParams>> PlanQuantizedLinear(ElemType type, const LinearParams& params) {
+  LinearParams p = params;
+  int tiles = 1;
+  while (tiles * 8 < p.rows) tiles *= 2;
+  const int64_t groups = CeilDiv(p.n, p.swiglu ? 8 : 16), segments = CeilDiv(p.k, 128);
+  p.splits = 1;  // warps a row tile: at least two segments each (the kernel's runs are never empty)
+  while (p.splits < cp::kQlinearWarps && groups * p.splits < cp::kQlinearMinWarps &&
+         segments >= int64_t(4) * p.splits)
+    p.splits *= 2;
+  // Whole segments, blocks of at most a segment and no zero points: the variant without per-piece selects.
+  const bool aligned = p.k % 128 == 0 && p.block_size <= 128 && p.zero_points == nullptr;
+  const int64_t warp_groups = CeilDiv(groups, aligned && tiles == cp::kQlinearTwoWeightTilesAt ? 2 : 1);
+  return {{KernelName(p.swiglu ? "qlinear_mma_swiglu_" : "qlinear_mma_", type)
+               .Append("_t")
+               .Append(tiles)
+               .Append(aligned ? "_aligned" : ""),
+           {U(CeilDiv(warp_groups, cp::kQlinearWarps / p.splits)), 1, 1}, {U(cp::kQlinearWarps * 32), 1, 1}, 0, p}};
+}
+
+std::vector<CudaLaunch<LinearParams>> PlanQuantizedLinearDequantize(ElemType type, const LinearParams& params) {
+  const int64_t words = int64_t(params.swiglu ? 2 : 1) * params.n * (params.k / 8);
+  return {{KernelName("qlinear_dequantize_", type), {U(CeilDiv(words, cp::kQlinearDequantizeThreads)), 1, 1},
+           {U(cp::kQlinearDequantizeThreads), 1, 1}, 0, params}};
+}
+
 }  // namespace onnx_hybrid

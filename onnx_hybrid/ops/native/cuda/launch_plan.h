@@ -89,4 +89,15 @@ std::vector<CudaLaunch<LinearParams>> PlanLinear(ElemType type, const LinearPara
 // swiglu after cuBLAS: SiLU(gate) * up of params.sums into params.y, one element per thread.
 std::vector<CudaLaunch<LinearParams>> PlanLinearSwiglu(ElemType type, const LinearParams& params);
 
+// Whether qlinear_mma_* serves a QuantizedLinear call: a 16-bit type, at most kQlinearMaxRowTiles * 8 rows,
+// in_features and block_size multiples of 32, x 16-byte aligned.
+bool QuantizedLinearUsesMma(ElemType type, const LinearParams& params);
+
+// qlinear_mma_* with row tiles for params.rows and enough warps per 16 features to fill the GPU (kQlinearMinWarps).
+// The warps per group depend on n and k only, so a row's sums are the same whatever the rows beside it.
+std::vector<CudaLaunch<LinearParams>> PlanQuantizedLinear(ElemType type, const LinearParams& params);
+
+// qlinear_dequantize_*: the weight rows into params.dequantized (in_features a multiple of 8).
+std::vector<CudaLaunch<LinearParams>> PlanQuantizedLinearDequantize(ElemType type, const LinearParams& params);
+
 }  // namespace onnx_hybrid

@@ -1,9 +1,12 @@
 #include "cuda/ort_kernels.h"
 
 #include <optional>
+#include <stdexcept>
+#include <string>
 
 #include "cuda/calls.h"
 #include "cuda/cublas.h"
+#include "cuda/kernels/launch_config.h"
 #include "ort/ort_glue.h"
 
 namespace onnx_hybrid {
@@ -102,6 +105,25 @@ OrtStatusPtr ConvCudaKernel::ComputeV2(OrtKernelContext* context) {
   }
 }
 
+// Linear's products through cuBLAS (ORT's handle): one per output, from its rows of p.w; with swiglu fp32 products
+// of the gate and up rows, then SiLU(gate) * up rounded once.
+void RunLinearCublas(OrtKernelContext* context, OrtAllocator* allocator, ElemType type, const LinearGeometry& geo,
+                     LinearParams p, const LinearOutputs& out) {
+  if (!geo.swiglu) {
+    const char* w = static_cast<const char*>(p.w);
+    for (size_t j = 0; j < geo.parts.size(); w += geo.parts[j] * geo.in_features * ElemSize(type), ++j)
+      cublas::LinearGemm(CublasHandle(context), type, p.x, w, out.data[j], geo.rows, geo.in_features, geo.parts[j],
+                         type);
+    return;
+  }
+  Scratch sums(context, allocator, static_cast<size_t>(geo.rows * geo.weight_rows()) * sizeof(float));
+  cublas::LinearGemm(CublasHandle(context), type, p.x, p.w, sums.data(), geo.rows, geo.in_features,
+                     geo.weight_rows(), ElemType::kFloat);
+  p.sums = static_cast<const float*>(sums.data());
+  cuda::Launcher launcher(Stream(context));
+  Enqueue(launcher, PlanLinearSwiglu(type, p));
+}
+
 LinearCudaKernel::LinearCudaKernel(const OrtKernelInfo* info, ElemType type)
     : type_(type), attrs_(ReadLinearAttributes(info)) {
   Ort::ThrowOnError(Ort::GetApi().KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator_));
@@ -123,22 +145,52 @@ OrtStatusPtr LinearCudaKernel::ComputeV2(OrtKernelContext* context) {
     if (LinearUsesRows(type_, p)) {
       cuda::Launcher launcher(Stream(context));
       Enqueue(launcher, PlanLinear(type_, p));
-    } else if (!geo.swiglu) {  // one product per output, from its rows of the weight
-      const char* w = static_cast<const char*>(p.w);
-      for (size_t j = 0; j < geo.parts.size(); w += geo.parts[j] * geo.in_features * ElemSize(type_), ++j)
-        cublas::LinearGemm(CublasHandle(context), type_, p.x, w, out.data[j], geo.rows, geo.in_features,
-                           geo.parts[j], type_);
-    } else {  // fp32 products of the gate and up rows, then SiLU(gate) * up rounded once
-      Scratch sums(context, allocator_, static_cast<size_t>(geo.rows * geo.weight_rows()) * sizeof(float));
-      cublas::LinearGemm(CublasHandle(context), type_, p.x, p.w, sums.data(), geo.rows, geo.in_features,
-                         geo.weight_rows(), ElemType::kFloat);
-      p.sums = static_cast<const float*>(sums.data());
-      cuda::Launcher launcher(Stream(context));
-      Enqueue(launcher, PlanLinearSwiglu(type_, p));
+    } else {
+      RunLinearCublas(context, allocator_, type_, geo, p, out);
     }
     return nullptr;
   } catch (const std::exception& e) {
     return ToStatus(e, ln::kName);
+  }
+}
+
+QuantizedLinearCudaKernel::QuantizedLinearCudaKernel(const OrtKernelInfo* info, ElemType type)
+    : type_(type), attrs_(ReadQuantizedLinearAttributes(info)) {
+  Ort::ThrowOnError(Ort::GetApi().KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator_));
+}
+
+QuantizedLinearCudaKernel::~QuantizedLinearCudaKernel() {
+  if (allocator_ != nullptr) Ort::GetApi().ReleaseAllocator(allocator_);
+}
+
+OrtStatusPtr QuantizedLinearCudaKernel::ComputeV2(OrtKernelContext* context) {
+  namespace ql = contract::qlinear;
+  try {
+    const Inputs<ql::kNumInputs> in(context, ql::kInputPorts);
+    const QuantizedLinearGeometry geo = ResolveQuantizedLinear(in, attrs_);
+    const LinearOutputs out = LinearOutputs::Make(context, geo);
+    if (geo.rows == 0 || geo.out_features == 0) return nullptr;
+    LinearParams p = MakeQuantizedLinearParams(geo, in.data, out.data);
+    cuda::Launcher launcher(Stream(context));
+    if (QuantizedLinearUsesMma(type_, p)) {
+      Enqueue(launcher, PlanQuantizedLinear(type_, p));
+      return nullptr;
+    }
+    if (geo.in_features % 8 != 0 || geo.in_features > INT32_MAX)
+      throw std::invalid_argument(
+          "on CUDA, calls the tensor-core kernel does not take (more than " +
+          std::to_string(launch_config::kQlinearMaxRowTiles * 8) +
+          " rows, in_features or block_size not a multiple of 32, an input not 16-byte aligned) need in_features a "
+          "multiple of 8 (at most 2^31 - 1); got " + std::to_string(geo.in_features));
+    // More rows: the weight dequantized into scratch (the same values the tensor-core kernel forms), then cuBLAS.
+    Scratch weight(context, allocator_, static_cast<size_t>(geo.weight_rows() * geo.in_features) * ElemSize(type_));
+    p.dequantized = weight.data();
+    Enqueue(launcher, PlanQuantizedLinearDequantize(type_, p));
+    p.w = weight.data();
+    RunLinearCublas(context, allocator_, type_, geo, p, out);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return ToStatus(e, ql::kName);
   }
 }
 

@@ -53,4 +53,20 @@ class LinearCudaKernel {
   OrtAllocator* allocator_ = nullptr;  // the cuBLAS path's fp32 sums with swiglu
 };
 
+// QuantizedLinear: the tensor-core kernel (weights read once) up to kQlinearMaxRowTiles * 8 rows, else the weight
+// dequantized into scratch and Linear's cuBLAS path.
+class QuantizedLinearCudaKernel {
+ public:
+  QuantizedLinearCudaKernel(const OrtKernelInfo* info, ElemType type);
+  ~QuantizedLinearCudaKernel();
+  QuantizedLinearCudaKernel(const QuantizedLinearCudaKernel&) = delete;
+  QuantizedLinearCudaKernel& operator=(const QuantizedLinearCudaKernel&) = delete;
+  OrtStatusPtr ComputeV2(OrtKernelContext* context);
+
+ private:
+  ElemType type_;
+  QuantizedLinearAttributes attrs_;
+  OrtAllocator* allocator_ = nullptr;  // the dequantized weight and fp32 sums of the cuBLAS path
+};
+
 }  // namespace onnx_hybrid

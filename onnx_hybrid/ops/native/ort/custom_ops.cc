@@ -276,6 +276,31 @@ class LinearCpuKernel {
   LinearAttributes attrs_;
 };
 
+class QuantizedLinearCpuKernel {
+ public:
+  QuantizedLinearCpuKernel(const OrtKernelInfo* info, ElemType type)
+      : type_(type), attrs_(ReadQuantizedLinearAttributes(info)) {}
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    namespace ql = contract::qlinear;
+    try {
+      const Inputs<ql::kNumInputs> in(context, ql::kInputPorts);
+      const QuantizedLinearGeometry geo = ResolveQuantizedLinear(in, attrs_);
+      const LinearOutputs out = LinearOutputs::Make(context, geo);
+      RunQuantizedLinearCpu(geo, type_, in.data[ql::kInputInput], static_cast<const uint8_t*>(in.data[ql::kInputWeight]),
+                            in.data[ql::kInputScales], static_cast<const uint8_t*>(in.data[ql::kInputZeroPoints]),
+                            out.data, OrtParallelFor(context));
+      return nullptr;
+    } catch (const std::exception& e) {
+      return ToStatus(e, ql::kName);
+    }
+  }
+
+ private:
+  ElemType type_;
+  QuantizedLinearAttributes attrs_;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Op declarations: the ports come from the contract; one object per (op, execution provider, element
 // type), all objects of an op under one name (docs/native-library.md#one-name-several-kernels).
@@ -307,6 +332,13 @@ struct LinearSpec {
   static constexpr const auto& kInputs = contract::linear::kInputPorts;
   static constexpr const auto& kOutputs = contract::linear::kOutputPorts;
   static constexpr const auto& kInplace = contract::linear::kInplace;
+};
+
+struct QuantizedLinearSpec {
+  static constexpr const char* kName = contract::qlinear::kName;
+  static constexpr const auto& kInputs = contract::qlinear::kInputPorts;
+  static constexpr const auto& kOutputs = contract::qlinear::kOutputPorts;
+  static constexpr const auto& kInplace = contract::qlinear::kInplace;
 };
 
 template <class Spec, class Kernel, const char* kProvider>
@@ -366,7 +398,7 @@ constexpr ElemType kTypes[] = {ElemType::kFloat, ElemType::kFloat16, ElemType::k
 // of com.microsoft::PagedAttention's, so it must not shadow ORT's CUDA kernel under that name.
 struct Registry {
   std::vector<OrtCustomOp*> state_ops;  // GatedDeltaNet and VarlenCausalConvWithState, CPU and CUDA
-  std::vector<OrtCustomOp*> own_ops;    // PagedAttention (CPU) and Linear (CPU and CUDA)
+  std::vector<OrtCustomOp*> own_ops;    // PagedAttention (CPU), Linear and QuantizedLinear (CPU and CUDA)
   OrtCustomOpDomain* hybrid = nullptr;
   OrtCustomOpDomain* microsoft = nullptr;
 
@@ -379,6 +411,10 @@ struct Registry {
       own_ops.push_back(new KernelOp<PagedAttentionSpec, PagedAttentionCpuKernel, kCpuProvider>(t));
       own_ops.push_back(new KernelOp<LinearSpec, LinearCpuKernel, kCpuProvider>(t));
       own_ops.push_back(new KernelOp<LinearSpec, LinearCudaKernel, kCudaProvider>(t));
+      own_ops.push_back(new KernelOp<QuantizedLinearSpec, QuantizedLinearCpuKernel, kCpuProvider>(t));
+      // fp16 and bf16 on CUDA (the tensor-core kernels' types); ORT runs an fp32 node on the CPU.
+      if (t != ElemType::kFloat)
+        own_ops.push_back(new KernelOp<QuantizedLinearSpec, QuantizedLinearCudaKernel, kCudaProvider>(t));
     }
     hybrid = MakeDomain(contract::kDomain);
     for (OrtCustomOp* op : own_ops) Ort::ThrowOnError(Ort::GetApi().CustomOpDomain_Add(hybrid, op));

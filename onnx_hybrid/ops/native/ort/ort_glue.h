@@ -44,6 +44,7 @@ inline ONNXTensorElementDataType PortElementType(contract::PortType port, ElemTy
     case contract::PortType::kActivation: return OnnxType(activation);
     case contract::PortType::kFloat: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     case contract::PortType::kGate: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // any: the kernel checks it
+    case contract::PortType::kUint8: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
     default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
   }
 }
@@ -229,6 +230,14 @@ inline LinearAttributes ReadLinearAttributes(const OrtKernelInfo* info) {
   namespace ln = contract::linear;
   return MakeLinearAttributes(StringAttribute(info, ln::kAttrActivation, ln::kDefaultActivation),
                               IntsAttribute(info, ln::kAttrOutputFeatures), LeadingOutputs(info));
+}
+
+inline QuantizedLinearAttributes ReadQuantizedLinearAttributes(const OrtKernelInfo* info) {
+  namespace ql = contract::qlinear;
+  return MakeQuantizedLinearAttributes(StringAttribute(info, ql::kAttrActivation, ql::kDefaultActivation),
+                                       IntsAttribute(info, ql::kAttrOutputFeatures), LeadingOutputs(info),
+                                       IntAttribute(info, ql::kAttrBlockSize, ql::kDefaultBlockSize),
+                                       IntAttribute(info, ql::kAttrBits, ql::kDefaultBits));
 }
 
 }  // namespace onnx_hybrid

@@ -13,9 +13,9 @@ struct LinearAttributes {
   std::vector<int64_t> parts;  // output_features: the columns of each output; empty: one output of them all
 };
 
-// `outputs`: how many outputs the node has.
+// `outputs`: how many outputs the node has; `op`: the node's op (Linear or QuantizedLinear), for messages.
 LinearAttributes MakeLinearAttributes(const std::string& activation, const std::vector<int64_t>& output_features,
-                                      int outputs);
+                                      int outputs, const char* op = contract::linear::kName);
 
 using LinearInputShapes = InputShapes<contract::linear::kNumInputs>;
 
@@ -28,5 +28,25 @@ struct LinearGeometry {
 };
 
 LinearGeometry ResolveLinear(const LinearInputShapes& shapes, const LinearAttributes& attrs);
+
+// QuantizedLinear: Linear's attributes and geometry, and the 4-bit blocks of its weight.
+struct QuantizedLinearAttributes {
+  LinearAttributes linear;
+  int64_t block_size = contract::qlinear::kDefaultBlockSize;
+};
+
+QuantizedLinearAttributes MakeQuantizedLinearAttributes(const std::string& activation,
+                                                        const std::vector<int64_t>& output_features, int outputs,
+                                                        int64_t block_size, int64_t bits);
+
+using QuantizedLinearInputShapes = InputShapes<contract::qlinear::kNumInputs>;
+
+struct QuantizedLinearGeometry : LinearGeometry {
+  int64_t block_size, blocks;  // blocks: ceil(in_features / block_size), per weight row
+  bool zero_points;            // given; else every zero point is 8
+};
+
+QuantizedLinearGeometry ResolveQuantizedLinear(const QuantizedLinearInputShapes& shapes,
+                                               const QuantizedLinearAttributes& attrs);
 
 }  // namespace onnx_hybrid

@@ -83,4 +83,21 @@ inline constexpr int kLinearAhead = 4;    // 16-byte pieces of w each lane has r
 inline constexpr int kLinearMinWarps = 32768;
 inline constexpr int kLinearSwigluThreads = 256;  // linear_swiglu_*: one output element per thread
 
+// ---- QuantizedLinear (quantized_linear.cu) ----
+inline constexpr int kQlinearWarps = 8;   // warps per block
+// Segments (2 x 16 bytes of weights a lane) requested before using one. Two, not four: fewer registers, more
+// resident warps (an H100 at four: 98 registers, 16 warps an SM, 0.68 eligible a scheduler; two: 9B projections at
+// one row 1.8-2.5 TB/s instead of 1.6-2.4).
+inline constexpr int kQlinearAhead = 2;
+inline constexpr int kQlinearMaxRowTiles = 8;  // qlinear_mma_* serves up to 8 rows of x per tile, 64 in all
+// The row tiles of x at which a warp of the _aligned kernels takes two weight row tiles (16 rows each) instead of
+// one: at 9-16 rows x comes from L1, 16 lines a load at 8 rows, and a second weight tile halves the loads per weight
+// byte. One at one row tile (its lanes share x lines) and at four and eight (registers: 172 a thread at four); one
+// in the general kernels (177-187 at two).
+inline constexpr int kQlinearTwoWeightTilesAt = 2;
+// Warps per group of 16 features double (1, 2, 4, 8) until the grid has at least this many warps, while each warp
+// keeps two segments.
+inline constexpr int kQlinearMinWarps = 4096;  // 2048 about as good on an H100; 8192 slower at two ahead
+inline constexpr int kQlinearDequantizeThreads = 256;  // qlinear_dequantize_*: 8 elements per thread
+
 }  // namespace launch_config

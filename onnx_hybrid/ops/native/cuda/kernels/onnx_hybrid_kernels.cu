@@ -5,3 +5,4 @@
 #include "conv.cu"
 #include "gdn_replay.cu"
 #include "linear.cu"
+#include "quantized_linear.cu"

@@ -102,4 +102,10 @@ struct LinearParams {
   int k;                      // a multiple of 8 for linear_rows_*
   int splits;                 // warps per output feature: 1, 2, 4 or 8
   int swiglu;                 // y = SiLU(gate) * up of the two products (docs/op-contract.md#linear)
+  // QuantizedLinear (quantized_linear.cu): w is MatMulNBits' 4-bit [weight rows, k_blocks, block_size / 2] bytes.
+  const void* scales;                // [weight rows, k_blocks], the activation type
+  const unsigned char* zero_points;  // [weight rows, ceil(k_blocks / 2)], two blocks a byte; null: 8
+  void* dequantized;                 // qlinear_dequantize_*: [weight rows, k] out, for cuBLAS
+  int block_size;                    // a multiple of 32 for qlinear_mma_*
+  int k_blocks;                      // ceil(k / block_size)
 };
