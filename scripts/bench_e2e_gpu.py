@@ -299,7 +299,7 @@ def measure(model, row: dict, spec: dict) -> dict:
 
 def copy_rate(device: str) -> dict:
     """Read + write bytes per second of a large copy in device memory, and the device's name (CUDA: a 1 GiB
-    device-to-device copy, median of 10, as bench_gpu.py measures it; CPU: 256 MiB, best of 5)."""
+    device-to-device copy, median of 10: onnx_hybrid_testing.device_rates; CPU: 256 MiB, best of 5)."""
     if device == "cpu":
         a = np.ones(1 << 28, np.uint8)
         b = np.empty_like(a)
@@ -310,7 +310,8 @@ def copy_rate(device: str) -> dict:
             times.append(time.perf_counter() - t0)
         return {"bytes_per_s": 2 * a.nbytes / min(times[1:]), "device_name": cpu_model()}
     import torch
-    from bench_gpu import copy_rate as device_copy_rate  # scripts/ is this process's first import path
+
+    from onnx_hybrid_testing.device_rates import copy_rate as device_copy_rate
 
     return {"bytes_per_s": device_copy_rate(), "device_name": torch.cuda.get_device_name()}
 

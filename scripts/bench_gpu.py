@@ -23,6 +23,7 @@ import torch
 
 from onnx_hybrid import cuda_ops
 from onnx_hybrid.ops import library
+from onnx_hybrid_testing.device_rates import copy_rate
 from onnx_hybrid_testing.results import write_json
 
 HK, HV, D = 16, 48, 128
@@ -34,23 +35,6 @@ CHUNK_FLOP_PER_TOKEN_HEAD = 180e3  # FLOPs per token and value head of the chunk
 # (docs/design-notes.md#graphs-of-four-calls).
 # Calls whose inputs exceed the L2 get one input set each; they repeat it to make up these calls.
 GRAPH_CALLS = 4
-
-
-def copy_rate() -> float:
-    """Device-to-device copy rate in bytes (read + written) per second."""
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    times = []
-    for _ in range(10):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        b.copy_(a)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return 2 * a.numel() / statistics.median(times)
 
 
 def copy_time(nbytes: int) -> float:

@@ -17,9 +17,10 @@ import datetime
 
 import torch
 
-from bench_gpu import (D, HK, HV, benchmark_arguments, benchmark_dtypes, best_config_time, copy_rate, copy_time,
-                       current_stream, graph_time, parse_benchmark_arguments, retune_fla, rotated_sets)
+from bench_gpu import (D, HK, HV, benchmark_arguments, benchmark_dtypes, best_config_time, copy_time, current_stream,
+                       graph_time, parse_benchmark_arguments, retune_fla, rotated_sets)
 from onnx_hybrid import cuda_ops
+from onnx_hybrid_testing.device_rates import copy_rate
 from onnx_hybrid_testing.results import write_json
 
 CHANNELS, TAPS = 2 * HK * D + HV * D, 4

@@ -21,10 +21,10 @@ from onnx import TensorProto, helper
 from onnx_hybrid.exporter.quantize import QuantSpec, quantize
 from onnx_hybrid.ops import contract, library
 from onnx_hybrid_testing import single_op
+from onnx_hybrid_testing.device_rates import copy_rate
 from onnx_hybrid_testing.results import write_json
 
 from bench_cuda_ep import median_run_time  # scripts/ is this process's first import path
-from bench_gpu import copy_rate
 
 # (name, output features, in_features, activation): a 9B layer's projections (swiglu: gate|up packed).
 CASES = [("o_proj", 4096, 4096, "none"), ("qkv", 20480, 4096, "none"), ("gate_up", 12288, 4096, "swiglu"),

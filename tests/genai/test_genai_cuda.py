@@ -282,7 +282,8 @@ def test_external_drafts_are_lossless(dense, dtype, op_domain, prompt_set, tmp_p
 
 
 # Quantized exports: int4 (on CUDA QuantizedLinear where drafts are verified; the lm_head and b/a gates in fp16), int8
-# (MatMulNBits), and int4 with every product QuantizedLinear (docs/lossless-speculative.md, "QuantizedLinear on the GPU").
+# (MatMulNBits), and int4 with every product QuantizedLinear (docs/lossless-speculative.md, "QuantizedLinear on the
+# GPU").
 QUANTIZED = {"int4": {"weights": "int4"}, "int8": {"weights": "int8"},
              "int4-every-product": {"weights": "int4", "quantize_lm_head": True, "quantize_gates": True}}
 
