@@ -113,10 +113,12 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     that uses the library and verifies no drafts (no MTP head, no state-update capacity): the one-row kernel and
     cuBLAS round a row differently, so a verify row would not be the decode step it stands for
     (docs/op-contract.md#linear). 4-bit projections are ``onnx_hybrid::QuantizedLinear`` instead of MatMulNBits by
-    default where a fp16/bf16 CUDA export verifies drafts: a row's bits do not depend on the rows beside it (up to 64
-    a step), so verify rows are the decode steps they stand for; elsewhere MatMulNBits stays, whose one-row kernel is
-    the faster at batch 1 (docs/benchmarks.md#quantizedlinear-against-matmulnbits). Given explicitly,
-    ``linear_op`` decides for both.
+    default where a fp16/bf16 CUDA export verifies drafts (a row's bits do not depend on the rows beside it, up to 64
+    a step, so verify rows are the decode steps they stand for) or is paged (og.Engine batches requests: at 16 rows
+    QuantizedLinear reads the weights once on tensor cores, where ORT's CUDA MatMulNBits dequantizes them for a
+    GEMM; a 9B decode step at batch 16 was 2.36x as fast); elsewhere MatMulNBits stays, whose one-row kernel is the
+    faster at batch 1 (docs/benchmarks.md#quantizedlinear-against-matmulnbits). Given explicitly, ``linear_op``
+    decides for both.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if execution_provider not in EXECUTION_PROVIDERS:
@@ -182,9 +184,10 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     verifies = bool(state_update_capacity or with_mtp)
     own_products = on_cuda and np_act != np.float32 and op_domain == contract.DOMAIN
     # By default each op where it is the better choice: 4-bit projections as QuantizedLinear where drafts are verified
-    # (its rows do not depend on the rows beside them), else MatMulNBits (faster at one row); projections in the
-    # activation type as Linear only where none are verified (its one row and several round differently).
-    quantized_linear_op = own_products and verifies if linear_op is None else linear_op
+    # (its rows do not depend on the rows beside them) or requests are batched (paged: its tensor-core product reads
+    # the weights once for all rows), else MatMulNBits (faster at one row); projections in the activation type as
+    # Linear only where none are verified (its one row and several round differently).
+    quantized_linear_op = own_products and (verifies or paged) if linear_op is None else linear_op
     if linear_op is None:
         linear_op = own_products and not verifies
     if verifies and (why := verify_not_lossless(quant, execution_provider, linear_op, quantized_linear_op,

@@ -224,14 +224,22 @@ def test_gated_norm_is_one_node_on_cuda_and_separate_nodes_on_the_cpu(layout, tm
 
 
 def test_int4_projections_are_quantized_linear_on_cuda_where_asked(checkpoint, tmp_path):
-    """docs/op-contract.md#quantizedlinear: a -e cuda int4 export that verifies no drafts keeps MatMulNBits (its
-    one-row kernel is the faster at batch 1); with --linear-op each 4-bit projection is one QuantizedLinear (SwiGLU
-    MLPs with activation swiglu, packed projections with an output per part); CPU exports keep MatMulNBits. Forced
-    on an fp32 -e cuda export (which runs on the CPU here), it computes the greedy tokens and logits of the CPU
-    export's MatMulNBits at accuracy_level 0."""
+    """docs/op-contract.md#quantizedlinear: a -e cuda int4 export that verifies no drafts and is not paged keeps
+    MatMulNBits (its one-row kernel is the faster at batch 1); a paged one (og.Engine batches its requests) takes
+    QuantizedLinear, and so does any with --linear-op: each 4-bit projection one QuantizedLinear (SwiGLU MLPs with
+    activation swiglu, packed projections with an output per part); --no-linear-op keeps MatMulNBits in a paged
+    export; CPU exports keep MatMulNBits. Forced on an fp32 -e cuda export (which runs on the CPU here), it computes
+    the greedy tokens and logits of the CPU export's MatMulNBits at accuracy_level 0."""
     plain = export(checkpoint, tmp_path / "plain", execution_provider="cuda", weights="int4", mtp=False,
                    progress=False)
     assert "MatMulNBits" in op_types(plain) and "QuantizedLinear" not in op_types(plain)
+    paged = export(checkpoint, tmp_path / "paged", execution_provider="cuda", weights="int4", mtp=False,
+                   paged=True, block_size=16, progress=False)
+    assert "QuantizedLinear" in op_types(paged) and "MatMulNBits" not in op_types(paged)
+    assert validate(paged).ok
+    paged_nbits = export(checkpoint, tmp_path / "paged-nbits", execution_provider="cuda", weights="int4", mtp=False,
+                         paged=True, block_size=16, linear_op=False, progress=False)
+    assert "MatMulNBits" in op_types(paged_nbits) and "QuantizedLinear" not in op_types(paged_nbits)
     cuda = export(checkpoint, tmp_path / "cuda", execution_provider="cuda", weights="int4", mtp=False,
                   linear_op=True, progress=False)
     types = op_types(cuda)
