@@ -9,7 +9,11 @@ Hq != Hkv, partial rotary (8 of 32 dims), a non-trivial ``mrope_section``, and e
 from __future__ import annotations
 
 import math
+import re
+import shutil
 from pathlib import Path
+
+import numpy as np
 
 LAYOUTS = {
     # layout name: the transformers class that writes it
@@ -112,3 +116,42 @@ def load_reference(model_dir):
     import transformers
 
     return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+# Checkpoint tensors a quantized export quantizes: projections (attention, GDN in/out, MLPs, shared and routed
+# experts, the MTP fc); the router and the shared expert's gate keep their type, and the GDN's b/a gate
+# projections unless asked (QUANTIZED_GATES).
+QUANTIZED_PROJECTION = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|in_proj_\w+|out_proj|gate_proj|up_proj|down_proj)"
+                                  r"\.weight$|experts\.(gate_up_proj|down_proj)$|^mtp\.fc\.weight$")
+QUANTIZED_GATES = re.compile(r"\.in_proj_(b|a|ba)\.weight$")
+
+
+def with_weights_rounded(src, dst, options: dict) -> Path:
+    """A copy of the tiny checkpoint ``src`` in which every weight an export with the quantization ``options``
+    (export()'s weights, weight_block, weight_asymmetric, quantize_lm_head, quantize_embedding, quantize_gates)
+    quantizes holds its dequantized value: the oracle for that export's arithmetic."""
+    from safetensors.numpy import load_file, save_file
+
+    from onnx_hybrid.exporter.quantize import QuantSpec, dequantize, quantize
+
+    shutil.copytree(src, dst)
+    spec = QuantSpec(int(options["weights"][3:]), options.get("weight_block", 32),
+                     not options.get("weight_asymmetric", False))
+    head = [name for name, key in (("model.embed_tokens.weight", "quantize_embedding"),
+                                   ("lm_head.weight", "quantize_lm_head")) if options.get(key)]
+    for file in Path(dst).glob("*.safetensors"):
+        tensors = load_file(file)
+        for name, w in tensors.items():
+            short = name.replace("model.language_model.", "model.")
+            if not (QUANTIZED_PROJECTION.search(short) or short in head) or (
+                    QUANTIZED_GATES.search(short) and not options.get("quantize_gates")):
+                continue
+            k = w.shape[-1]
+            block = spec.block_size
+            if "experts." in short and (TEXT["hidden_size"] % block or MOE["moe_intermediate_size"] % block):
+                block = k  # QMoE without block_size: one block per expert row
+            row_spec = QuantSpec(spec.bits, block, spec.symmetric)
+            rows = w.reshape(-1, k).astype(np.float32)
+            tensors[name] = dequantize(quantize(rows, row_spec), row_spec, k).astype(np.float32).reshape(w.shape)
+        save_file(tensors, file, metadata={"format": "pt"})
+    return Path(dst)

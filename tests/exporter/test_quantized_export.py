@@ -11,8 +11,6 @@ wrong drafts (lossless at the CPU default accuracy_level 4), and single-node M=1
 
 from __future__ import annotations
 
-import re
-import shutil
 
 import numpy as np
 import onnx
@@ -23,15 +21,14 @@ from onnx import helper, numpy_helper
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 og = pytest.importorskip("onnxruntime_genai")
-from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from onnx_hybrid.cli import main as cli_main  # noqa: E402
 from onnx_hybrid.exporter import ExportError, export  # noqa: E402
 from onnx_hybrid.exporter.graph.quantized import CPU_ROW_INVARIANT  # noqa: E402
 from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
-from onnx_hybrid.exporter.quantize import QuantSpec, dequantize, quantize  # noqa: E402
+from onnx_hybrid.exporter.quantize import QuantSpec, quantize  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
-from onnx_hybrid_testing.checkpoints import MOE, TEXT, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.checkpoints import TEXT, make_tiny_checkpoint, with_weights_rounded  # noqa: E402
 from onnx_hybrid_testing.engine import set_eos  # noqa: E402
 from onnx_hybrid_testing.greedy import GreedyDriver, make_session  # noqa: E402
 from onnx_hybrid_testing.genai_driver import greedy_tokens, run_engine  # noqa: E402
@@ -50,39 +47,6 @@ VARIANTS = {
     "int4-asym-64-head-embedding-gates": dict(weights="int4", weight_block=64, weight_asymmetric=True,
                                               quantize_lm_head=True, quantize_embedding=True, quantize_gates=True),
 }
-# Checkpoint tensors the exporter quantizes: projections (attention, GDN in/out, MLPs, shared and routed
-# experts, the MTP fc); the router and the shared expert's gate keep their type, and the GDN's b/a gate
-# projections unless asked (GATES).
-PROJECTION = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|in_proj_\w+|out_proj|gate_proj|up_proj|down_proj)\.weight$"
-                        r"|experts\.(gate_up_proj|down_proj)$|^mtp\.fc\.weight$")
-GATES = re.compile(r"\.in_proj_(b|a|ba)\.weight$")
-
-
-def _rounded_copy(src, dst, options):
-    """``src`` with every weight the export quantizes replaced by its dequantized value."""
-    shutil.copytree(src, dst)
-    spec = QuantSpec(int(options["weights"][3:]), options.get("weight_block", 32),
-                     not options.get("weight_asymmetric", False))
-    head = [name for name, key in (("model.embed_tokens.weight", "quantize_embedding"),
-                                   ("lm_head.weight", "quantize_lm_head")) if options.get(key)]
-    for file in dst.glob("*.safetensors"):
-        tensors = load_file(file)
-        for name, w in tensors.items():
-            short = name.replace("model.language_model.", "model.")
-            if not (PROJECTION.search(short) or short in head) or (GATES.search(short) and
-                                                                    not options.get("quantize_gates")):
-                continue
-            k = w.shape[-1]
-            block = spec.block_size
-            if "experts." in short and (TEXT["hidden_size"] % block or MOE["moe_intermediate_size"] % block):
-                block = k  # QMoE without block_size: one block per expert row
-            row_spec = QuantSpec(spec.bits, block, spec.symmetric)
-            rows = w.reshape(-1, k).astype(np.float32)
-            tensors[name] = dequantize(quantize(rows, row_spec), row_spec, k).astype(np.float32).reshape(w.shape)
-        save_file(tensors, file, metadata={"format": "pt"})
-    return dst
-
-
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
     layout, options = CASES[request.param]
@@ -101,7 +65,7 @@ def _nodes(path):
 def test_quantized_export_equals_fp32_export_of_rounded_weights(case, variant, tmp_path):
     options = VARIANTS[variant]
     quantized = export(case, tmp_path / "q", accuracy_level=0, progress=False, **options)
-    rounded = export(_rounded_copy(case, tmp_path / "rounded", options), tmp_path / "r", progress=False)
+    rounded = export(with_weights_rounded(case, tmp_path / "rounded", options), tmp_path / "r", progress=False)
     got, want = _greedy(quantized), _greedy(rounded)
     assert got.tokens == want.tokens
     np.testing.assert_allclose(got.prefill_logits, want.prefill_logits, atol=LOGITS_TOL, rtol=0)

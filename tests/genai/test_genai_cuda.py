@@ -29,9 +29,10 @@ pytest.importorskip("transformers")
 og = pytest.importorskip("onnxruntime_genai")
 
 from onnx_hybrid.exporter import export  # noqa: E402
+from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
 from onnx_hybrid_testing import genai_driver  # noqa: E402
-from onnx_hybrid_testing.checkpoints import load_reference, make_tiny_checkpoint  # noqa: E402
+from onnx_hybrid_testing.checkpoints import load_reference, make_tiny_checkpoint, with_weights_rounded  # noqa: E402
 from onnx_hybrid_testing.engine import set_eos, tamper_capsules  # noqa: E402
 from onnx_hybrid_testing.mtp import add_mtp_head, fit_drafting_head, greedy_runs  # noqa: E402
 
@@ -222,6 +223,30 @@ def test_engine_gives_transformers_tokens(layout, dtype, tmp_path):
     plain = export_for_test(checkpoint, tmp_path / "plain", eos, dtype="fp16")
     assert_same_up_to_fp16_ties(hf, tokens, plain)
     assert_fp16_logits_close(hf, plain, want)
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_quantized_weights_in_every_layout(layout, weights, tmp_path):
+    """int4 in every layout and int8 in the MoE ones, as a plain -e cuda export (MatMulNBits; the routed experts as
+    ORT's CUDA QMoE; Qwen3-Next's packed projections): og.Generator's logits, teacher-forced, are transformers' on
+    the checkpoint with those weights rounded beforehand, within FP16_REL_RMS_TOL, and the tokens with CUDA graphs
+    (the default) are those without. The CPU dry run takes fp32 at accuracy level 0 (fp32 sums)."""
+    checkpoint = layout[0]
+    if weights == "int8" and not any(load_model_config(checkpoint).moe_layers):
+        pytest.skip("int8 projections are the int4 ones' MatMulNBits with 8 bits: the MoE layouts add QMoE's")
+    options = {"weights": weights}
+    rounded = load_reference(with_weights_rounded(checkpoint, tmp_path / "rounded", options))
+    want = reference_tokens(rounded, PROMPTS)
+    eos = unused_token(*PROMPTS, *want)
+    precision = {"dtype": "fp16"} if PROVIDER == "cuda" else {"dtype": "fp32", "accuracy_level": 0}
+    out = export_for_test(checkpoint, tmp_path / "out", eos, **options, **precision)
+    assert_fp16_logits_close(rounded, out, want)
+    tokens = genai(out, "generator", PROMPTS)["tokens"]
+    assert [len(t) for t in tokens] == [NEW_TOKENS] * len(PROMPTS)
+    if PROVIDER == "cuda":
+        assert json.loads((out / "genai_config.json").read_text())["model"]["decoder"]["session_options"][
+            "provider_options"] == [{"cuda": {"enable_cuda_graph": "1"}}]
+        assert genai(out, "generator", PROMPTS, cuda_graph=False)["tokens"] == tokens
 
 
 # --- speculative decoding: lossless on the GPU --------------------------------------------------------------
