@@ -17,6 +17,8 @@ Exports (names used in row ids):
   builder-int4    the builder, -p int4 (MatMulNBits weights)
   ours-paged      export-hybrid --paged --state-update-capacity C, with the MTP head (og.Engine)
   builder-paged   the builder with use_paged_attention=true, with the MTP head (og.Engine)
+  ours-int4-paged ours-paged with --weights int4 --quantize-lm-head (QuantizedLinear, the paged int4 default)
+  builder-int4-paged the builder, -p int4, use_paged_attention=true, with the MTP head (og.Engine)
 
 Measurements (row id SIZE/EXPORT/GRAPH/MEASURE, GRAPH = eager or graph, i.e. enable_cuda_graph off or on, or
 graph-2buf: on, with onnxruntime-genai's recurrent states double-buffered instead of updated in place, i.e.
@@ -140,6 +142,9 @@ def exports(args) -> list[Export]:
         Export("builder-int4", True, precision="int4", options=_kv({**extra, "exclude_mtp": "true"})),
         Export("ours-paged", False, paged=True, options=("--dtype", float_type, *paged)),
         Export("builder-paged", True, paged=True, precision=float_type, options=_kv({**extra, **builder_paged})),
+        Export("ours-int4-paged", False, paged=True, options=("--dtype", float_type, *paged, "--weights", "int4",
+                                                              "--quantize-lm-head")),
+        Export("builder-int4-paged", True, paged=True, precision="int4", options=_kv({**extra, **builder_paged})),
     ]
 
 
@@ -479,7 +484,8 @@ def markdown(results: dict, args) -> str:
     lines += ["", f"ours × = this row's prefill time over ours' (same size and graph mode): the goal is ours ≥ "
               f"{GOALS['builder-int4']}x faster than the builder's exports and ≥ {GOALS['ours-ms']}x faster than "
               f"ours-ms at the longest prompt; ✓ marks a goal met. Paged rows (og.Engine) are ours-paged "
-              f"(--paged, com.microsoft PagedAttention on CUDA) and builder-paged (use_paged_attention=true); "
+              f"(--paged, com.microsoft PagedAttention on CUDA) and builder-paged (use_paged_attention=true), and "
+              f"their int4 exports ours-int4-paged and builder-int4-paged; "
               f"the MTP heads are random, so their acceptance is near 0 and engine-…-mtp shows the cost of "
               f"drafting, not its gain. Decode cells: tokens/s over the whole run of --new-tokens tokens a row "
               f"(the first decode step included: with CUDA graphs onnxruntime-genai captures each new generator's "
@@ -490,7 +496,7 @@ def markdown(results: dict, args) -> str:
 
 def _export_order(name: str) -> int:
     order = ["ours", "ours-gemm", "ours-int4", "ours-int4-head", "ours-int4-qlinear", "ours-ms", "builder-fp16",
-             "builder-fp32", "builder-int4", "ours-paged", "builder-paged"]
+             "builder-fp32", "builder-int4", "ours-paged", "builder-paged", "ours-int4-paged", "builder-int4-paged"]
     return order.index(name) if name in order else len(order)
 
 
