@@ -225,16 +225,28 @@ def test_engine_gives_transformers_tokens(layout, dtype, tmp_path):
     assert_fp16_logits_close(hf, plain, want)
 
 
-@pytest.mark.parametrize("weights", ["int4", "int8"])
-def test_quantized_weights_in_every_layout(layout, weights, tmp_path):
-    """int4 in every layout and int8 in the MoE ones, as a plain -e cuda export (MatMulNBits; the routed experts as
-    ORT's CUDA QMoE; Qwen3-Next's packed projections): og.Generator's logits, teacher-forced, are transformers' on
-    the checkpoint with those weights rounded beforehand, within FP16_REL_RMS_TOL, and the tokens with CUDA graphs
+# Quantized exports in every layout (plain, -e cuda): id -> (export options, layouts it runs on).
+QUANTIZED_LAYOUTS = {
+    "int4": ({"weights": "int4"}, "every layout"),
+    "int8": ({"weights": "int8"}, "MoE layouts"),  # the dense int8 products are the int4 ones' MatMulNBits, 8 bits
+    "int4-asym-head-embedding": ({"weights": "int4", "weight_asymmetric": True, "quantize_lm_head": True,
+                                  "quantize_embedding": True}, "the dense layout"),
+}
+
+
+@pytest.mark.parametrize("case", list(QUANTIZED_LAYOUTS))
+def test_quantized_weights_in_every_layout(layout, case, tmp_path):
+    """int4 in every layout, int8 in the MoE ones, and int4 with zero points, the lm_head and the embedding
+    (GatherBlockQuantized) in the dense one, as plain -e cuda exports (MatMulNBits; the routed experts as ORT's
+    CUDA QMoE; Qwen3-Next's packed projections): og.Generator's logits, teacher-forced, are transformers' on the
+    checkpoint with those weights rounded beforehand, within FP16_REL_RMS_TOL, and the tokens with CUDA graphs
     (the default) are those without. The CPU dry run takes fp32 at accuracy level 0 (fp32 sums)."""
     checkpoint = layout[0]
-    if weights == "int8" and not any(load_model_config(checkpoint).moe_layers):
-        pytest.skip("int8 projections are the int4 ones' MatMulNBits with 8 bits: the MoE layouts add QMoE's")
-    options = {"weights": weights}
+    options, runs_on = QUANTIZED_LAYOUTS[case]
+    config = load_model_config(checkpoint)
+    if runs_on == "MoE layouts" and not any(config.moe_layers) or (
+            runs_on == "the dense layout" and (any(config.moe_layers) or config.multimodal)):
+        pytest.skip(f"{case} runs on {runs_on}")
     rounded = load_reference(with_weights_rounded(checkpoint, tmp_path / "rounded", options))
     want = reference_tokens(rounded, PROMPTS)
     eos = unused_token(*PROMPTS, *want)
