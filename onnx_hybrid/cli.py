@@ -117,8 +117,9 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "product, whose CUDA kernel reads a one-row decode step's weights at the copy rate "
                              "(default: on for -e cuda with fp16/bf16 and our ops, unless the export verifies drafts); "
                              "with --weights int4 also the 4-bit ones as onnx_hybrid::QuantizedLinear instead of "
-                             "MatMulNBits (default: where the export verifies drafts, whose verify rows it keeps bit-equal to "
-                             "decode steps, or is --paged, whose batched steps it reads the weights once for)")
+                             "MatMulNBits (default: where the export verifies drafts, whose verify rows it keeps "
+                             "bit-equal to decode steps, or is --paged, whose batched steps it reads the weights once "
+                             "for)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bar and no summary (warnings and errors still go to stderr)")

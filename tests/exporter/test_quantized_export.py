@@ -11,7 +11,6 @@ wrong drafts (lossless at the CPU default accuracy_level 4), and single-node M=1
 
 from __future__ import annotations
 
-
 import numpy as np
 import onnx
 import onnxruntime as ort
