@@ -61,8 +61,8 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "Engine (dynamic batching) runs")
     parser.add_argument("--paged-attention", choices=list(OP_DOMAINS), default=None,
                         help="PagedAttention kernel of the paged export: onnx_hybrid (our CPU kernel, any dtype) or "
-                             "com.microsoft (ONNX Runtime's CUDA kernel, fp16/bf16 pool); default: com.microsoft with -e "
-                             "cuda, else --op-domain")
+                             "com.microsoft (ONNX Runtime's CUDA kernel, fp16/bf16 pool); default: com.microsoft "
+                             "with -e cuda, else --op-domain")
     parser.add_argument("--block-size", type=int, default=None, metavar="N",
                         help="tokens per KV block of the paged export (power of two >= 16; default 256)")
     parser.add_argument("--num-blocks", type=int, default=None, metavar="N",
