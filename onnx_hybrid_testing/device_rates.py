@@ -1,5 +1,5 @@
-"""The GPU's device-to-device copy rate, the reference the benchmarks state their bytes-per-second against. CuPy
-only (the `gpu` extra), so any GPU benchmark can take it without torch."""
+"""The GPU's name and device-to-device copy rate, the reference the benchmarks state their bytes-per-second
+against. CuPy only (the `gpu` extra), so any GPU benchmark can take them without torch."""
 
 from __future__ import annotations
 
@@ -24,3 +24,10 @@ def copy_rate() -> float:
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
     return 2 * a.nbytes / statistics.median(times)
+
+
+def device_name() -> str:
+    """The current CUDA device's name, as the driver reports it."""
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()

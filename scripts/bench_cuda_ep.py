@@ -38,6 +38,7 @@ from onnx_hybrid import cuda_ops
 from onnx_hybrid.ops import contract, library
 from onnx_hybrid_testing import single_op
 from onnx_hybrid_testing.cases import random_conv_case, random_gdn_case
+from onnx_hybrid_testing.device_rates import device_name
 from onnx_hybrid_testing.results import write_json
 
 HK, HV, D, KERNEL = 16, 48, 128, 4
@@ -197,7 +198,7 @@ def main() -> None:
         ort.preload_dlls()
     library.prepare_cuda()
     rng = np.random.default_rng(0)
-    print(f"# {datetime.date.today()} {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}  "
+    print(f"# {datetime.date.today()} {device_name()}  "
           f"onnxruntime {ort.__version__}; times in us (median of {args.reps})")
     print(f"{'case':24s} {'kernel':>7s} | {'ours run':>8s} {'graph':>7s} {'r-g':>6s} {'node':>6s} | "
           f"{'ORT run':>8s} {'graph':>7s} {'r-g':>6s} {'node':>6s} | "
@@ -237,7 +238,7 @@ def main() -> None:
                         for domain in (contract.DOMAIN, contract.MS_DOMAIN) for mode in ("run", "graph", "node")}})
         del outs
         cupy.get_default_memory_pool().free_all_blocks()
-    write_json(args.json, "bench_cuda_ep", cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), rows,
+    write_json(args.json, "bench_cuda_ep", device_name(), rows,
                onnxruntime=ort.__version__, reps=args.reps)
 
 

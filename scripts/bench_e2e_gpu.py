@@ -314,11 +314,9 @@ def copy_rate(device: str) -> dict:
             np.copyto(b, a)
             times.append(time.perf_counter() - t0)
         return {"bytes_per_s": 2 * a.nbytes / min(times[1:]), "device_name": cpu_model()}
-    import torch
+    from onnx_hybrid_testing.device_rates import copy_rate as device_copy_rate, device_name
 
-    from onnx_hybrid_testing.device_rates import copy_rate as device_copy_rate
-
-    return {"bytes_per_s": device_copy_rate(), "device_name": torch.cuda.get_device_name()}
+    return {"bytes_per_s": device_copy_rate(), "device_name": device_name()}
 
 
 def worker(spec_path: Path) -> None:

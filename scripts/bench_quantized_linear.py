@@ -21,7 +21,7 @@ from onnx import TensorProto, helper
 from onnx_hybrid.exporter.quantize import QuantSpec, quantize
 from onnx_hybrid.ops import contract, library
 from onnx_hybrid_testing import single_op
-from onnx_hybrid_testing.device_rates import copy_rate
+from onnx_hybrid_testing.device_rates import copy_rate, device_name
 from onnx_hybrid_testing.results import write_json
 
 from bench_cuda_ep import median_run_time  # scripts/ is this process's first import path
@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows here (with date, commit, GPU, command)")
     args = ap.parse_args()
     rate = copy_rate()
-    device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    device = device_name()
     print(f"# {datetime.date.today()} {device}, copy rate "
           f"{rate / 1e12:.2f} TB/s (read + write); {args.layers} projections a model, median of {args.runs} runs")
     print(f"{'case':9s} {'rows':>4s} {'ours us':>9s} {'ORT us':>9s} {'ours TB/s':>9s} {'ORT TB/s':>9s} {'ORT/ours':>8s}")

@@ -39,9 +39,9 @@ def environment(provider: str) -> dict:
            "cpu": cpu_model()}
     if provider == "cuda":
         try:
-            import cupy
+            from onnx_hybrid_testing.device_rates import device_name
 
-            env["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+            env["gpu"] = device_name()
         except Exception as error:  # the GPU's name is informative only
             env["gpu"] = f"unknown ({type(error).__name__})"
     return env
