@@ -126,17 +126,23 @@ QUANTIZED_PROJECTION = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|in_proj_\w+|o
 QUANTIZED_GATES = re.compile(r"\.in_proj_(b|a|ba)\.weight$")
 
 
-def with_weights_rounded(src, dst, options: dict) -> Path:
+def with_weights_rounded(src, dst, options: dict, execution_provider: str = "cpu",
+                         accuracy_level: int | None = None) -> Path:
     """A copy of the tiny checkpoint ``src`` in which every weight an export with the quantization ``options``
     (export()'s weights, weight_block, weight_asymmetric, quantize_lm_head, quantize_embedding, quantize_gates)
-    quantizes holds its dequantized value: the oracle for that export's arithmetic."""
+    for ``execution_provider`` at ``accuracy_level`` quantizes holds its dequantized value: the oracle for that
+    export's arithmetic."""
     from safetensors.numpy import load_file, save_file
 
+    from onnx_hybrid.exporter.graph.feed_forward import padded_expert_size
+    from onnx_hybrid.exporter.graph.quantized import experts_block_wise, quant_options, quantizes_experts
     from onnx_hybrid.exporter.quantize import QuantSpec, dequantize, quantize
 
     shutil.copytree(src, dst)
-    spec = QuantSpec(int(options["weights"][3:]), options.get("weight_block", 32),
-                     not options.get("weight_asymmetric", False))
+    quant = quant_options(options["weights"], "fp32", block_size=options.get("weight_block", 32),
+                          asymmetric=options.get("weight_asymmetric", False), accuracy_level=accuracy_level,
+                          execution_provider=execution_provider)
+    spec = quant.spec
     head = [name for name, key in (("model.embed_tokens.weight", "quantize_embedding"),
                                    ("lm_head.weight", "quantize_lm_head")) if options.get(key)]
     for file in Path(dst).glob("*.safetensors"):
@@ -144,12 +150,14 @@ def with_weights_rounded(src, dst, options: dict) -> Path:
         for name, w in tensors.items():
             short = name.replace("model.language_model.", "model.")
             if not (QUANTIZED_PROJECTION.search(short) or short in head) or (
-                    QUANTIZED_GATES.search(short) and not options.get("quantize_gates")):
+                    QUANTIZED_GATES.search(short) and not options.get("quantize_gates")) or (
+                    "experts." in short and not quantizes_experts(quant)):
                 continue
             k = w.shape[-1]
             block = spec.block_size
-            if "experts." in short and (TEXT["hidden_size"] % block or MOE["moe_intermediate_size"] % block):
-                block = k  # QMoE without block_size: one block per expert row
+            if "experts." in short and not experts_block_wise(TEXT["hidden_size"], quant):
+                # QMoE without block_size: one block per expert row, of the expert size padded to whole tiles
+                block = padded_expert_size(k, block) if "down_proj" in short else k
             row_spec = QuantSpec(spec.bits, block, spec.symmetric)
             rows = w.reshape(-1, k).astype(np.float32)
             tensors[name] = dequantize(quantize(rows, row_spec), row_spec, k).astype(np.float32).reshape(w.shape)

@@ -6,7 +6,8 @@ Qwen3-Next de-interleave is many small row ranges), an optional ``1 + w`` offset
 The writer then streams every recipe into the external data file in blocks of at most
 ``BLOCK_BYTES``, so peak memory is one block plus whatever one source slice maps, never the model.
 A quantized recipe (``quant``) is quantized block by block as it streams: its packed codes are written as
-they come, its scales and zero points (at most a quarter of the codes' bytes) after them.
+they come, its scales and zero points (at most a quarter of the codes' bytes) after them. A recipe may pad
+with zeros, exactly (``Segment.zeros`` rows, ``pad_columns``), where an op's layout needs whole blocks.
 """
 
 from __future__ import annotations
@@ -28,12 +29,20 @@ BLOCK_BYTES = 64 << 20
 
 @dataclass(frozen=True)
 class Segment:
-    """Rows ``start:stop`` of ``checkpoint[source][lead]``, flattened in row-major order."""
+    """Rows ``start:stop`` of ``checkpoint[source][lead]``, flattened in row-major order; the ``ZERO_ROWS``
+    source gives ``stop - start`` rows of zeros as long as the recipe's last axis."""
 
     source: str
     start: int
     stop: int
     lead: tuple[int, ...] = ()
+
+    @classmethod
+    def zeros(cls, rows: int) -> Segment:
+        return cls(ZERO_ROWS, 0, rows)
+
+
+ZERO_ROWS = ""
 
 
 @dataclass
@@ -44,6 +53,7 @@ class TensorPlan:
     segments: list[Segment]
     add_one: bool = False  # zero-centred RMSNorm weight: store 1 + w (computed in fp32)
     interleave_pairs: bool = False  # segments (a, b), (c, d), ... written as rows a0 b0 a1 b1 ... c0 d0 ...
+    pad_columns: bool = False  # source rows shorter than the last axis, zero-filled at their end
     value: ir.Value = field(default=None, repr=False)
     # Block-quantized rows along the last axis of ``shape``: ``value`` holds the packed codes, ``dtype`` is the
     # scales' type, ``form`` the op layout (quantize.FORMS).
@@ -104,14 +114,16 @@ class Weights:
         return self.add(TensorPlan(name, tuple(shape), np.dtype(dtype), segments, interleave_pairs=interleave_pairs))
 
     def quantized(self, name: str, segments: list[Segment], shape: Iterable[int], scale_dtype, spec: QuantSpec,
-                  form: str = "matmul", *, interleave_pairs: bool = False) -> QuantizedWeight:
+                  form: str = "matmul", *, interleave_pairs: bool = False, pad_columns: bool = False
+                  ) -> QuantizedWeight:
         """Row segments of (already shape-checked) tensors, concatenated (or interleaved pairwise) as for
-        :meth:`rows`, then block-quantized along the last axis; ``name`` gets suffixes per initializer."""
+        :meth:`rows`, zero-filled to the last axis of ``shape`` with ``pad_columns``, then block-quantized along
+        the last axis; ``name`` gets suffixes per initializer."""
         shape = tuple(shape)
         codes_name = f"{name}_Q{spec.bits}"
         if codes_name not in self.plans:
             plan = TensorPlan(codes_name, shape, np.dtype(scale_dtype), segments, interleave_pairs=interleave_pairs,
-                              quant=spec, form=form)
+                              pad_columns=pad_columns, quant=spec, form=form)
             codes, scales, zeros = stored_shapes(form, shape, spec)
             plan.value = _value(codes_name, codes, ir.DataType.UINT8)
             plan.scales = _value(f"{name}_scales", scales, ir_dtype(plan.dtype))
@@ -181,6 +193,9 @@ def _blocks(checkpoint: Checkpoint, plan: TensorPlan, element_bytes: int):
               else [(seg,) for seg in plan.segments])
     for group in groups:
         first = group[0]
+        if first.source == ZERO_ROWS:
+            yield np.zeros((first.stop - first.start, len(group) * plan.shape[-1]), np.float32)
+            continue
         stored = checkpoint.get(first.source)
         row_bytes = math.prod(stored.shape[len(first.lead) + 1:]) * element_bytes * len(group)
         step = max(1, BLOCK_BYTES // max(row_bytes, 1))
@@ -191,6 +206,9 @@ def _blocks(checkpoint: Checkpoint, plan: TensorPlan, element_bytes: int):
             block = blocks[0] if len(blocks) == 1 else np.stack(blocks, axis=1)  # rows a0 b0 a1 b1 ...
             if plan.add_one:
                 block = block.astype(np.float32) + np.float32(1.0)
+            if plan.pad_columns:
+                block = np.pad(block.astype(np.float32, copy=False),
+                               [(0, 0)] * (block.ndim - 1) + [(0, plan.shape[-1] - block.shape[-1])])
             yield block
 
 

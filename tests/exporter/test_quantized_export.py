@@ -11,6 +11,8 @@ wrong drafts (lossless at the CPU default accuracy_level 4), and single-node M=1
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -23,9 +25,10 @@ og = pytest.importorskip("onnxruntime_genai")
 
 from onnx_hybrid.cli import main as cli_main  # noqa: E402
 from onnx_hybrid.exporter import ExportError, export  # noqa: E402
-from onnx_hybrid.exporter.graph.quantized import CPU_ROW_INVARIANT  # noqa: E402
+from onnx_hybrid.exporter.graph.quantized import (  # noqa: E402
+    CPU_ROW_INVARIANT, QuantOptions, experts_block_wise, quantizes_experts)
 from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
-from onnx_hybrid.exporter.quantize import QuantSpec, quantize  # noqa: E402
+from onnx_hybrid.exporter.quantize import QuantSpec, dequantize, quantize  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
 from onnx_hybrid_testing.checkpoints import TEXT, make_tiny_checkpoint, with_weights_rounded  # noqa: E402
 from onnx_hybrid_testing.engine import set_eos  # noqa: E402
@@ -64,7 +67,8 @@ def _nodes(path):
 def test_quantized_export_equals_fp32_export_of_rounded_weights(case, variant, tmp_path):
     options = VARIANTS[variant]
     quantized = export(case, tmp_path / "q", accuracy_level=0, progress=False, **options)
-    rounded = export(with_weights_rounded(case, tmp_path / "rounded", options), tmp_path / "r", progress=False)
+    rounded = export(with_weights_rounded(case, tmp_path / "rounded", options, accuracy_level=0), tmp_path / "r",
+                     progress=False)
     got, want = _greedy(quantized), _greedy(rounded)
     assert got.tokens == want.tokens
     np.testing.assert_allclose(got.prefill_logits, want.prefill_logits, atol=LOGITS_TOL, rtol=0)
@@ -77,6 +81,10 @@ def test_quantized_export_equals_fp32_export_of_rounded_weights(case, variant, t
     assert ("GatherBlockQuantized" in ops) == bool(options.get("quantize_embedding"))
     initializers = onnx.load(str(quantized / "model.onnx"), load_external_data=False).graph.initializer
     assert not [t.name for t in initializers if t.name.endswith("proj.weight")]  # no float copy left
+    if moe:  # the expert size (24) zero-padded to whole blocks, exactly: the logits above
+        padded = options.get("weight_block", 32)
+        fc1 = [t for t in initializers if t.name.endswith("experts.gate_up_proj_Q" + options["weights"][3:])]
+        assert fc1 and all(t.dims[1] == 2 * padded for t in fc1), [list(t.dims) for t in fc1]
 
     if (quantized / "mtp.onnx").is_file():
         _check_mtp_head(quantized, rounded)
@@ -202,6 +210,62 @@ def test_matmul_nbits_rows_are_invariant_where_the_exporter_says(bits, block):
         for rows in (4, 40):
             together = np.concatenate([session.run(None, {"A": a[i:i + rows]})[0] for i in range(0, 40, rows)])
             assert np.array_equal(together, alone), (k, rows, np.abs(together - alone).max())
+
+
+def _qmoe_expert_outputs(w, spec, block_wise, accuracy_level):
+    """One QMoE node with the identity activation, fc1 = ``w`` [F, H] quantized per ``spec`` and fc2 = the
+    identity (exact in every form), fed the H unit vectors: column j of its [F, H] result is what the node
+    makes of w[:, j], the product's output before fc2, as it enters fc2."""
+    f, h = w.shape
+    fc1_spec, fc2_spec = (spec, spec) if block_wise else (replace(spec, block_size=h), replace(spec, block_size=f))
+    fc1, fc2 = quantize(w, fc1_spec), quantize(np.eye(h, f, dtype=np.float32), fc2_spec)
+    initializers = [numpy_helper.from_array(a, name) for a, name in (
+        (fc1.codes.reshape(1, f, -1), "fc1"), (fc1.scales.reshape((1, f, -1) if block_wise else (1, f)), "s1"),
+        (fc2.codes.reshape(1, h, -1), "fc2"), (fc2.scales.reshape((1, h, -1) if block_wise else (1, h)), "s2"))]
+    node = helper.make_node("QMoE", ["x", "router", "fc1", "s1", "", "fc2", "s2"], ["y"], domain=contract.MS_DOMAIN,
+                            k=1, activation_type="identity", expert_weight_bits=spec.bits,
+                            accuracy_level=accuracy_level, **({"block_size": spec.block_size} if block_wise else {}))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [h, h]),
+                                            helper.make_tensor_value_info("router", onnx.TensorProto.FLOAT, [h, 1])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [h, h])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid(contract.MS_DOMAIN, 1)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    y = session.run(None, {"x": np.eye(h, dtype=np.float32), "router": np.zeros((h, 1), np.float32)})[0]
+    return y.T, dequantize(fc1, fc1_spec, h).astype(np.float32)
+
+
+def _int8_blocks(v, block):
+    """``v`` [F, H] rounded as int8 activations are, column by column: blocks of ``block`` along F, max / 127."""
+    blocks = v.T.reshape(v.shape[1], -1, block).astype(np.float64)
+    scale = np.abs(blocks).max(axis=-1, keepdims=True) / 127
+    return (np.round(blocks / np.where(scale == 0, 1, scale)) * scale).reshape(v.shape[1], -1).T
+
+
+@pytest.mark.parametrize("bits, block_wise, accuracy_level, int8_activations", [
+    (8, True, 0, True), (8, True, 4, True), (8, False, 0, False), (4, True, 0, False), (4, True, 4, True)])
+def test_qmoe_cpu_arithmetic_by_form(bits, block_wise, accuracy_level, int8_activations):
+    """Why experts_block_wise makes int8 experts row-wise on the CPU below accuracy_level 4: ORT 1.32's CPU QMoE
+    rounds the activations entering a block-wise int8 product to int8 (blocks of the weights' size, max / 127) at
+    every accuracy_level, int4 only at 4, and computes a row-wise int8 product in fp32."""
+    rng = np.random.default_rng(bits + accuracy_level)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    got, weights = _qmoe_expert_outputs(w, QuantSpec(bits, 32), block_wise, accuracy_level)
+    want = _int8_blocks(weights, 32) if int8_activations else weights
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert np.abs(_int8_blocks(weights, 32) - weights).max() > 1e-3  # the two oracles tell the forms apart
+
+
+def test_experts_quantized_where_qmoe_computes_them_and_in_which_form():
+    """QMoE only where it computes from the exported weights (the CPU), block-wise where the hidden size is a
+    whole number of blocks, except int8 on the CPU below accuracy_level 4 (test_qmoe_cpu_arithmetic_by_form)."""
+    def options(bits=4, block=32, provider="cpu", level=0):
+        return QuantOptions(QuantSpec(bits, block), level, execution_provider=provider)
+
+    assert quantizes_experts(options()) and not quantizes_experts(options(provider="cuda"))
+    assert not quantizes_experts(None)
+    assert experts_block_wise(64, options()) and not experts_block_wise(64, options(block=128))
+    assert not experts_block_wise(64, options(8)) and experts_block_wise(64, options(8, level=4))
 
 
 def test_speculative_exports_warn_where_verify_is_not_row_invariant(text, tmp_path, caplog):

@@ -8,10 +8,9 @@ from dataclasses import replace
 import onnx_ir as ir
 
 from ...ops import contract
-from ..quantize import QuantSpec
 from ..weights import Segment
 from .context import GraphContext
-from .quantized import qmoe
+from .quantized import QuantOptions, experts_block_wise, qmoe, quantizes_experts
 
 log = logging.getLogger("onnx_hybrid.exporter")
 
@@ -32,17 +31,28 @@ def dense_mlp(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
     return _swiglu(ctx, x, f"{ctx.layer(layer)}mlp.", ctx.config.intermediate_size)
 
 
-def _expert_weights(ctx: GraphContext, prefix: str, spec: QuantSpec | None = None) -> tuple:
+def padded_expert_size(size: int, block_size: int) -> int:
+    """The expert size of quantized experts: whole weight blocks, so that the down projection takes QMoE's
+    block-wise form, as it does in the released models."""
+    return -(-size // block_size) * block_size
+
+
+def _expert_weights(ctx: GraphContext, prefix: str, quant: QuantOptions | None = None) -> tuple:
     """[E, 2F, H] gate/up with rows interleaved (g0 u0 g1 u1 ..., what ORT's CPU MoE takes) and [E, H, F]
-    down, from fused or per-expert checkpoint tensors (docs/model.md#moe-routing); block-quantized per ``spec``
-    when given, with one block per expert row when the expert sizes are not multiples of its block."""
+    down, from fused or per-expert checkpoint tensors (docs/model.md#moe-routing); block-quantized per ``quant``
+    when given, with F zero-padded to whole weight blocks (exact: a zero gate/up row gives a zero activation, a
+    zero down column adds nothing), or one block per expert row (experts_block_wise)."""
     moe, hidden, w = ctx.config.moe, ctx.config.hidden_size, ctx.weights
+    spec = quant.spec if quant else None
     e, f = moe.num_experts, moe.expert_size
+    padded = padded_expert_size(f, spec.block_size) if spec else f
+    zero_pair = [Segment.zeros(padded - f)] * 2 if padded > f else []
     fused_gu, fused_down = f"{prefix}experts.gate_up_proj", f"{prefix}experts.down_proj"
     if fused_gu in w.checkpoint:
         w.require(fused_gu, [e, 2 * f, hidden])
         w.require(fused_down, [e, hidden, f])
-        gu_segments = [Segment(fused_gu, start, start + f, (i,)) for i in range(e) for start in (0, f)]
+        gu_segments = [seg for i in range(e)
+                       for seg in [Segment(fused_gu, start, start + f, (i,)) for start in (0, f)] + zero_pair]
         down_segments = [Segment(fused_down, 0, e)]
     else:
         gu_segments, down_segments = [], []
@@ -50,23 +60,24 @@ def _expert_weights(ctx: GraphContext, prefix: str, spec: QuantSpec | None = Non
             for part in ("gate_proj", "up_proj"):
                 w.require(f"{prefix}experts.{i}.{part}.weight", [f, hidden])
                 gu_segments.append(Segment(f"{prefix}experts.{i}.{part}.weight", 0, f))
+            gu_segments += zero_pair
             w.require(f"{prefix}experts.{i}.down_proj.weight", [hidden, f])
             down_segments.append(Segment(f"{prefix}experts.{i}.down_proj.weight", 0, hidden))
     if spec is None:
         gate_up = w.rows(f"{prefix}experts.gate_up_proj", gu_segments, [e, 2 * f, hidden], ctx.np_act,
                          interleave_pairs=True)
         return gate_up, w.rows(f"{prefix}experts.down_proj", down_segments, [e, hidden, f], ctx.np_act)
-    # QMoE's block-wise form needs whole blocks in both expert dimensions; else each expert row is one block.
-    block_wise = hidden % spec.block_size == 0 and f % spec.block_size == 0
-    if not block_wise and prefix == f"{ctx.layer(ctx.config.moe_layers.index(True))}mlp.":  # once per graph
-        log.warning("experts: hidden size %d or expert size %d is not a multiple of the weight block %d; QMoE "
-                    "gets one scale per expert row instead", hidden, f, spec.block_size)
+    block_wise = experts_block_wise(hidden, quant)
+    if hidden % spec.block_size and prefix == f"{ctx.layer(ctx.config.moe_layers.index(True))}mlp.":  # once a graph
+        log.warning("experts: hidden size %d is not a multiple of the weight block %d; QMoE gets one scale per "
+                    "expert row instead", hidden, spec.block_size)
     form = "experts" if block_wise else "columns"
-    gu_spec, down_spec = (spec, spec) if block_wise else (replace(spec, block_size=hidden), replace(spec, block_size=f))
-    gate_up = w.quantized(f"{prefix}experts.gate_up_proj", gu_segments, [e, 2 * f, hidden], ctx.np_act, gu_spec,
-                          form, interleave_pairs=True)
-    return gate_up, w.quantized(f"{prefix}experts.down_proj", down_segments, [e, hidden, f], ctx.np_act,
-                                down_spec, form)
+    gu_spec, down_spec = ((spec, spec) if block_wise
+                          else (replace(spec, block_size=hidden), replace(spec, block_size=padded)))
+    gate_up = w.quantized(f"{prefix}experts.gate_up_proj", gu_segments, [e, 2 * padded, hidden], ctx.np_act,
+                          gu_spec, form, interleave_pairs=True)
+    return gate_up, w.quantized(f"{prefix}experts.down_proj", down_segments, [e, hidden, padded], ctx.np_act,
+                                down_spec, form, pad_columns=padded > f)
 
 
 def sparse_moe(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
@@ -85,8 +96,8 @@ def sparse_moe(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
     logits = ctx.linear(x, router)
     attributes = {"k": moe.top_k, "activation_type": "swiglu", "swiglu_fusion": 1, "activation_alpha": 1.0,
                   "activation_beta": 0.0, "normalize_routing_weights": int(moe.renormalize)}
-    if ctx.quant:
-        gate_up_q, down_q = _expert_weights(ctx, prefix, ctx.quant.spec)
+    if quantizes_experts(ctx.quant):
+        gate_up_q, down_q = _expert_weights(ctx, prefix, ctx.quant)
         routed = qmoe(ctx, x, logits, gate_up_q, down_q, attributes, ctx.quant.accuracy_level)
     else:
         gate_up_w, down_w = _expert_weights(ctx, prefix)

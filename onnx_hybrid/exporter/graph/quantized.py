@@ -30,6 +30,7 @@ class QuantOptions:
     lm_head: bool = False
     embedding: bool = False
     gates: bool = False  # the GatedDeltaNet b and a projections
+    execution_provider: str = "cpu"
 
 
 def matmul_nbits(ctx, x: ir.Value, weight: QuantizedWeight, accuracy_level: int) -> ir.Value:
@@ -45,6 +46,17 @@ def gather_block_quantized(ctx, table: QuantizedWeight, indices: ir.Value) -> ir
     return ctx.tape.op("GatherBlockQuantized", _present([table.codes, indices, table.scales, table.zero_points]),
                        {"bits": table.spec.bits, "block_size": table.spec.block_size, "gather_axis": 0,
                         "quantize_axis": 1}, domain=contract.MS_DOMAIN)
+
+
+# Providers whose QMoE computes routed experts from the weights as exported. onnxruntime-gpu 1.31's CUDA QMoE
+# reads int4/int8 experts only in CUTLASS's prepacked mixed-GEMM layout and gives wrong sums, without an error,
+# from these (docs/benchmarks-e2e-gpu.md#routed-experts-on-cuda): CUDA exports keep them in the activation
+# type, as ORT's CUDA MoE.
+QMOE_PROVIDERS = ("cpu",)
+
+
+def quantizes_experts(quant: QuantOptions | None) -> bool:
+    return quant is not None and quant.execution_provider in QMOE_PROVIDERS
 
 
 def qmoe(ctx, x: ir.Value, router_logits: ir.Value, gate_up: QuantizedWeight, down: QuantizedWeight,
@@ -64,6 +76,17 @@ def qmoe(ctx, x: ir.Value, router_logits: ir.Value, gate_up: QuantizedWeight, do
               gate_up.zero_points, down.zero_points, None, mixing]
     return ctx.tape.op("QMoE", _present(inputs), {**attributes, "expert_weight_bits": spec.bits, "weights_prepacked": 0,
                                         "accuracy_level": accuracy_level, **block}, domain=contract.MS_DOMAIN)
+
+
+def experts_block_wise(hidden_size: int, quant: QuantOptions) -> bool:
+    """Whether the routed experts take QMoE's block-wise form, else one scale per expert row. Block-wise needs a
+    whole number of blocks along the hidden size (the expert size is padded). ONNX Runtime 1.32's CPU QMoE
+    computes block-wise int8 experts with int8 activations (blocks of the weights' size, max / 127), whatever
+    accuracy_level says: that is what accuracy_level 4 asks for, so below it int8 experts on the CPU are row-wise,
+    which it computes in fp32."""
+    if hidden_size % quant.spec.block_size:
+        return False
+    return not (quant.execution_provider == "cpu" and quant.spec.bits == 8 and quant.accuracy_level < 4)
 
 
 def _present(inputs: list) -> list:
@@ -99,7 +122,7 @@ def verify_not_lossless(quant: QuantOptions | None, execution_provider: str, lin
                     f"among others (verify) in different orders")
         left = [what for what, kept in (("the lm_head (--quantize-lm-head)", not quant.lm_head),
                                         ("the GatedDeltaNet's b and a gates (--quantize-gates)", not quant.gates),
-                                        ("the routed experts (QMoE)", routed_experts)) if kept]
+                                        ("the routed experts (ORT's MoE)", routed_experts)) if kept]
         if left:
             return (f"QuantizedLinear keeps a row's bits whatever the rows beside it (up to 64 a step), but "
                     f"{', '.join(left)} run on ORT's CUDA kernels, not known to do the same")
@@ -132,4 +155,5 @@ def quant_options(weights: str | None, dtype: str, *, block_size: int = 32, asym
     if level not in range(5):
         raise ExportError(f"accuracy_level must be 0 (unset), 1 (fp32), 2 (fp16), 3 (bf16) or 4 (int8), got {level}")
     spec = QuantSpec(WEIGHT_TYPES[weights], block_size, symmetric=not asymmetric)
-    return QuantOptions(spec, level, lm_head=lm_head, embedding=embedding, gates=gates)
+    return QuantOptions(spec, level, lm_head=lm_head, embedding=embedding, gates=gates,
+                        execution_provider=execution_provider)
