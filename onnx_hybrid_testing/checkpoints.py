@@ -156,7 +156,7 @@ def with_weights_rounded(src, dst, options: dict, execution_provider: str = "cpu
             k = w.shape[-1]
             block = spec.block_size
             if "experts." in short and not experts_block_wise(TEXT["hidden_size"], quant):
-                # QMoE without block_size: one block per expert row, of the expert size padded to whole tiles
+                # QMoE without block_size: one block per expert row, of the expert size padded to whole blocks
                 block = padded_expert_size(k, block) if "down_proj" in short else k
             row_spec = QuantSpec(spec.bits, block, spec.symmetric)
             rows = w.reshape(-1, k).astype(np.float32)
