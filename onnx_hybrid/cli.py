@@ -82,8 +82,7 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "MtpGenerator run on CPU, which fails on fp32 logits")
     parser.add_argument("--weights", choices=[*WEIGHT_TYPES, *DTYPES], default=None,
                         help="weight type of the linear projections: int4 / int8 block-quantize them (MatMulNBits, "
-                             "experts as QMoE on -e cpu, in the activation dtype on -e cuda) while they stream; "
-                             "default: the activation dtype")
+                             "experts as QMoE) while they stream; default: the activation dtype")
     parser.add_argument("--weight-block", type=int, choices=BLOCK_SIZES, default=BLOCK_SIZES[0], metavar="N",
                         help="quantization block along the input axis: " + ", ".join(map(str, BLOCK_SIZES)) +
                              f" (default {BLOCK_SIZES[0]}; larger blocks prefill faster on the CPU, but only int4 "

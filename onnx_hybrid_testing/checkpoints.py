@@ -151,7 +151,7 @@ def with_weights_rounded(src, dst, options: dict, execution_provider: str = "cpu
             short = name.replace("model.language_model.", "model.")
             if not (QUANTIZED_PROJECTION.search(short) or short in head) or (
                     QUANTIZED_GATES.search(short) and not options.get("quantize_gates")) or (
-                    "experts." in short and not quantizes_experts(quant)):
+                    "experts." in short and not quantizes_experts(quant, TEXT["hidden_size"])):
                 continue
             k = w.shape[-1]
             block = spec.block_size

@@ -22,7 +22,7 @@ from .graph.context import GraphContext
 from .graph.decoder import GraphOptions, assemble_model, build_decoder
 from .graph.group_query_attention import CONCAT, KV_CACHES, SHARED
 from .graph.paged_attention import KERNELS as PAGED_ATTENTION_KERNELS, PagedLayout
-from .graph.quantized import quant_options, quantizes_experts, verify_not_lossless
+from .graph.quantized import qmoe_refuses, quant_options, verify_not_lossless
 from .kv_pool import paged_cache, pool_num_blocks
 from .model_config import ModelConfig, load_model_config
 from .mtp import check_mtp_weights, mtp_config, mtp_tensor_count, write_mtp_head
@@ -90,8 +90,8 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     drafts are verified). ``logits_dtype`` casts the main logits (fp16 works around onnxruntime-genai
     0.18's MtpGenerator on CPU, which fails on fp32 logits: docs/genai-config.md#runtime-pitfalls-the-export-avoids).
 
-    ``weights`` ``int4`` or ``int8`` block-quantizes every linear projection (MatMulNBits) and, for the CPU, the
-    routed experts (QMoE; graph/quantized.py's QMOE_PROVIDERS says why not for CUDA), streamed per tensor: blocks
+    ``weights`` ``int4`` or ``int8`` block-quantizes every linear projection (MatMulNBits) and the routed
+    experts (QMoE, where the provider's takes them: graph/quantized.py's qmoe_refuses), streamed per tensor: blocks
     of ``weight_block`` along the input axis, symmetric unless ``weight_asymmetric``; ``accuracy_level`` is
     MatMulNBits' (default 4 on CPU, 0 on CUDA). The lm_head and the embedding (GatherBlockQuantized) keep the
     activation type unless ``quantize_lm_head`` / ``quantize_embedding``, and so do the GatedDeltaNet's b and a
@@ -175,10 +175,8 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     if missing:
         log.warning("%s has no %s: onnxruntime-genai's og.Tokenizer will fail on the export; copy the "
                     "tokenizer files of the released model into the output folder", model_dir, " or ".join(missing))
-    if quant and any(cfg.moe_layers) and not quantizes_experts(quant):
-        log.warning("the routed experts stay in %s on %s: onnxruntime-gpu's CUDA QMoE does not compute from "
-                    "int4/int8 weights as exported (docs/benchmarks-e2e-gpu.md#routed-experts-on-cuda)",
-                    dtype, execution_provider)
+    if quant and any(cfg.moe_layers) and (why := qmoe_refuses(quant, cfg.hidden_size)):
+        log.warning("the routed experts stay in %s: %s", dtype, why)
     mtp_tensors = mtp_tensor_count(checkpoint)
     with_mtp = mtp and mtp_tensors > 0
     if with_mtp:

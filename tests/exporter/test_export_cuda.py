@@ -19,7 +19,7 @@ from onnx_hybrid.configs.validator import validate
 from onnx_hybrid.exporter import ExportError, export
 from onnx_hybrid.exporter.kv_pool import GPU_KV_CACHE_FRACTION
 from onnx_hybrid.ops import contract, library
-from onnx_hybrid_testing.checkpoints import make_tiny_checkpoint, with_weights_rounded
+from onnx_hybrid_testing.checkpoints import make_tiny_checkpoint
 from onnx_hybrid_testing.greedy import GreedyDriver, make_session
 
 og = pytest.importorskip("onnxruntime_genai")
@@ -279,7 +279,7 @@ def test_int4_exports_that_verify_drafts_take_quantized_linear(checkpoint, tmp_p
 
 
 def assert_greedy_like_the_cpu_export(ours_dir, cpu_dir):
-    """Greedy tokens equal to the CPU export's, logits within 1e-4 of their scale (fp32 sums in other
+    """Greedy tokens equal to the CPU MatMulNBits export's, logits within 1e-4 of their scale (fp32 sums in other
     orders, layer after layer)."""
     prompts = [[5, 17, 33, 2, 99, 64, 7], [44, 3, 150]]
     ours = GreedyDriver(make_session(ours_dir, contract.DOMAIN)).generate(prompts, 8)
@@ -291,14 +291,13 @@ def assert_greedy_like_the_cpu_export(ours_dir, cpu_dir):
 
 @pytest.mark.parametrize("layout", ["qwen3_5_moe_text", "qwen3_next"])
 def test_int4_quantized_linear_in_the_moe_and_qwen3_next_layouts(layout, tmp_path):
-    """The same in the MoE layout (the shared expert is a QuantizedLinear SwiGLU; the routed experts stay one float
-    MoE on CUDA: quantizes_experts) and Qwen3-Next's (packed in_proj_qkvz / in_proj_ba as outputs of one node),
-    against the CPU fp32 export of the checkpoint with the same weights rounded."""
+    """The same in the MoE layout (the routed experts stay one QMoE; the shared expert is a QuantizedLinear SwiGLU)
+    and Qwen3-Next's (packed in_proj_qkvz / in_proj_ba as outputs of one node)."""
     checkpoint = make_tiny_checkpoint(tmp_path / "hf", layout, seed=1)
     fp32 = export(checkpoint, tmp_path / "fp32", execution_provider="cuda", dtype="fp32", weights="int4",
                   accuracy_level=0, linear_op=True, mtp=False, progress=False)
     types = op_types(fp32)
-    assert "QuantizedLinear" in types and "MatMulNBits" not in types and "MoE" in types and "QMoE" not in types
-    rounded = with_weights_rounded(checkpoint, tmp_path / "rounded", {"weights": "int4"}, "cuda")
-    cpu = export(rounded, tmp_path / "cpu", mtp=False, progress=False, kv_cache="concat")
+    assert "QuantizedLinear" in types and "MatMulNBits" not in types and "QMoE" in types
+    cpu = export(checkpoint, tmp_path / "cpu", weights="int4", accuracy_level=0, mtp=False, progress=False,
+                 kv_cache="concat")
     assert_greedy_like_the_cpu_export(fp32, cpu)

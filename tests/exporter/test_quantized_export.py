@@ -26,7 +26,7 @@ og = pytest.importorskip("onnxruntime_genai")
 from onnx_hybrid.cli import main as cli_main  # noqa: E402
 from onnx_hybrid.exporter import ExportError, export  # noqa: E402
 from onnx_hybrid.exporter.graph.quantized import (  # noqa: E402
-    CPU_ROW_INVARIANT, QuantOptions, experts_block_wise, quantizes_experts)
+    CPU_ROW_INVARIANT, QMOE_K_TILE, QuantOptions, experts_block_wise, qmoe_refuses, quantizes_experts)
 from onnx_hybrid.exporter.model_config import load_model_config  # noqa: E402
 from onnx_hybrid.exporter.quantize import QuantSpec, dequantize, quantize  # noqa: E402
 from onnx_hybrid.ops import contract  # noqa: E402
@@ -81,10 +81,9 @@ def test_quantized_export_equals_fp32_export_of_rounded_weights(case, variant, t
     assert ("GatherBlockQuantized" in ops) == bool(options.get("quantize_embedding"))
     initializers = onnx.load(str(quantized / "model.onnx"), load_external_data=False).graph.initializer
     assert not [t.name for t in initializers if t.name.endswith("proj.weight")]  # no float copy left
-    if moe:  # the expert size (24) zero-padded to whole blocks, exactly: the logits above
-        padded = options.get("weight_block", 32)
+    if moe:  # the expert size (24) zero-padded to a whole QMoE K tile (64, whole blocks too), exactly: the logits
         fc1 = [t for t in initializers if t.name.endswith("experts.gate_up_proj_Q" + options["weights"][3:])]
-        assert fc1 and all(t.dims[1] == 2 * padded for t in fc1), [list(t.dims) for t in fc1]
+        assert fc1 and all(t.dims[1] == 2 * QMOE_K_TILE for t in fc1), [list(t.dims) for t in fc1]
 
     if (quantized / "mtp.onnx").is_file():
         _check_mtp_head(quantized, rounded)
@@ -256,16 +255,21 @@ def test_qmoe_cpu_arithmetic_by_form(bits, block_wise, accuracy_level, int8_acti
     assert np.abs(_int8_blocks(weights, 32) - weights).max() > 1e-3  # the two oracles tell the forms apart
 
 
-def test_experts_quantized_where_qmoe_computes_them_and_in_which_form():
-    """QMoE only where it computes from the exported weights (the CPU), block-wise where the hidden size is a
-    whole number of blocks, except int8 on the CPU below accuracy_level 4 (test_qmoe_cpu_arithmetic_by_form)."""
-    def options(bits=4, block=32, provider="cpu", level=0):
-        return QuantOptions(QuantSpec(bits, block), level, execution_provider=provider)
+def test_experts_quantized_where_qmoe_takes_them_and_in_which_form():
+    """QMoE where the provider's takes the experts (CUDA's refuses a hidden size off its 64-wide tiles, and zero
+    points with one scale per expert row), block-wise where the hidden size is a whole number of blocks, except
+    int8 on the CPU below accuracy_level 4 (test_qmoe_cpu_arithmetic_by_form)."""
+    def options(bits=4, block=32, provider="cpu", level=0, symmetric=True):
+        return QuantOptions(QuantSpec(bits, block, symmetric), level, execution_provider=provider)
 
-    assert quantizes_experts(options()) and not quantizes_experts(options(provider="cuda"))
-    assert not quantizes_experts(None)
+    assert quantizes_experts(options(), 48) and quantizes_experts(options(provider="cuda"), 64)
+    assert not quantizes_experts(None, 64)
+    assert "multiple of 64, got 48" in qmoe_refuses(options(provider="cuda"), 48)
+    assert "no zero points" in qmoe_refuses(options(block=128, provider="cuda", symmetric=False), 64)
+    assert qmoe_refuses(options(block=128, symmetric=False), 64) is None
     assert experts_block_wise(64, options()) and not experts_block_wise(64, options(block=128))
     assert not experts_block_wise(64, options(8)) and experts_block_wise(64, options(8, level=4))
+    assert experts_block_wise(64, options(8, provider="cuda"))
 
 
 def test_speculative_exports_warn_where_verify_is_not_row_invariant(text, tmp_path, caplog):

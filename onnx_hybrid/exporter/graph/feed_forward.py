@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 
 import onnx_ir as ir
@@ -10,7 +11,7 @@ import onnx_ir as ir
 from ...ops import contract
 from ..weights import Segment
 from .context import GraphContext
-from .quantized import QuantOptions, experts_block_wise, qmoe, quantizes_experts
+from .quantized import QMOE_K_TILE, QuantOptions, experts_block_wise, qmoe, quantizes_experts
 
 log = logging.getLogger("onnx_hybrid.exporter")
 
@@ -32,15 +33,16 @@ def dense_mlp(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
 
 
 def padded_expert_size(size: int, block_size: int) -> int:
-    """The expert size of quantized experts: whole weight blocks, so that the down projection takes QMoE's
-    block-wise form, as it does in the released models."""
-    return -(-size // block_size) * block_size
+    """The expert size of quantized experts: whole QMoE K tiles (CUDA) and whole weight blocks (the down
+    projection's block-wise form, as in the released models)."""
+    tile = math.lcm(QMOE_K_TILE, block_size)
+    return -(-size // tile) * tile
 
 
 def _expert_weights(ctx: GraphContext, prefix: str, quant: QuantOptions | None = None) -> tuple:
     """[E, 2F, H] gate/up with rows interleaved (g0 u0 g1 u1 ..., what ORT's CPU MoE takes) and [E, H, F]
     down, from fused or per-expert checkpoint tensors (docs/model.md#moe-routing); block-quantized per ``quant``
-    when given, with F zero-padded to whole weight blocks (exact: a zero gate/up row gives a zero activation, a
+    when given, with F zero-padded (padded_expert_size; exact: a zero gate/up row gives a zero activation, a
     zero down column adds nothing), or one block per expert row (experts_block_wise)."""
     moe, hidden, w = ctx.config.moe, ctx.config.hidden_size, ctx.weights
     spec = quant.spec if quant else None
@@ -96,7 +98,7 @@ def sparse_moe(ctx: GraphContext, layer: int, x: ir.Value) -> ir.Value:
     logits = ctx.linear(x, router)
     attributes = {"k": moe.top_k, "activation_type": "swiglu", "swiglu_fusion": 1, "activation_alpha": 1.0,
                   "activation_beta": 0.0, "normalize_routing_weights": int(moe.renormalize)}
-    if quantizes_experts(ctx.quant):
+    if quantizes_experts(ctx.quant, hidden):
         gate_up_q, down_q = _expert_weights(ctx, prefix, ctx.quant)
         routed = qmoe(ctx, x, logits, gate_up_q, down_q, attributes, ctx.quant.accuracy_level)
     else:

@@ -48,15 +48,26 @@ def gather_block_quantized(ctx, table: QuantizedWeight, indices: ir.Value) -> ir
                         "quantize_axis": 1}, domain=contract.MS_DOMAIN)
 
 
-# Providers whose QMoE computes routed experts from the weights as exported. onnxruntime-gpu 1.31's CUDA QMoE
-# reads int4/int8 experts only in CUTLASS's prepacked mixed-GEMM layout and gives wrong sums, without an error,
-# from these (docs/benchmarks-e2e-gpu.md#routed-experts-on-cuda): CUDA exports keep them in the activation
-# type, as ORT's CUDA MoE.
-QMOE_PROVIDERS = ("cpu",)
+# ONNX Runtime's CUDA QMoE reads int4/int8 experts through CUTLASS tiles of 64 along each product's reduction axis
+# (the hidden size for gate/up, the expert size for down) and refuses other sizes: the exporter pads the expert size.
+QMOE_K_TILE = 64
 
 
-def quantizes_experts(quant: QuantOptions | None) -> bool:
-    return quant is not None and quant.execution_provider in QMOE_PROVIDERS
+def qmoe_refuses(quant: QuantOptions, hidden_size: int) -> str | None:
+    """Why the execution provider's QMoE cannot take routed experts of ``hidden_size`` quantized per ``quant``
+    (None: it can); such experts stay in the activation type (ORT's MoE)."""
+    if quant.execution_provider != "cuda":
+        return None
+    if hidden_size % QMOE_K_TILE:
+        return f"ONNX Runtime's CUDA QMoE needs a hidden size that is a multiple of {QMOE_K_TILE}, got {hidden_size}"
+    if not experts_block_wise(hidden_size, quant) and not quant.spec.symmetric:
+        return (f"the hidden size {hidden_size} is not a multiple of the weight block {quant.spec.block_size}, and "
+                f"ONNX Runtime's CUDA QMoE has no zero points with one scale per expert row")
+    return None
+
+
+def quantizes_experts(quant: QuantOptions | None, hidden_size: int) -> bool:
+    return quant is not None and qmoe_refuses(quant, hidden_size) is None
 
 
 def qmoe(ctx, x: ir.Value, router_logits: ir.Value, gate_up: QuantizedWeight, down: QuantizedWeight,
@@ -74,6 +85,8 @@ def qmoe(ctx, x: ir.Value, router_logits: ir.Value, gate_up: QuantizedWeight, do
         mixing = mixing if ctx.act == ir.DataType.FLOAT else ctx.op("Cast", mixing, to=ctx.act)
     inputs = [x, router_logits, gate_up.codes, gate_up.scales, None, down.codes, down.scales, None, None, None, None,
               gate_up.zero_points, down.zero_points, None, mixing]
+    # weights_prepacked 0: the codes are in the raw [E, N, K * bits / 8] layout, which ORT's CUDA QMoE turns into
+    # CUTLASS's own when the session loads; its default (-1) takes them as already turned and sums garbage, silently.
     return ctx.tape.op("QMoE", _present(inputs), {**attributes, "expert_weight_bits": spec.bits, "weights_prepacked": 0,
                                         "accuracy_level": accuracy_level, **block}, domain=contract.MS_DOMAIN)
 
@@ -122,7 +135,7 @@ def verify_not_lossless(quant: QuantOptions | None, execution_provider: str, lin
                     f"among others (verify) in different orders")
         left = [what for what, kept in (("the lm_head (--quantize-lm-head)", not quant.lm_head),
                                         ("the GatedDeltaNet's b and a gates (--quantize-gates)", not quant.gates),
-                                        ("the routed experts (ORT's MoE)", routed_experts)) if kept]
+                                        ("the routed experts (QMoE or MoE)", routed_experts)) if kept]
         if left:
             return (f"QuantizedLinear keeps a row's bits whatever the rows beside it (up to 64 a step), but "
                     f"{', '.join(left)} run on ORT's CUDA kernels, not known to do the same")
