@@ -286,6 +286,19 @@ def test_speculative_exports_warn_where_verify_is_not_row_invariant(text, tmp_pa
     assert "speculative decoding" not in caplog.text
 
 
+def test_cpu_exports_with_quantized_linear_warn_that_it_is_slow_there(text, tmp_path, caplog):
+    """--linear-op on -e cpu writes QuantizedLinear, whose CPU kernel dequantizes the weights on every call
+    (docs/benchmarks.md#quantizedlinear-against-matmulnbits): the exporter says so; the default does not."""
+    with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
+        out = export(text, tmp_path / "ql", weights="int4", linear_op=True, mtp=False, progress=False)
+    assert "QuantizedLinear" in {n.op_type for n in _nodes(out / "model.onnx")}
+    assert "dequantizes its weights on every call" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
+        export(text, tmp_path / "nbits", weights="int4", mtp=False, progress=False)
+    assert "dequantizes" not in caplog.text
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(weights="int3"), "weights must be int4, int8"),
     (dict(weights="int4", weight_block=48), "weight_block must be one of 32, 64, 128"),
