@@ -87,13 +87,21 @@ void RunQuantizedLinearCpu(const QuantizedLinearGeometry& geo, ElemType type, co
       LoadAsFloat(type, scales, w_row * blocks, blocks, scale.get());
       const uint8_t* packed = weight + w_row * row_bytes;
       float* dst = buffer.get() + r * in;
-      for (int64_t k = 0; k < in; ++k) {
-        const int64_t block = k / bs;
-        const int q = (packed[k / 2] >> (4 * (k & 1))) & 15;
+      for (int64_t block = 0; block < blocks; ++block) {
         const int zero = zero_points ? (zero_points[w_row * zero_point_bytes + block / 2] >> (4 * (block & 1))) & 15
                                      : 8;
-        // Rounded once: in fp32 for fp32; exact for 16-bit scales (at most 11 + 4 bits), then rounded to T below.
-        dst[k] = static_cast<float>(q - zero) * scale[block];
+        // The block's 16 values, rounded once: in fp32 for fp32; exact for 16-bit scales (at most 11 + 4 bits),
+        // then rounded to T below. A byte holds elements k (low nibble) and k + 1 (k even: block sizes are).
+        float value[16];
+        for (int q = 0; q < 16; ++q) value[q] = static_cast<float>(q - zero) * scale[block];
+        const int64_t k0 = block * bs, k1 = std::min(in, k0 + bs);
+        const uint8_t* bytes = packed + k0 / 2;
+        int64_t k = k0;
+        for (; k + 1 < k1; k += 2, ++bytes) {
+          dst[k] = value[*bytes & 15];
+          dst[k + 1] = value[*bytes >> 4];
+        }
+        if (k < k1) dst[k] = value[*bytes & 15];
       }
       if (type != ElemType::kFloat) {  // T((q - zero_point) * scale): one rounding, as the CUDA kernels'
         StoreFromFloat(type, dst, in, rounded.data(), 0);
