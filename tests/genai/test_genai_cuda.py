@@ -61,6 +61,9 @@ BLOCK_SIZE = 16
 LAYOUTS = [("dense", "qwen3_5_text", {}), ("multimodal", "qwen3_5_multimodal", {}),
            ("moe", "qwen3_5_moe_text", {}), ("moe_fused", "qwen3_5_moe_text", {"fused_experts": True}),
            ("next", "qwen3_next", {})]
+# The layouts with routed experts: on CUDA their products are ORT's MoE / QMoE, which times its GEMM tactics when a
+# session first runs them and keeps the fastest, so two sessions may sum in different orders.
+ROUTED_EXPERTS = {"moe", "moe_fused", "next"}
 
 
 def _gpu_arch() -> int | None:
@@ -172,17 +175,27 @@ def assert_fp16_logits_close(hf, out: Path, want: list[list[int]]) -> None:
         assert rel <= FP16_REL_RMS_TOL, (prompt, rel)
 
 
-def assert_same_up_to_fp16_ties(hf, engine_tokens, generator_out: Path) -> None:
+def assert_same_up_to_fp16_ties(hf, engine_tokens, generator_out: Path, prompts=PROMPTS) -> None:
     """The Engine's fp16 tokens against og.Generator over the plain fp16 export, both on the Engine's prefixes: at
     every step the Engine's token is within FP16_TIE_TOL + the Generator's fp16 error at that step of the Generator's
     best logit."""
-    logits = genai(generator_out, "forced", PROMPTS, forced=engine_tokens)["logits"]
-    for prompt, tokens, rows, ref in zip(PROMPTS, engine_tokens, logits,
-                                         transformers_logits(hf, PROMPTS, engine_tokens)):
+    logits = genai(generator_out, "forced", prompts, forced=engine_tokens)["logits"]
+    for prompt, tokens, rows, ref in zip(prompts, engine_tokens, logits,
+                                         transformers_logits(hf, prompts, engine_tokens)):
         rows = np.asarray(rows, np.float64)
         gap = rows.max(-1) - rows[np.arange(len(tokens)), tokens]
         allowed = FP16_TIE_TOL + np.abs(rows - ref).max(-1)
         assert (gap <= allowed).all(), (prompt, tokens, gap, allowed)
+
+
+def assert_same_tokens_across_sessions(hf, layout_id: str, out: Path, prompts, got, want) -> None:
+    """Greedy fp16 tokens of two onnxruntime-genai sessions over ``out`` (with and without CUDA graphs): equal, but
+    with routed experts (ROUTED_EXPERTS: each session times ORT's MoE tactics anew) each token of ``got`` within
+    fp16 ties of the best logit at its step."""
+    if layout_id in ROUTED_EXPERTS:
+        assert_same_up_to_fp16_ties(hf, got, out, prompts)
+    else:
+        assert got == want
 
 
 @pytest.fixture(scope="module", params=LAYOUTS, ids=[case[0] for case in LAYOUTS])
@@ -210,25 +223,29 @@ def test_generator_gives_transformers_tokens(layout, dtype, tmp_path):
         assert_fp16_logits_close(hf, out, want)
 
 
-def test_shared_kv_generator_with_cuda_graph(layout, tmp_path):
+def test_shared_kv_generator_with_cuda_graph(layout, request, tmp_path):
     """--kv-cache shared in fp16 (ORT's CUDA GroupQueryAttention; the -e cuda default): its logits are
     transformers' within FP16_REL_RMS_TOL, and on CUDA og.Generator with enable_cuda_graph (the default, which
-    needs the shared buffers) picks the tokens it picks eagerly, one prompt at a time and as one batch, with the
-    recurrent states updated in place (onnxruntime-genai's default) and double-buffered. The CPU dry run checks the
-    export without the graph option."""
+    needs the shared buffers) picks the tokens it picks eagerly (up to fp16 ties with routed experts), one prompt at
+    a time and as one batch, with the recurrent states updated in place (onnxruntime-genai's default) and
+    double-buffered. The CPU dry run checks the export without the graph option."""
     checkpoint, hf, want, eos = layout
+    layout_id = request.node.callspec.params["layout"][0]
     out = export_for_test(checkpoint, tmp_path / "out", eos, dtype="fp16", kv_cache="shared")
     assert json.loads((out / "genai_config.json").read_text())["search"]["past_present_share_buffer"] is True
     assert_fp16_logits_close(hf, out, want)
     eager = genai(out, "generator", PROMPTS, cuda_graph=False if PROVIDER == "cuda" else None)["tokens"]
     assert [len(t) for t in eager] == [NEW_TOKENS] * len(PROMPTS)
     if PROVIDER == "cuda":
-        assert genai(out, "generator", PROMPTS, cuda_graph=True)["tokens"] == eager
+        same_tokens = lambda prompts, got, want: assert_same_tokens_across_sessions(  # noqa: E731
+            hf, layout_id, out, prompts, got, want)
+        same_tokens(PROMPTS, genai(out, "generator", PROMPTS, cuda_graph=True)["tokens"], eager)
         rows = [PROMPTS[0][i:i + 4] for i in range(0, 12, 4)]  # a batch of 3: og.Generator's decode at B > 1
         batch_eager = genai(out, "batch", rows, cuda_graph=False)["tokens"]
-        assert genai(out, "batch", rows, cuda_graph=True)["tokens"] == batch_eager
+        same_tokens(rows, genai(out, "batch", rows, cuda_graph=True)["tokens"], batch_eager)
         double_buffered = {"ORTGENAI_SHARE_RECURRENT_STATE_UNDER_GRAPH_CAPTURE": "0"}
-        assert genai(out, "batch", rows, cuda_graph=True, environment=double_buffered)["tokens"] == batch_eager
+        same_tokens(rows, genai(out, "batch", rows, cuda_graph=True, environment=double_buffered)["tokens"],
+                    batch_eager)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
@@ -252,7 +269,7 @@ def test_engine_gives_transformers_tokens(layout, dtype, tmp_path):
 # dense int8 products are the int4 ones' MatMulNBits with 8 bits; the MoE layouts add QMoE's.
 QUANTIZED_LAYOUTS = {
     "int4": ({"weights": "int4"}, None),
-    "int8": ({"weights": "int8"}, {"moe", "moe_fused", "next"}),
+    "int8": ({"weights": "int8"}, ROUTED_EXPERTS),
     "int4-asym-head-embedding": ({"weights": "int4", "weight_asymmetric": True, "quantize_lm_head": True,
                                   "quantize_embedding": True}, {"dense"}),
 }
@@ -265,7 +282,8 @@ def test_quantized_weights_in_every_layout(layout, case, request, tmp_path):
     CUDA QMoE; Qwen3-Next's packed projections): og.Generator's logits, teacher-forced, are those of the
     fp16 export of the checkpoint with those weights rounded beforehand (the same weights in fp16: only the products'
     kernels differ), within FP16_REL_RMS_TOL plus twice the prompt's fp16_sensitivity (the rounded MoE checkpoints
-    have near-ties that fp16 rounding alone flips), and the tokens with CUDA graphs (the default) are those without.
+    have near-ties that fp16 rounding alone flips), and the tokens with CUDA graphs (the default) are those without
+    (up to fp16 ties with routed experts).
     The CPU dry run takes fp32 at accuracy level 0 (fp32 sums), equal up to their order."""
     options, layouts = QUANTIZED_LAYOUTS[case]
     layout_id = request.node.callspec.params["layout"][0]
@@ -291,7 +309,8 @@ def test_quantized_weights_in_every_layout(layout, case, request, tmp_path):
     if PROVIDER == "cuda":
         assert json.loads((out / "genai_config.json").read_text())["model"]["decoder"]["session_options"][
             "provider_options"] == [{"cuda": {"enable_cuda_graph": "1"}}]
-        assert genai(out, "generator", PROMPTS, cuda_graph=False)["tokens"] == tokens
+        assert_same_tokens_across_sessions(hf, layout_id, out, PROMPTS, tokens,
+                                           genai(out, "generator", PROMPTS, cuda_graph=False)["tokens"])
 
 
 # --- speculative decoding: lossless on the GPU --------------------------------------------------------------
