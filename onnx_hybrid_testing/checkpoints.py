@@ -127,19 +127,21 @@ QUANTIZED_GATES = re.compile(r"\.in_proj_(b|a|ba)\.weight$")
 
 
 def with_weights_rounded(src, dst, options: dict, execution_provider: str = "cpu",
-                         accuracy_level: int | None = None) -> Path:
+                         accuracy_level: int | None = None, dtype: str = "fp32") -> Path:
     """A copy of the tiny checkpoint ``src`` in which every weight an export with the quantization ``options``
     (export()'s weights, weight_block, weight_asymmetric, quantize_lm_head, quantize_embedding, quantize_gates)
-    for ``execution_provider`` at ``accuracy_level`` quantizes holds its dequantized value: the oracle for that
-    export's arithmetic."""
+    in activation ``dtype`` for ``execution_provider`` at ``accuracy_level`` quantizes holds its dequantized value:
+    the oracle for that export's arithmetic. The scales are stored in ``dtype`` and the codes follow the stored
+    scale, as the export's do (fp32 scales would round some elements to the neighbouring code)."""
     from safetensors.numpy import load_file, save_file
 
+    from onnx_hybrid.exporter.export import numpy_dtype
     from onnx_hybrid.exporter.graph.feed_forward import padded_expert_size
     from onnx_hybrid.exporter.graph.quantized import experts_block_wise, quant_options, quantizes_experts
     from onnx_hybrid.exporter.quantize import QuantSpec, dequantize, quantize
 
     shutil.copytree(src, dst)
-    quant = quant_options(options["weights"], "fp32", block_size=options.get("weight_block", 32),
+    quant = quant_options(options["weights"], dtype, block_size=options.get("weight_block", 32),
                           asymmetric=options.get("weight_asymmetric", False), accuracy_level=accuracy_level,
                           execution_provider=execution_provider)
     spec = quant.spec
@@ -160,6 +162,8 @@ def with_weights_rounded(src, dst, options: dict, execution_provider: str = "cpu
                 block = padded_expert_size(k, block) if "down_proj" in short else k
             row_spec = QuantSpec(spec.bits, block, spec.symmetric)
             rows = w.reshape(-1, k).astype(np.float32)
-            tensors[name] = dequantize(quantize(rows, row_spec), row_spec, k).astype(np.float32).reshape(w.shape)
+            quantized = quantize(rows, row_spec, scale_dtype=numpy_dtype(dtype))
+            # float64 (q - z) * scale rounded once to fp32, as the kernels round it to T (exact for fp16 and bf16)
+            tensors[name] = dequantize(quantized, row_spec, k).astype(np.float32).reshape(w.shape)
         save_file(tensors, file, metadata={"format": "pt"})
     return Path(dst)

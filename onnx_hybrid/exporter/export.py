@@ -45,7 +45,7 @@ TOKENIZER_NEEDED = ("tokenizer.json", "tokenizer_config.json")  # what og.Tokeni
 GENAI_MODEL_TYPES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_5_moe_text"}
 
 
-def _numpy_dtype(dtype: str) -> np.dtype:
+def numpy_dtype(dtype: str) -> np.dtype:
     if dtype not in DTYPES:
         raise ExportError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if dtype == "bf16":
@@ -130,7 +130,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
         raise ExportError("cuda_archs (--cuda-arch) applies to CUDA exports only: add execution_provider='cuda' "
                           "(-e cuda)")
     dtype = dtype or EXECUTION_PROVIDERS[execution_provider]
-    np_act = _numpy_dtype(dtype)
+    np_act = numpy_dtype(dtype)
     quant = quant_options(weights, dtype, block_size=weight_block, asymmetric=weight_asymmetric,
                           accuracy_level=accuracy_level, lm_head=quantize_lm_head, embedding=quantize_embedding,
                           gates=quantize_gates, execution_provider=execution_provider)
@@ -201,7 +201,7 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
                                                 routed_experts=any(cfg.moe_layers))):
         log.warning("speculative decoding with this export may leave plain decoding's tokens: %s "
                     "(docs/lossless-speculative.md)", why)
-    logits_type = ir.DataType.from_numpy(_numpy_dtype(logits_dtype)) if logits_dtype else None
+    logits_type = ir.DataType.from_numpy(numpy_dtype(logits_dtype)) if logits_dtype else None
     uses_library = (op_domain == contract.DOMAIN or (paged and paged_attention == contract.DOMAIN) or linear_op
                     or (quant is not None and quantized_linear_op))
     library = _op_library() if uses_library else None  # an unbuilt library fails now, not after the weights

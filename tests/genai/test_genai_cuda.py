@@ -291,7 +291,8 @@ def test_quantized_weights_in_every_layout(layout, case, request, tmp_path):
         pytest.skip(f"{case} runs on {', '.join(sorted(layouts))}")
     checkpoint = layout[0]
     precision = {"dtype": "fp16"} if PROVIDER == "cuda" else {"dtype": "fp32", "accuracy_level": 0}
-    rounded = with_weights_rounded(checkpoint, tmp_path / "rounded", options, PROVIDER, precision.get("accuracy_level"))
+    rounded = with_weights_rounded(checkpoint, tmp_path / "rounded", options, PROVIDER, precision.get("accuracy_level"),
+                                   precision["dtype"])
     hf = load_reference(rounded)
     want = reference_tokens(hf, PROMPTS)
     eos = unused_token(*PROMPTS, *want)
