@@ -53,6 +53,13 @@ FP16_NOISE, FP16_NOISE_DRAWS = 1e-3, 4
 # plus that step's own fp16 error against transformers' fp32 logits (measured: parted only at the steps above, by
 # 1.2 and 2.9 where that error is 5.0; elsewhere the same tokens).
 FP16_TIE_TOL = 0.25
+# A routed token takes other experts where fp16 moves its router logits across a near-tie, and that step's logits
+# then move by several units. Measured on the CPU (tiny MoE checkpoint, prompt of 4, fourth step): the paged fp16
+# export's router logits 0.021 from transformers' fp32 in the last layer, where experts 2 and 5 were 0.015 apart; it
+# took 5, and the step's logits moved by 5.1. Steps at which any layer's k-th and (k+1)-th router logits in
+# transformers are closer than this are not held to FP16_TIE_TOL (1-3 of 16 on the tiny MoE checkpoints); the
+# reference Generator's own flips need no allowance: they show in its error against transformers.
+ROUTER_TIE_TOL = 0.03
 PROMPTS = [[5, 17, 33, 2, 99, 64, 7, 120, 11, 3, 150, 8], [44, 3, 150, 12], [77]]
 NEW_TOKENS = 16
 VOCAB = 160  # testing.checkpoints geometry
@@ -175,17 +182,35 @@ def assert_fp16_logits_close(hf, out: Path, want: list[list[int]]) -> None:
         assert rel <= FP16_REL_RMS_TOL, (prompt, rel)
 
 
-def assert_same_up_to_fp16_ties(hf, engine_tokens, generator_out: Path, prompts=PROMPTS) -> None:
-    """The Engine's fp16 tokens against og.Generator over the plain fp16 export, both on the Engine's prefixes: at
-    every step the Engine's token is within FP16_TIE_TOL + the Generator's fp16 error at that step of the Generator's
-    best logit."""
-    logits = genai(generator_out, "forced", prompts, forced=engine_tokens)["logits"]
-    for prompt, tokens, rows, ref in zip(prompts, engine_tokens, logits,
-                                         transformers_logits(hf, prompts, engine_tokens)):
+def routing_ties(hf, prompt, tokens) -> np.ndarray:
+    """Per step of ``tokens`` after ``prompt`` (teacher-forced): whether, in transformers' fp32 run, some MoE layer's
+    k-th and (k+1)-th router logits are within ROUTER_TIE_TOL at the position that picks the step's token."""
+    ties = np.zeros(len(tokens), bool)
+    k = getattr(hf.config, "num_experts_per_tok", None)
+    if k is None:  # no routed experts
+        return ties
+    with torch.no_grad():
+        routers = hf(torch.tensor([prompt + tokens[:-1]]), output_router_logits=True).router_logits
+    for logits in routers:
+        top = torch.topk(logits.double(), k + 1, dim=-1).values
+        ties |= ((top[:, k - 1] - top[:, k]) < ROUTER_TIE_TOL).numpy()[len(prompt) - 1:]
+    return ties
+
+
+def assert_same_up_to_fp16_ties(hf, other_tokens, generator_out: Path, prompts=PROMPTS) -> None:
+    """fp16 tokens of another session (og.Engine, or og.Generator with other settings) against og.Generator over
+    the fp16 export ``generator_out``, teacher-forced on those tokens: at every step the token is within
+    FP16_TIE_TOL + the Generator's fp16 error at that step of the Generator's best logit, except at routing ties
+    (ROUTER_TIE_TOL), which leave at least half the steps held."""
+    logits = genai(generator_out, "forced", prompts, forced=other_tokens)["logits"]
+    for prompt, tokens, rows, ref in zip(prompts, other_tokens, logits,
+                                         transformers_logits(hf, prompts, other_tokens)):
         rows = np.asarray(rows, np.float64)
         gap = rows.max(-1) - rows[np.arange(len(tokens)), tokens]
         allowed = FP16_TIE_TOL + np.abs(rows - ref).max(-1)
-        assert (gap <= allowed).all(), (prompt, tokens, gap, allowed)
+        held = ~routing_ties(hf, prompt, tokens)
+        assert 2 * held.sum() >= len(tokens), (prompt, tokens, held)
+        assert (gap[held] <= allowed[held]).all(), (prompt, tokens, gap, allowed, held)
 
 
 def assert_same_tokens_across_sessions(hf, layout_id: str, out: Path, prompts, got, want) -> None:
@@ -237,8 +262,9 @@ def test_shared_kv_generator_with_cuda_graph(layout, request, tmp_path):
     eager = genai(out, "generator", PROMPTS, cuda_graph=False if PROVIDER == "cuda" else None)["tokens"]
     assert [len(t) for t in eager] == [NEW_TOKENS] * len(PROMPTS)
     if PROVIDER == "cuda":
-        same_tokens = lambda prompts, got, want: assert_same_tokens_across_sessions(  # noqa: E731
-            hf, layout_id, out, prompts, got, want)
+        def same_tokens(prompts, got, want):
+            assert_same_tokens_across_sessions(hf, layout_id, out, prompts, got, want)
+
         same_tokens(PROMPTS, genai(out, "generator", PROMPTS, cuda_graph=True)["tokens"], eager)
         rows = [PROMPTS[0][i:i + 4] for i in range(0, 12, 4)]  # a batch of 3: og.Generator's decode at B > 1
         batch_eager = genai(out, "batch", rows, cuda_graph=False)["tokens"]
