@@ -46,7 +46,8 @@ FP16_REL_RMS_TOL = 0.15
 # How far fp16 rounding alone can carry a prompt of a tiny checkpoint past a near-tie (an MoE routing choice, a
 # gate): the most that FP16_NOISE_DRAWS draws of FP16_NOISE relative weight noise (2x fp16's unit roundoff) move
 # its fp32 logits. On the checkpoints with weights rounded to int4/int8: 0.01-0.12, and 0.135, 0.33 and 0.44 for the
-# three prompts on which the H100 runs of this test missed FP16_REL_RMS_TOL (by 0.17-0.38; all others < 0.09).
+# three prompts on which the H100 runs of this test missed FP16_REL_RMS_TOL (by 0.17-0.38; all others < 0.09) while
+# its oracle rounded with fp32 scales (since corrected: with_weights_rounded takes the export's dtype).
 FP16_NOISE, FP16_NOISE_DRAWS = 1e-3, 4
 # Two fp16 runs of one model on one GPU (og.Engine over the paged graph, og.Generator over the plain one) differ by
 # fp16 rounding: where their greedy tokens part, the Engine's token is within this of the Generator's best logit,
