@@ -308,8 +308,8 @@ def test_quantized_weights_in_every_layout(layout, case, request, tmp_path):
     (GatherBlockQuantized) in the dense one, as plain -e cuda exports (MatMulNBits; the routed experts as ORT's
     CUDA QMoE; Qwen3-Next's packed projections): og.Generator's logits, teacher-forced, are those of the
     fp16 export of the checkpoint with those weights rounded beforehand (the same weights in fp16: only the products'
-    kernels differ), within FP16_REL_RMS_TOL plus twice the prompt's fp16_sensitivity (the rounded MoE checkpoints
-    have near-ties that fp16 rounding alone flips), and the tokens with CUDA graphs (the default) are those without
+    kernels differ), within FP16_REL_RMS_TOL plus twice the prompt's fp16_sensitivity (how far fp16 rounding alone
+    carries it past a near-tie), and the tokens with CUDA graphs (the default) are those without
     (up to fp16 ties with routed experts).
     The CPU dry run takes fp32 at accuracy level 0 (fp32 sums), equal up to their order."""
     options, layouts = QUANTIZED_LAYOUTS[case]
