@@ -96,13 +96,26 @@ def test_swiglu_against_reference_and_separate_nodes(rows, in_features, features
     assert relative_error(got, gate / (1 + np.exp(-gate)) * up) <= 2 * TOLERANCE[dtype]
 
 
+def swiglu_sensitivity(feeds) -> float:
+    """The largest |d out / d gate| or |d out / d up| of SiLU(gate) * up over the float64 products: how far the
+    epilogue carries an error of the two products (SiLU(g) = 8.5 times an error of u where g = 8.5)."""
+    gate, up = np.split(reference.linear(feeds), 2, axis=1)
+    sigmoid = 1 / (1 + np.exp(-gate))
+    return float(max(np.abs(gate * sigmoid).max(), np.abs(up * sigmoid * (1 + gate * (1 - sigmoid))).max()))
+
+
 @settings(max_examples=15, deadline=None)
 @given(rows=st.integers(1, 9), in_features=st.integers(1, 200), features=st.integers(1, 150),
        dtype=st.sampled_from(list(DTYPES)), seed=st.integers(0, 2**32 - 1))
 def test_swiglu_random_shapes(rows, in_features, features, dtype, seed):
+    """Against float64 within TOLERANCE of the larger of the output and what the epilogue makes of a unit error of
+    the products: with few features the output can be small while SiLU(g) is not (found: 180 in_features, one
+    feature, g = 8.5, u = -0.013, an fp32 error of 1.8e-5 on an output of 0.38)."""
     feeds = random_feeds(np.random.default_rng(seed), rows, in_features, 2 * features, dtype)
-    got = run_single_op(OP, feeds, {"activation": "swiglu"})["output"]
-    assert relative_error(got, reference.linear(feeds, "swiglu")) <= TOLERANCE[dtype]
+    got = run_single_op(OP, feeds, {"activation": "swiglu"})["output"].astype(np.float64)
+    want = reference.linear(feeds, "swiglu")
+    scale = max(np.abs(want).max(), 1.0, swiglu_sensitivity(feeds))
+    assert np.abs(got - want).max() / scale <= TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
