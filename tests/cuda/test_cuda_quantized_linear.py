@@ -88,10 +88,14 @@ def test_against_reference_and_ort_matmul_nbits(rows, in_features, weight_rows, 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("attributes", [{}, {"activation": "swiglu"}, {"output_features": [3, 61, 200, 6]}])
 @pytest.mark.parametrize("asymmetric", [False, True])  # the kernel without selects (no zero points), and the general
-def test_a_row_has_the_same_bits_alone_and_among_64(dtype, attributes, asymmetric):
-    """What makes a verify step's rows the decode steps they stand for: the kernel's per-row sums do not depend on
-    the rows beside them (row tiles of 1, 2, 4 and 8 x 8 rows)."""
-    feeds = quantized_feeds(np.random.default_rng(7), 64, 1024, 270, dtype, asymmetric=asymmetric)
+# k split 4 ways into 2 segments of 128 each, 8 ways into 4, and 4 ways unevenly (1152: 9 segments, 3 + 2 + 2 + 2)
+@pytest.mark.parametrize("in_features, weight_rows", [(1024, 270), (4096, 40), (1152, 70)])
+def test_a_row_has_the_same_bits_alone_and_among_64(dtype, attributes, asymmetric, in_features, weight_rows):
+    """What makes a verify step's rows the decode steps they stand for: the kernels' per-row sums do not depend on
+    the rows beside them (one row goes to qlinear_row_*, more to row tiles of 1, 2, 4 and 8 x 8 rows)."""
+    if "output_features" in attributes and weight_rows != 270:
+        attributes = {"output_features": [3, weight_rows - 13, 4, 6]}
+    feeds = quantized_feeds(np.random.default_rng(7), 64, in_features, weight_rows, dtype, asymmetric=asymmetric)
     together = run(feeds, attributes)
     for rows in (1, 5, 9, 17, 33):
         part = run({**feeds, "input": feeds["input"][:rows]}, attributes)

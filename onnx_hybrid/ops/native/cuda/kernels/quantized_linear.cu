@@ -4,17 +4,26 @@
 //
 // qlinear_mma_*: rows <= 8 * kQlinearMaxRowTiles. A warp takes 16 weight rows (16 output features, or with swiglu 8
 // gate rows and their 8 up rows) as the A operand of mma.m16n8k16 and up to 8 rows of x per row tile as B, so the
-// weights are read once whatever the number of rows, at the copy rate for the one row of a decode step. Lane
-// (r = lane / 4, q = lane % 4) loads 16 bytes of weight rows r and r + 8 per 128-element segment: the 32 elements
-// [128 s + 32 q, + 32), which are in one quantization block (block sizes are multiples of 32). A dot product does
-// not care in which order its k terms come, so each lane's 32 elements serve as its A-fragment k positions over 8
-// mma steps, and the B fragments (x) are loaded in the same order; the nibble and pair shuffles below implement
-// that order. The per-row result depends neither on the number of rows nor on the row tile: a verify call's
-// rows equal one-row calls'. qlinear_dequantize_*: the same values, written out for cuBLAS (more rows).
+// weights are read once whatever the number of rows. Lane (r = lane / 4, q = lane % 4) loads 16 bytes of weight
+// rows r and r + 8 per 128-element segment: the 32 elements [128 s + 32 q, + 32), which are in one quantization
+// block (block sizes are multiples of 32). A dot product does not care in which order its k terms come, so each
+// lane's 32 elements serve as its A-fragment k positions over 8 mma steps, and the B fragments (x) are loaded in the
+// same order; the nibble and pair shuffles below implement that order. A row's k is split among `splits` warps,
+// split j taking segments j, j + splits, ... in that order, and their sums are added in split order.
+//
+// qlinear_row_*: one row of x (a decode step at batch 1), the same sums laid out for reading. The mma is the same,
+// but each lane group r (lanes 4r .. 4r + 3) is a split of its own: its A rows r and r + 8 are two weight rows of
+// one feature pair, B column r is x at that split's segment, and only C[r][r] and C[r + 8][r] are used. The splits
+// of a pair sit in neighbouring lane groups, so a warp's load reads splits x 64 contiguous bytes of a weight row
+// (where qlinear_mma reads 64 bytes of each of 16 rows), and a pair's lane groups add their sums in split order
+// through shuffles. Since each sum sees the same operands in the same mma positions and order as in qlinear_mma,
+// the bits are the same: a verify call's rows still equal the one-row calls of the decode steps they stand for.
+// qlinear_dequantize_*: the same values, written out for cuBLAS (more rows).
 #include "common.cuh"
 
 constexpr int kQlinearWarps = launch_config::kQlinearWarps;
 constexpr int kQlinearAhead = launch_config::kQlinearAhead;
+constexpr int kQlinearRowPairs = launch_config::kQlinearRowPairs;
 
 namespace ohk {
 
@@ -109,9 +118,9 @@ __device__ __forceinline__ unsigned qlinear_zero_point(const unsigned char* row_
 
 }  // namespace ohk
 
-// One weight row as a lane reads it from segment seg0 on: its 16-byte pieces (this lane's quarter of each
-// 128-element segment), scales and zero points. A dead row (past n) reads row 0 with its scales masked to zero, so
-// that its A values are zero and no load needs a predicate for it.
+// One weight row as a lane reads it in the segments seg0, seg0 + splits, ...: its 16-byte pieces (this lane's
+// quarter of each 128-element segment), scales and zero points. A dead row (past n) reads row 0 with its scales
+// masked to zero, so that its A values are zero and no load needs a predicate for it.
 template <typename T>
 struct QlinearRow {
   const uint4* w;                   // segment seg0's piece
@@ -139,27 +148,27 @@ struct QlinearPiece {
   unsigned scale, biased_zero, high_zero;
 };
 
-// Segment seg0 + index of `row`. ALIGNED calls (in_features a multiple of 128, blocks of at most 128, no zero
-// points) have every lane's piece inside in_features and its block at block0 + index * (128 / block_size); past
-// the warp's run (never used) they read segment seg0's piece, inside the row since every warp has a segment.
-// Otherwise `valid` says whether the lane's 32 elements are inside in_features; a piece that is not (or is past the
-// warp's run) is read from the row's first 16 bytes and first scale, which every row has, with its scale zeroed:
-// plain loads that stay inside the tensors, which the compiler may schedule freely.
+// Segment seg0 + index * splits of `row`. ALIGNED calls (in_features a multiple of 128, blocks of at most 128, no
+// zero points) have every lane's piece inside in_features and its block at block0 + index * splits * (128 /
+// block_size); past the split's run they read segment seg0's piece, inside the row since every split has a segment,
+// with its scale zeroed. Otherwise `valid` says whether the lane's 32 elements are inside in_features; a piece that
+// is not (or is past the split's run) is read from the row's first 16 bytes and first scale, which every row has,
+// with its scale zeroed: plain loads that stay inside the tensors, which the compiler may schedule freely.
 template <typename T, bool ALIGNED>
 __device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, int index, int q, bool valid,
-                                                     int seg0, int block_shift) {
+                                                     int seg0, int splits, int block_shift) {
   QlinearPiece piece;
   if (ALIGNED) {
-    const int block0 = (seg0 * 128 + q * 32) >> block_shift, at = valid ? index : 0;
+    const int block0 = (seg0 * 128 + q * 32) >> block_shift, at = valid ? index * splits : 0;
     piece.w = __ldg(row.w + at * 4);
-    piece.scale = ohk::splat(__ldg(row.scales + block0 + (at << (7 - block_shift)))) & row.live;
+    piece.scale = ohk::splat(__ldg(row.scales + block0 + (at << (7 - block_shift)))) & (valid ? row.live : 0u);
     piece.biased_zero = ohk::splat(ohk::Pair<T>::kMagic + 8);
     piece.high_zero = ohk::splat(ohk::Pair<T>::high_zero(8));
     return piece;
   }
   const int row_start = -(seg0 * 4 + q);  // from row.w back to the row's first piece, in 16-byte units
-  const int block = valid ? ((seg0 + index) * 128 + q * 32) >> block_shift : 0;
-  piece.w = __ldg(row.w + (valid ? index * 4 : row_start));
+  const int block = valid ? ((seg0 + index * splits) * 128 + q * 32) >> block_shift : 0;
+  piece.w = __ldg(row.w + (valid ? index * splits * 4 : row_start));
   piece.scale = ohk::splat(__ldg(row.scales + block)) & (valid ? row.live : 0u);
   const unsigned zero = ohk::qlinear_zero_point(row.zero_points, block);  // null: uniform across the grid
   piece.biased_zero = ohk::splat(ohk::Pair<T>::kMagic + zero);
@@ -183,41 +192,53 @@ __device__ __forceinline__ T* qlinear_output(const LinearParams& p, int feature,
   return y;
 }
 
-template <typename T, bool SWIGLU, int TILES, bool ALIGNED>
+// ROW_PAIRS = 0: qlinear_mma_*, TILES row tiles of x. ROW_PAIRS > 0: qlinear_row_*, one row of x, each lane group
+// taking ROW_PAIRS feature pairs (a gate row and its up row with swiglu) that share its x loads.
+template <typename T, bool SWIGLU, int TILES, bool ALIGNED, int ROW_PAIRS>
 __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
+  constexpr bool ONE_ROW = ROW_PAIRS > 0;
+  static_assert(!ONE_ROW || TILES == 1, "qlinear_row_* takes one row of x");
+  static_assert(kQlinearWarps <= 8, "qlinear_row_* gives each split (at most kQlinearWarps) a lane group of 8");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = lane >> 2, q = lane & 3;
-  // Weight row tiles (m16) a warp takes (launch_config.h): each x load serves MT times the weights. The warps of a
-  // group and their segments depend on n and k only, so a row's sums are the same for every MT.
-  constexpr int MT = ALIGNED && TILES == launch_config::kQlinearTwoWeightTilesAt ? 2 : 1;
+  // Weight row tiles (m16) a warp takes (launch_config.h), or a lane group's feature pairs: each x load serves MT
+  // times the weights. The splits and their segments depend on n and k only, so a row's sums are the same for every
+  // MT, row count and kernel.
+  constexpr int MT = ONE_ROW ? ROW_PAIRS : ALIGNED && TILES == launch_config::kQlinearTwoWeightTilesAt ? 2 : 1;
   constexpr int kTileFeatures = SWIGLU ? 8 : 16;  // output features per weight row tile
+  const int split = ONE_ROW ? r % p.splits : warp % p.splits;
   const int f0 = (blockIdx.x * (kQlinearWarps / p.splits) + warp / p.splits) * kTileFeatures * MT;
-  const int split = warp % p.splits;
-  // Each warp of a group takes a contiguous run of segments (the group adds them in split order below).
+  const int pair0 = ((blockIdx.x * kQlinearWarps + warp) * (8 / p.splits) + r / p.splits) * MT;
+  // Split j takes the segments j, j + splits, ... (the plan gives each at least two: an empty run would read past
+  // its row, see qlinear_load).
   const int segments = (p.k + 127) >> 7;
-  // As even as can be; the plan gives a warp at least two segments (an empty run would read past its row, see
-  // qlinear_load).
-  const int seg0 = split * segments / p.splits, count = (split + 1) * segments / p.splits - seg0;
+  const int seg0 = split, count = (segments - split + p.splits - 1) / p.splits;
+  // mma.sync needs the whole warp: qlinear_row_*'s lane groups, whose splits may have one segment more or less,
+  // all run split 0's count, the extra segment with zeros for A and B (which leave a sum as it was).
+  const int warp_count = ONE_ROW ? (segments + p.splits - 1) / p.splits : count;
   const int block_shift = __ffs(p.block_size) - 1;  // block_size is a power of two
   const int k_lane = p.k - q * 32;  // this lane's quarter of segment s is inside in_features when s * 128 < k_lane
-  // Tile m's A rows r and r + 8: features fm + r and fm + r + 8, or gate row fm + r and its up row n + fm + r.
+  // Tile m's A rows r and r + 8: features fm + r and fm + r + 8, or gate row fm + r and its up row n + fm + r. One
+  // row: pair m's features 2 pair and 2 pair + 1, or gate row pair and its up row.
   QlinearRow<T> rows[MT][2];
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
-    const int fm = f0 + m * kTileFeatures;
-    const bool live_lo = fm + r < p.n, live_hi = SWIGLU ? live_lo : fm + r + 8 < p.n;
-    rows[m][0] = QlinearRow<T>(p, fm + r, live_lo, q, seg0, block_shift);
-    rows[m][1] = QlinearRow<T>(p, SWIGLU ? p.n + fm + r : fm + r + 8, live_hi, q, seg0, block_shift);
+    const int lo = ONE_ROW ? (SWIGLU ? pair0 + m : 2 * (pair0 + m)) : f0 + m * kTileFeatures + r;
+    const int hi = SWIGLU ? p.n + lo : ONE_ROW ? lo + 1 : lo + 8;
+    const bool live_lo = lo < p.n, live_hi = SWIGLU ? live_lo : hi < p.n;
+    rows[m][0] = QlinearRow<T>(p, lo, live_lo, q, seg0, block_shift);
+    rows[m][1] = QlinearRow<T>(p, hi, live_hi, q, seg0, block_shift);
   }
 
   QlinearPiece ahead[kQlinearAhead][MT][2];
 #pragma unroll
   for (int a = 0; a < kQlinearAhead; ++a) {
-    const bool valid = a < count && (seg0 + a) * 128 < k_lane;
+    const bool valid = a < count && (seg0 + a * p.splits) * 128 < k_lane;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) ahead[a][m][h] = qlinear_load<T, ALIGNED>(rows[m][h], a, q, valid, seg0, block_shift);
+      for (int h = 0; h < 2; ++h)
+        ahead[a][m][h] = qlinear_load<T, ALIGNED>(rows[m][h], a, q, valid, seg0, p.splits, block_shift);
   }
   ohk::wait_for_inputs();
 
@@ -228,15 +249,15 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
     x_rows[t] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) +
                                                (size_t)(t * 8 + r < p.rows ? t * 8 + r : 0) * p.k + q * 32) + seg0 * 16;
   float acc[TILES][MT][4] = {};
-  for (int base = 0; base < count; base += kQlinearAhead) {
+  for (int base = 0; base < warp_count; base += kQlinearAhead) {
 #pragma unroll
     for (int a = 0; a < kQlinearAhead; ++a) {
       const int index = base + a;
-      if (index < count) {  // uniform across the warp
-        const bool valid = ALIGNED || (seg0 + index) * 128 < k_lane;
+      if (index < warp_count) {  // uniform across the warp
+        const bool valid = index < count && (ALIGNED || (seg0 + index * p.splits) * 128 < k_lane);
         const uint4* x_seg[TILES];  // this segment's x pieces
 #pragma unroll
-        for (int t = 0; t < TILES; ++t) x_seg[t] = x_rows[t] + (valid ? index * 16 : 0);
+        for (int t = 0; t < TILES; ++t) x_seg[t] = x_rows[t] + (valid ? index * p.splits * 16 : 0);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // word i: elements 8 i .. 8 i + 7 of this lane's 32
           // Step 2i takes elements (0, 4) and (1, 5) of the word, step 2i + 1 (2, 6) and (3, 7).
@@ -270,14 +291,48 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
         }
         // The segment kQlinearAhead on, into the registers this one has just freed.
         const int next = index + kQlinearAhead;
-        const bool next_valid = next < count && (ALIGNED || (seg0 + next) * 128 < k_lane);
+        const bool next_valid = next < count && (ALIGNED || (seg0 + next * p.splits) * 128 < k_lane);
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            ahead[a][m][h] = qlinear_load<T, ALIGNED>(rows[m][h], next, q, next_valid, seg0, block_shift);
+            ahead[a][m][h] = qlinear_load<T, ALIGNED>(rows[m][h], next, q, next_valid, seg0, p.splits, block_shift);
       }
     }
+  }
+
+  if (ONE_ROW) {
+    // C[r][r] and C[r + 8][r] (pair m's two sums for this lane group's split) are on lane q = r / 2, in acc[0][m][r %
+    // 2] and acc[0][m][2 + r % 2]. The splits of a pair are lane groups first .. first + splits - 1, added in split
+    // order as qlinear_mma's warps are.
+    const int first = r - split;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      float sums[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float mine = r & 1 ? acc[0][m][2 * h + 1] : acc[0][m][2 * h];  // constant indices: registers
+        sums[h] = mine;
+        if (p.splits > 1) {
+          sums[h] = 0.f;
+          for (int s = 0; s < p.splits; ++s) {
+            const int g = first + s;
+            sums[h] += __shfl_sync(0xFFFFFFFFu, mine, 4 * g + (g >> 1));
+          }
+        }
+      }
+      if (split != 0 || q != (r >> 1)) continue;
+      const int lo = SWIGLU ? pair0 + m : 2 * (pair0 + m);
+#pragma unroll
+      for (int h = 0; h < (SWIGLU ? 1 : 2); ++h) {
+        const int feature = lo + h;
+        if (feature >= p.n) continue;
+        int column, width;
+        T* y = qlinear_output<T>(p, feature, column, width);
+        y[column] = ohk::from_f32<T>(SWIGLU ? linear_swiglu_value(sums[0], sums[1]) : sums[h]);
+      }
+    }
+    return;
   }
 
   if (p.splits > 1) {  // the warps of a group add their sums in split order
@@ -350,17 +405,23 @@ __device__ __forceinline__ void qlinear_dequantize(const LinearParams& p) {
   reinterpret_cast<uint4*>(static_cast<T*>(p.dequantized) + (size_t)row * p.k)[word] = out;
 }
 
-// qlinear_mma_{swiglu_}<type>_t<row tiles>{_aligned}
-#define OHK_QLINEAR_KERNEL(NAME, T, SWIGLU, TILES, ALIGNED)                                                    \
+// qlinear_mma_{swiglu_}<type>_t<row tiles>{_aligned}, qlinear_row_{swiglu_}<type>{_aligned}
+#define OHK_QLINEAR_KERNEL(NAME, T, SWIGLU, TILES, ALIGNED, ROW_PAIRS)                                         \
   extern "C" __global__ void __launch_bounds__(kQlinearWarps * 32) NAME(const LinearParams p) {                \
-    qlinear_mma<T, SWIGLU, TILES, ALIGNED>(p);                                                                 \
+    qlinear_mma<T, SWIGLU, TILES, ALIGNED, ROW_PAIRS>(p);                                                      \
   }
 #define OHK_QLINEAR_KERNELS(TNAME, T, TILES)                                                                   \
-  OHK_QLINEAR_KERNEL(qlinear_mma_##TNAME##_t##TILES, T, false, TILES, false)                                   \
-  OHK_QLINEAR_KERNEL(qlinear_mma_swiglu_##TNAME##_t##TILES, T, true, TILES, false)                             \
-  OHK_QLINEAR_KERNEL(qlinear_mma_##TNAME##_t##TILES##_aligned, T, false, TILES, true)                          \
-  OHK_QLINEAR_KERNEL(qlinear_mma_swiglu_##TNAME##_t##TILES##_aligned, T, true, TILES, true)
+  OHK_QLINEAR_KERNEL(qlinear_mma_##TNAME##_t##TILES, T, false, TILES, false, 0)                                \
+  OHK_QLINEAR_KERNEL(qlinear_mma_swiglu_##TNAME##_t##TILES, T, true, TILES, false, 0)                          \
+  OHK_QLINEAR_KERNEL(qlinear_mma_##TNAME##_t##TILES##_aligned, T, false, TILES, true, 0)                       \
+  OHK_QLINEAR_KERNEL(qlinear_mma_swiglu_##TNAME##_t##TILES##_aligned, T, true, TILES, true, 0)
+#define OHK_QLINEAR_ROW_KERNELS(TNAME, T)                                                                      \
+  OHK_QLINEAR_KERNEL(qlinear_row_##TNAME, T, false, 1, false, kQlinearRowPairs)                                \
+  OHK_QLINEAR_KERNEL(qlinear_row_swiglu_##TNAME, T, true, 1, false, kQlinearRowPairs)                          \
+  OHK_QLINEAR_KERNEL(qlinear_row_##TNAME##_aligned, T, false, 1, true, kQlinearRowPairs)                       \
+  OHK_QLINEAR_KERNEL(qlinear_row_swiglu_##TNAME##_aligned, T, true, 1, true, kQlinearRowPairs)
 #define OHK_QLINEAR_TYPE(TNAME, T)                                                                             \
+  OHK_QLINEAR_ROW_KERNELS(TNAME, T)                                                                            \
   OHK_QLINEAR_KERNELS(TNAME, T, 1)                                                                             \
   OHK_QLINEAR_KERNELS(TNAME, T, 2)                                                                             \
   OHK_QLINEAR_KERNELS(TNAME, T, 4)                                                                             \
