@@ -110,6 +110,16 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const un
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// 16 bytes of weights, which a call reads once: they skip L1, where x (read by every row tile or lane group) stays.
+// On an H100 the 9B projections read 3-14% faster so at one row, 4-5% at 16 (docs/design-notes.md, qlinear_row).
+__device__ __forceinline__ uint4 load_weights(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // The zero point of block `block` from a row's packed zero points (two blocks a byte, low nibble first), or 8.
 __device__ __forceinline__ unsigned qlinear_zero_point(const unsigned char* row_zero_points, int block) {
   if (row_zero_points == nullptr) return 8;
@@ -153,14 +163,14 @@ struct QlinearPiece {
 // block_size); past the split's run they read segment seg0's piece, inside the row since every split has a segment,
 // with its scale zeroed. Otherwise `valid` says whether the lane's 32 elements are inside in_features; a piece that
 // is not (or is past the split's run) is read from the row's first 16 bytes and first scale, which every row has,
-// with its scale zeroed: plain loads that stay inside the tensors, which the compiler may schedule freely.
+// with its scale zeroed: loads that stay inside the tensors, with no predicate.
 template <typename T, bool ALIGNED>
 __device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, int index, int q, bool valid,
                                                      int seg0, int splits, int block_shift) {
   QlinearPiece piece;
   if (ALIGNED) {
     const int block0 = (seg0 * 128 + q * 32) >> block_shift, at = valid ? index * splits : 0;
-    piece.w = __ldg(row.w + at * 4);
+    piece.w = ohk::load_weights(row.w + at * 4);
     piece.scale = ohk::splat(__ldg(row.scales + block0 + (at << (7 - block_shift)))) & (valid ? row.live : 0u);
     piece.biased_zero = ohk::splat(ohk::Pair<T>::kMagic + 8);
     piece.high_zero = ohk::splat(ohk::Pair<T>::high_zero(8));
@@ -168,7 +178,7 @@ __device__ __forceinline__ QlinearPiece qlinear_load(const QlinearRow<T>& row, i
   }
   const int row_start = -(seg0 * 4 + q);  // from row.w back to the row's first piece, in 16-byte units
   const int block = valid ? ((seg0 + index * splits) * 128 + q * 32) >> block_shift : 0;
-  piece.w = __ldg(row.w + (valid ? index * splits * 4 : row_start));
+  piece.w = ohk::load_weights(row.w + (valid ? index * splits * 4 : row_start));
   piece.scale = ohk::splat(__ldg(row.scales + block)) & (valid ? row.live : 0u);
   const unsigned zero = ohk::qlinear_zero_point(row.zero_points, block);  // null: uniform across the grid
   piece.biased_zero = ohk::splat(ohk::Pair<T>::kMagic + zero);
