@@ -85,15 +85,16 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "experts as QMoE) while they stream; default: the activation dtype")
     parser.add_argument("--weight-block", type=int, choices=BLOCK_SIZES, default=BLOCK_SIZES[0], metavar="N",
                         help="quantization block along the input axis: " + ", ".join(map(str, BLOCK_SIZES)) +
-                             f" (default {BLOCK_SIZES[0]}; larger blocks prefill faster on the CPU, but only int4 "
-                             "block 32 and int8 block 32/64 keep speculative verify steps lossless there)")
+                             f" (default {BLOCK_SIZES[0]}; larger blocks prefill faster on the CPU, but only int8 "
+                             "block 32/64 keeps speculative verify steps lossless on every CPU, int4 block 32 on "
+                             "AVX-512 ones)")
     parser.add_argument("--weight-asymmetric", action="store_true",
                         help="per-block zero points (default: symmetric blocks)")
     parser.add_argument("--accuracy-level", type=int, choices=range(5), default=None, metavar="N",
                         help="MatMulNBits/QMoE accuracy_level: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations "
-                             "(default 4 on cpu: with int4 block 32 or int8 block 32/64 a row's result then does not "
-                             "depend on the rows beside it, so speculative verify steps equal plain decoding; 0 on "
-                             "cuda, where no setting does)")
+                             "(default 4 on cpu: with int8 block 32/64, or int4 block 32 on AVX-512 CPUs, a row's "
+                             "result then does not depend on the rows beside it, so speculative verify steps equal "
+                             "plain decoding; 0 on cuda, where no MatMulNBits setting does)")
     parser.add_argument("--quantize-lm-head", action="store_true",
                         help="quantize the lm_head too, as the builder's int4 export does (0.8B, int4, 2 CPU threads: "
                              "decode 25.8 -> 47.2 tok/s; it is the largest matrix a decode step reads)")

@@ -16,6 +16,7 @@ from native_util import (GDN, check_capsule_replay, check_decode_equals_verify, 
 from onnx_hybrid.ops import contract, library
 from onnx_hybrid_testing import single_op
 from onnx_hybrid_testing.cases import DTYPES, Case, random_gdn_case
+from onnx_hybrid_testing.host import cpu_flags
 from file_modules import ROOT
 
 # Each entry: random_gdn_case keyword arguments. Rows of >= 32 tokens run the chunked engine, shorter
@@ -273,18 +274,10 @@ def test_kernels_leave_the_thread_float_mode_alone():
         assert is_subnormal(np.float32(1e-38) * np.float32(0.5))
 
 
-def _cpu_flags() -> set:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next(line for line in f if line.startswith("flags")).split(":")[1].split())
-    except (OSError, StopIteration):
-        return set()
-
-
 @pytest.mark.parametrize("isa", ["avx2", "generic"])
 def test_narrower_isa_matches_reference(isa):
     """The AVX2 and portable kernels (machines without AVX-512), forced through ONNX_HYBRID_CPU_ISA in a child."""
-    if isa == "avx2" and not {"avx2", "fma"} <= _cpu_flags():
+    if isa == "avx2" and not {"avx2", "fma"} <= cpu_flags():
         pytest.skip("this CPU has no AVX2 + FMA, so the AVX2 variant cannot run here")
     code = (
         "import numpy as np, sys\n"
