@@ -2,14 +2,10 @@
 installed NVRTC and with the oldest one pyproject.toml allows, the conv kernels do not spill on sm_90a, the cubin
 cache behaves, every kernel the library's planner can name is in the image, and a raw stream handle reaches CuPy."""
 
-import os
 import re
-import subprocess
-import sys
 import warnings
 
 import pytest
-from file_modules import ROOT
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
 
@@ -64,34 +60,22 @@ def test_conv_kernels_fit_their_registers_on_sm90():
     assert not spills, f"kernels that spill on sm_90a: {spills}"
 
 
-OLDEST_NVRTC_LIB = ROOT / "build" / "oldest-nvrtc" / "nvidia" / "cu13" / "lib"  # fetched by `make test`
+def test_kernels_build_with_the_installed_nvrtc(nvrtc_build):
+    """The two build tests above with the NVRTC pip installed, in a child process that conftest.py starts when
+    collection ends, so that its builds overlap the rest of the suite."""
+    status, output = nvrtc_build("installed")
+    assert status == 0, f"NVRTC {compiler.nvrtc_version()}:\n{output[-6000:]}"
+    assert "3 passed" in output, output[-2000:]
 
 
-def oldest_allowed_nvrtc() -> tuple[int, int]:
-    """The lower bound of pyproject.toml's nvidia-cuda-nvrtc requirement, as (major, minor)."""
-    bound = re.search(r'"nvidia-cuda-nvrtc>=(\d+)\.(\d+)', (ROOT / "pyproject.toml").read_text())
-    return int(bound.group(1)), int(bound.group(2))
-
-
-def test_kernels_build_with_the_oldest_allowed_nvrtc():
+def test_kernels_build_with_the_oldest_allowed_nvrtc(nvrtc_build):
     """pip gives CI the newest NVRTC 13.x, while users (and the H200 machine) may have 13.0, which rejects code
     that later versions accept: to 13.0's JIT mode a generic lambda is a host function
     (docs/design-notes.md#oldest-nvrtc). So the two build tests above run again, in a process that loads the oldest
-    allowed NVRTC."""
-    lib = OLDEST_NVRTC_LIB / "libnvrtc.so.13"
-    assert lib.is_file(), f"{lib} is missing: `make test` fetches it"
-    env = dict(os.environ, LD_PRELOAD=str(lib),
-               LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(OLDEST_NVRTC_LIB), os.environ.get("LD_LIBRARY_PATH")])))
-    script = (
-        "import sys, pytest\n"
-        "from onnx_hybrid.cuda_ops import compiler\n"
-        f"assert compiler.nvrtc_version() == {oldest_allowed_nvrtc()}, compiler.nvrtc_version()\n"
-        f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', {__file__!r}, "
-        "'-k', 'compiles_offline or fit_their_registers']))\n")
-    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
-                            timeout=900)
-    assert result.returncode == 0, f"NVRTC {oldest_allowed_nvrtc()}:\n{result.stdout[-6000:]}{result.stderr[-3000:]}"
-    assert "3 passed" in result.stdout, result.stdout[-2000:]
+    allowed NVRTC (started by conftest.py when collection ends)."""
+    status, output = nvrtc_build("oldest")
+    assert status == 0, output[-6000:]
+    assert "3 passed" in output, output[-2000:]
 
 
 def test_cache_is_hit_and_keyed_by_arch(cache):
