@@ -114,7 +114,7 @@ WEIGHT_TYPES = {"int4": 4, "int8": 8}
 DEFAULT_ACCURACY_LEVELS = {"cpu": 4, "cuda": 0}
 # (bits, block size) at which ONNX Runtime 1.32's CPU MatMulNBits computes a row alone (a decode step) bit for bit
 # as among the rows of a verify step, at accuracy_level 4, by the vector ISA whose int8 kernels it runs: measured for
-# K = 256 to 3584 on AVX-512 VNNI machines (Intel Xeon, AMD EPYC) and an AVX2-only one (AMD EPYC)
+# K = 256 to 3584 on AVX-512 machines (Intel Xeon, AMD EPYC) and an AVX2-only one (AMD EPYC)
 # (docs/lossless-speculative.md#quantized-weights-on-the-cpu). No setting of onnxruntime-gpu 1.31.1's CUDA kernel is.
 CPU_ROW_INVARIANT_BY_ISA = {"AVX-512": frozenset({(4, 32), (8, 32), (8, 64)}),
                             "AVX2": frozenset({(8, 32), (8, 64), (8, 128)})}

@@ -93,8 +93,9 @@ std::vector<CudaLaunch<LinearParams>> PlanLinearSwiglu(ElemType type, const Line
 // in_features and block_size multiples of 32, x 16-byte aligned.
 bool QuantizedLinearUsesMma(ElemType type, const LinearParams& params);
 
-// qlinear_mma_* with row tiles for params.rows and enough warps per 16 features to fill the GPU (kQlinearMinWarps).
-// The warps per group depend on n and k only, so a row's sums are the same whatever the rows beside it.
+// qlinear_mma_* with row tiles for params.rows and enough warps per 16 features to fill the GPU (kQlinearMinWarps),
+// or for one row qlinear_row_* with the same splits. The splits of k depend on n and k only, so a row's sums are the
+// same whatever the rows beside it.
 std::vector<CudaLaunch<LinearParams>> PlanQuantizedLinear(ElemType type, const LinearParams& params);
 
 // qlinear_dequantize_*: the weight rows into params.dequantized (in_features a multiple of 8).
