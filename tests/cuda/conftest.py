@@ -1,8 +1,9 @@
 """The kernel build tests compile every CUDA kernel with NVRTC, with the installed NVRTC and again with the oldest one
 pyproject.toml allows: four builds of one to four minutes each on one core. So that they overlap the rest of the
 suite on a 2-core CI machine, each NVRTC's build tests run in a child pytest started when collection ends;
-test_cuda_ops_build.py's test_kernels_build_with_* wait for the children and assert their results, and the build
-tests themselves are deselected from this process (a run that selects them without those two runs them here)."""
+test_cuda_ops_build.py's test_kernels_build_with_* run last, wait for the children and assert their results, and
+the build tests themselves are deselected from this process (a run that selects them without those two runs them
+here)."""
 
 import os
 import re
@@ -55,7 +56,8 @@ def pytest_collection_modifyitems(config, items):
     moved = [item for item in items if item.nodeid.startswith(BUILD_TESTS)
              and any(part in item.name for part in CHILD_SELECTION.split(" or "))]
     config.hook.pytest_deselected(items=moved)
-    items[:] = [item for item in items if item not in moved]
+    waiting = [item for item in items if item.name in CHILD_RUNS.values()]
+    items[:] = [item for item in items if item not in moved and item not in waiting] + waiting  # they wait last
     config.stash[BUILD_CHILDREN] = {which: _start(which) for which in runs}
 
 
