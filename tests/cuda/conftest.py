@@ -51,7 +51,7 @@ def _start(which: str):
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected theirs: a child selects only the build tests
 def pytest_collection_modifyitems(config, items):
     runs = [which for which, name in CHILD_RUNS.items() if any(item.name == name for item in items)]
-    if not runs:
+    if not runs or config.option.collectonly:
         return
     moved = [item for item in items if item.nodeid.startswith(BUILD_TESTS)
              and any(part in item.name for part in CHILD_SELECTION.split(" or "))]
