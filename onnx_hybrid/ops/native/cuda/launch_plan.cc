@@ -277,9 +277,9 @@ std::vector<CudaLaunch<LinearParams>> PlanQuantizedLinear(ElemType type, const L
     p.splits *= 2;
   // Whole segments, blocks of at most a segment and no zero points: the variant without per-piece selects.
   const bool aligned = p.k % 128 == 0 && p.block_size <= 128 && p.zero_points == nullptr;
-  if (p.rows == 1) {  // qlinear_row_*: a warp's 8 lane groups are splits of 8 / splits slots of kQlinearRowPairs pairs
+  if (p.rows == 1) {  // qlinear_row_*: each lane group a split, so a warp holds lane groups / splits slots of pairs
     const int64_t pairs = p.swiglu ? p.n : CeilDiv(p.n, 2);
-    const int64_t warps = CeilDiv(pairs, (8 / p.splits) * cp::kQlinearRowPairs);
+    const int64_t warps = CeilDiv(pairs, (cp::kQlinearLaneGroups / p.splits) * cp::kQlinearRowPairs);
     return {{KernelName(p.swiglu ? "qlinear_row_swiglu_" : "qlinear_row_", type).Append(aligned ? "_aligned" : ""),
              {U(CeilDiv(warps, cp::kQlinearWarps)), 1, 1}, {U(cp::kQlinearWarps * 32), 1, 1}, 0, p}};
   }

@@ -98,6 +98,8 @@ inline constexpr int kQlinearTwoWeightTilesAt = 2;
 // Warps per group of 16 features double (1, 2, 4, 8) until the grid has at least this many warps, while each warp
 // keeps two segments.
 inline constexpr int kQlinearMinWarps = 4096;  // 2048 about as good on an H100; 8192 slower at two ahead
+// qlinear_row_*: a warp's lane groups (lanes 4g .. 4g + 3, the rows of an mma fragment), each a split of k.
+inline constexpr int kQlinearLaneGroups = 8;
 // qlinear_row_*: feature pairs a lane group takes (each x load serves 2 x this many weight rows). One: 64 registers,
 // four blocks an SM; two (100 registers) read the 9B projections 0-4% slower on an H100.
 inline constexpr int kQlinearRowPairs = 1;

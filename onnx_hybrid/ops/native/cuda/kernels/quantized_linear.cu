@@ -208,7 +208,8 @@ template <typename T, bool SWIGLU, int TILES, bool ALIGNED, int ROW_PAIRS>
 __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
   constexpr bool ONE_ROW = ROW_PAIRS > 0;
   static_assert(!ONE_ROW || TILES == 1, "qlinear_row_* takes one row of x");
-  static_assert(kQlinearWarps <= 8, "qlinear_row_* gives each split (at most kQlinearWarps) a lane group of 8");
+  static_assert(kQlinearWarps <= launch_config::kQlinearLaneGroups,
+                "qlinear_row_* gives each split (at most kQlinearWarps) a lane group of its own");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = lane >> 2, q = lane & 3;
   // Weight row tiles (m16) a warp takes (launch_config.h), or a lane group's feature pairs: each x load serves MT
@@ -218,7 +219,8 @@ __device__ __forceinline__ void qlinear_mma(const LinearParams& p) {
   constexpr int kTileFeatures = SWIGLU ? 8 : 16;  // output features per weight row tile
   const int split = ONE_ROW ? r % p.splits : warp % p.splits;
   const int f0 = (blockIdx.x * (kQlinearWarps / p.splits) + warp / p.splits) * kTileFeatures * MT;
-  const int pair0 = ((blockIdx.x * kQlinearWarps + warp) * (8 / p.splits) + r / p.splits) * MT;
+  const int pair0 = ((blockIdx.x * kQlinearWarps + warp) * (launch_config::kQlinearLaneGroups / p.splits) +
+                     r / p.splits) * MT;
   // Split j takes the segments j, j + splits, ... (the plan gives each at least two: an empty run would read past
   // its row, see qlinear_load).
   const int segments = (p.k + 127) >> 7;
