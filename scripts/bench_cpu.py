@@ -6,7 +6,10 @@ CPU kernel goals). PagedAttention (ORT has no CPU kernel) against the plain-ONNX
 export (Transpose, MatMul, Softmax, MatMul over a dense [B, Hkv, L, D] cache, GQA by broadcasting, causal
 bias): 0.8B attention geometry (Hq 8, Hkv 2, D 256), fp32, 16-token blocks handed out in shuffled order.
 Each case first checks that both produce the same outputs, then reports the median of --runs timed runs
-after warm-up, and the ratio peer / ours.
+after warm-up, and the ratio peer / ours. A third table sets ORT's own 4-bit product against its fp32 one at a
+128-token prefill's 128 rows, for the 0.8B projections (no kernel of ours: it says what int4 weights can gain a CPU
+prefill, whose time is mostly these products): com.microsoft::MatMulNBits (block 32, accuracy_level 4: int8
+activations, the setting of our CPU int4 exports) against MatMul on the dequantized weights.
 
 Usage: python scripts/bench_cpu.py [--runs 30] [--threads 2]   (prints Markdown tables)
 """
@@ -156,6 +159,49 @@ def bench_attention_case(lengths, past, runs: int, threads: int):
     return timed_in_place(ours, case.feeds, pools, runs), timed_in_place(peer, dense_feeds, {}, runs)
 
 
+# 0.8B projections at a prefill's rows: name, output features, in_features (the 128-row products of a 128-token
+# prompt; gate|up packed, the GatedDeltaNet input projections packed).
+PRODUCT_CASES = [("gate|up", 7168, 1024), ("GatedDeltaNet in_proj", 8192, 1024), ("down", 1024, 3584),
+                 ("GatedDeltaNet out_proj", 1024, 2048)]
+PRODUCT_ROWS = 128
+
+
+def bench_product_case(n: int, k: int, runs: int, threads: int):
+    """(MatMulNBits int4 time, fp32 MatMul time) for x [PRODUCT_ROWS, k] @ w^T, w [n, k] quantized at block 32."""
+    from onnx import TensorProto, helper
+
+    from onnx_hybrid.exporter.quantize import QuantSpec, dequantize, quantize
+
+    rng = np.random.default_rng(n + k)
+    spec = QuantSpec(4, 32)
+    q = quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.02, spec)
+    dense = np.ascontiguousarray(dequantize(q, spec, k).astype(np.float32).T)  # [k, n]
+    f = TensorProto.FLOAT
+    x_info = helper.make_tensor_value_info("x", f, [PRODUCT_ROWS, k])
+    y_info = helper.make_tensor_value_info("y", f, None)
+    codes = q.codes.reshape(n, spec.blocks(k), spec.blob_bytes())
+    quantized = helper.make_graph(
+        [helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=32,
+                          accuracy_level=4)], "int4", [x_info], [y_info],
+        [helper.make_tensor("w", TensorProto.UINT8, codes.shape, codes.tobytes(), raw=True),
+         helper.make_tensor("s", f, q.scales.shape, q.scales.astype(np.float32).tobytes(), raw=True)])
+    fp32 = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "fp32", [x_info], [y_info],
+                             [helper.make_tensor("w", f, dense.shape, dense.tobytes(), raw=True)])
+    x = rng.standard_normal((PRODUCT_ROWS, k)).astype(np.float32)
+    times, outputs = [], []
+    for graph in (quantized, fp32):
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)],
+                                  ir_version=10)
+        session = single_op.make_session(model, with_library=False, intra_op_threads=threads)
+        outputs.append(session.run(None, {"x": x})[0])
+        values = {"x": single_op.to_ort_value(x)}
+        times.append(timed(session, ["y"], values, runs))
+    # Level 4 rounds x to int8 per block: the products agree to that rounding, not bit for bit.
+    if not np.allclose(outputs[0], outputs[1], rtol=0.05, atol=0.05 * np.abs(outputs[1]).max()):
+        raise AssertionError(f"MatMulNBits [{n}, {k}] differs from MatMul by {np.abs(outputs[0] - outputs[1]).max():.3e}")
+    return times[0], times[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
@@ -192,6 +238,17 @@ def main() -> None:
               f"{ours_cpu * 1e3:.3f} ms | {theirs_cpu * 1e3:.3f} ms | {theirs_cpu / ours_cpu:.2f}x |", flush=True)
         rows.append({"case": name, "peer": "plain-ONNX dense attention", "ours_s": ours, "peer_s": theirs,
                      "ours_cpu_s": ours_cpu, "peer_cpu_s": theirs_cpu})
+    print()
+    print(f"| ORT product, {PRODUCT_ROWS} rows | MatMulNBits int4 (level 4) | MatMul fp32 | fp32 / int4 | int4 CPU | "
+          "fp32 CPU | CPU ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for name, n, k in PRODUCT_CASES:
+        (int4, int4_cpu), (fp32, fp32_cpu) = bench_product_case(n, k, args.runs, args.threads)
+        print(f"| {name} [{n}, {k}] | {int4 * 1e3:.3f} ms | {fp32 * 1e3:.3f} ms | {fp32 / int4:.2f}x | "
+              f"{int4_cpu * 1e3:.3f} ms | {fp32_cpu * 1e3:.3f} ms | {fp32_cpu / int4_cpu:.2f}x |", flush=True)
+        rows.append({"case": f"{name} [{n}, {k}] x {PRODUCT_ROWS} rows", "peer": "ORT MatMul fp32",
+                     "ours_s": int4, "peer_s": fp32, "ours_cpu_s": int4_cpu, "peer_cpu_s": fp32_cpu,
+                     "ours": "ORT MatMulNBits int4 block 32 accuracy_level 4"})
     write_json(args.json, "bench_cpu", cpu_model(), rows, onnxruntime=ort.__version__, threads=args.threads,
                kernels=cpu_isa(), runs=args.runs)
 
