@@ -255,6 +255,30 @@ def test_subnormal_state_decode_equals_verify_without_capture():
     check_decode_equals_verify(case, row=0)
 
 
+@pytest.mark.parametrize("with_state", [True, False])
+def test_value_columns_are_computed_alone_bit_for_bit(with_state):
+    """The recurrence advances several state rows (value columns) of a head at once where it can (four at a time
+    on AVX2 at Dk 128); each column's outputs and state must be those of the column alone (Dv = 1, one row at a time):
+    decode and verify rows, rows longer than the engine's 64-token staging, subnormal states (the exact-step
+    repairs), and a column count that is not a multiple of four."""
+    rng = np.random.default_rng(22)
+    lengths, capture = [1, 5, 70, 65], [1, 4, 2, 3]
+    if with_state:
+        case = subnormal_gdn_case(rng, lengths, head_size_k=128, head_size_v=9, capacity=4, capture=capture)
+    else:
+        case = random_gdn_case(rng, lengths, head_size_k=128, head_size_v=9, num_heads_q=2, num_heads_v=4,
+                               capacity=4, capture=capture, with_state=False)
+    whole = run_gdn(case)
+    for c in range(9):
+        column = dict(case.feeds, value=np.ascontiguousarray(case.feeds["value"][..., c:c + 1]))
+        if with_state:
+            column["initial_state"] = np.ascontiguousarray(case.feeds["initial_state"][:, :, c:c + 1])
+        alone = single_op.run_single_op(GDN, column, case.attributes)
+        np.testing.assert_array_equal(alone["output"][..., 0], whole["output"][..., c], err_msg=f"column {c}")
+        np.testing.assert_array_equal(alone["final_state"][:, :, 0], whole["final_state"][:, :, c],
+                                      err_msg=f"column {c}")
+
+
 def test_kernels_leave_the_thread_float_mode_alone():
     """The kernels flush subnormals only inside their work items: after a run the calling thread (NumPy)
     and ORT's own kernels in the same session (2 intra-op threads) compute subnormals again."""

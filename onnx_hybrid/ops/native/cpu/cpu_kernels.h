@@ -25,10 +25,13 @@ float ExactStateStep(float s, float a, float k, float u);
 void RepairStateRow(const float* before, float* after, int64_t n, const float* alpha, bool per_key, const float* key,
                     float u);
 
-// One state row c (Dk floats) of one value head, advanced over n tokens by the sequential engine.
+// `rows` state rows c, c + 1, ... (Dk floats each) of one value head, advanced over n tokens by the sequential
+// engine. Row i reads state_in + i * state_in_row_stride (0: one row, e.g. zeros, for all) and writes
+// state_out + i * Dk, value + i, out + i and delta + i; every row's arithmetic is that of the row alone.
 struct RecurrentRowArgs {
-  const float* state_in;  // [Dk]; may equal state_out (read before written)
-  float* state_out;       // [Dk]
+  const float* state_in;  // row i at state_in + i * state_in_row_stride; may equal state_out (read before written)
+  float* state_out;       // [rows, Dk]
+  int64_t rows, state_in_row_stride;
   int64_t n, dk;
   const float* keys;      // [n, Dk], after the L2 norm
   const float* queries;   // [n, Dk], after the L2 norm
@@ -43,12 +46,24 @@ struct RecurrentRowArgs {
   int64_t out_stride;
 };
 
+// Row i of a RecurrentRowArgs as a call of its own (rows = 1).
+inline RecurrentRowArgs RecurrentRowOf(const RecurrentRowArgs& r, int64_t i) {
+  RecurrentRowArgs one = r;
+  one.rows = 1;
+  one.state_in = r.state_in + i * r.state_in_row_stride;
+  one.state_out = r.state_out + i * r.dk;
+  one.value = r.value + i;
+  one.out = r.out + i;
+  one.delta = r.delta + i;
+  return one;
+}
+
 struct CpuKernels {
   const char* name;
   // C[M,N] = A[M,K] B[K,N] (or C += A B when accumulate), row-major with leading dimensions.
   void (*gemm)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
                float* c, int64_t ldc, bool accumulate);
-  void (*recurrent_row)(const RecurrentRowArgs& args);
+  void (*recurrent_rows)(const RecurrentRowArgs& args);
   float (*sum_squares)(const float* x, int64_t n);
   float (*dot)(const float* x, const float* y, int64_t n);
   // out[r * ldo + i] = dot(a + r * lda, b + i * ldb, n) for r < m, i < k, every element bit-identical to

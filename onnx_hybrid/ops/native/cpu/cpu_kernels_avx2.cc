@@ -53,7 +53,7 @@ struct Vec {
 
 #include "cpu/cpu_kernels_simd.inc"
 
-const CpuKernels kKernels = {"avx2", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
+const CpuKernels kKernels = {"avx2", Gemm, RecurrentRows, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
 
 }  // namespace avx2
 }  // namespace onnx_hybrid

@@ -48,7 +48,7 @@ struct Vec {
 
 #include "cpu/cpu_kernels_simd.inc"
 
-const CpuKernels kKernels = {"avx512", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
+const CpuKernels kKernels = {"avx512", Gemm, RecurrentRows, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
 
 }  // namespace avx512
 }  // namespace onnx_hybrid

@@ -48,6 +48,10 @@ void RecurrentRow(const RecurrentRowArgs& r) {
   }
 }
 
+void RecurrentRows(const RecurrentRowArgs& r) {
+  for (int64_t i = 0; i < r.rows; ++i) RecurrentRow(RecurrentRowOf(r, i));
+}
+
 float SumSquares(const float* x, int64_t n) {
   float acc = 0.0f;
   for (int64_t i = 0; i < n; ++i) acc += x[i] * x[i];
@@ -82,7 +86,7 @@ void Silu(float* x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] = x[j] / (1.0f + std::exp(-x[j]));
 }
 
-const CpuKernels kGeneric = {"generic", Gemm, RecurrentRow, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
+const CpuKernels kGeneric = {"generic", Gemm, RecurrentRows, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
 
 const CpuKernels& Select() {
   const char* forced = std::getenv("ONNX_HYBRID_CPU_ISA");

@@ -145,14 +145,14 @@ void WorkItem::Sequential() const {
     args.value_stride = dv;
     args.scale = scale;
     args.out_stride = dv;
-    for (int64_t c = 0; c < dv; ++c) {
-      args.state_in = t0 == 0 ? (init ? init + c * dk : zeros) : state + c * dk;
-      args.state_out = state + c * dk;
-      args.value = values + c;
-      args.out = out + c;
-      args.delta = delta + c;
-      kern.recurrent_row(args);
-    }
+    args.rows = dv;  // every value column c: state row c
+    args.state_in = t0 == 0 ? (init ? init : zeros) : state;
+    args.state_in_row_stride = t0 == 0 && !init ? 0 : dk;
+    args.state_out = state;
+    args.value = values;
+    args.out = out;
+    args.delta = delta;
+    kern.recurrent_rows(args);
     for (int64_t i = 0; i < len; ++i) StoreOutput(start + t0 + i, out + i * dv, 1.0f);
     for (int64_t i = 0; capsule && i < len && t0 + i < captured; ++i) {
       const int64_t slot = t0 + i;
