@@ -202,6 +202,13 @@ def bench_product_case(n: int, k: int, runs: int, threads: int):
     return times[0], times[1]
 
 
+def table_row(name: str, first: tuple[float, float], second: tuple[float, float]) -> str:
+    """A Markdown row: name, both wall times, second / first, both CPU times, their ratio (inputs in seconds)."""
+    (wall, cpu), (other_wall, other_cpu) = first, second
+    return (f"| {name} | {wall * 1e3:.3f} ms | {other_wall * 1e3:.3f} ms | {other_wall / wall:.2f}x | "
+            f"{cpu * 1e3:.3f} ms | {other_cpu * 1e3:.3f} ms | {other_cpu / cpu:.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
@@ -224,8 +231,7 @@ def main() -> None:
         goal = GOALS[name.split()[0]]
         ratio = theirs / ours
         mark = "met" if ratio >= goal else f"missed ({ratio / goal:.0%} of goal)"
-        print(f"| {name} | {ours * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {ratio:.2f}x | {ours_cpu * 1e3:.3f} ms | "
-              f"{theirs_cpu * 1e3:.3f} ms | {theirs_cpu / ours_cpu:.2f}x | >= {goal:.0f}x: {mark} |", flush=True)
+        print(table_row(name, (ours, ours_cpu), (theirs, theirs_cpu)) + f" >= {goal:.0f}x: {mark} |", flush=True)
         rows.append({"case": name, "peer": "ORT com.microsoft", "ours_s": ours, "peer_s": theirs, "ours_cpu_s": ours_cpu,
                      "peer_cpu_s": theirs_cpu, "goal": goal})
     print()
@@ -234,8 +240,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name, lengths, past in ATTENTION_CASES:
         (ours, ours_cpu), (theirs, theirs_cpu) = bench_attention_case(lengths, past, args.runs, args.threads)
-        print(f"| {name} | {ours * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {theirs / ours:.2f}x | "
-              f"{ours_cpu * 1e3:.3f} ms | {theirs_cpu * 1e3:.3f} ms | {theirs_cpu / ours_cpu:.2f}x |", flush=True)
+        print(table_row(name, (ours, ours_cpu), (theirs, theirs_cpu)), flush=True)
         rows.append({"case": name, "peer": "plain-ONNX dense attention", "ours_s": ours, "peer_s": theirs,
                      "ours_cpu_s": ours_cpu, "peer_cpu_s": theirs_cpu})
     print()
@@ -244,8 +249,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name, n, k in PRODUCT_CASES:
         (int4, int4_cpu), (fp32, fp32_cpu) = bench_product_case(n, k, args.runs, args.threads)
-        print(f"| {name} [{n}, {k}] | {int4 * 1e3:.3f} ms | {fp32 * 1e3:.3f} ms | {fp32 / int4:.2f}x | "
-              f"{int4_cpu * 1e3:.3f} ms | {fp32_cpu * 1e3:.3f} ms | {fp32_cpu / int4_cpu:.2f}x |", flush=True)
+        print(table_row(f"{name} [{n}, {k}]", (int4, int4_cpu), (fp32, fp32_cpu)), flush=True)
         rows.append({"case": f"{name} [{n}, {k}] x {PRODUCT_ROWS} rows", "peer": "ORT MatMul fp32",
                      "ours_s": int4, "peer_s": fp32, "ours_cpu_s": int4_cpu, "peer_cpu_s": fp32_cpu,
                      "ours": "ORT MatMulNBits int4 block 32 accuracy_level 4"})
