@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 import ml_dtypes
 import numpy as np
 import onnx
+import onnx.numpy_helper
 from onnx import TensorProto, helper
 
 from onnx_hybrid.ops.contract import (DOMAIN, LINEAR, MS_DOMAIN, OPS, OPSET_VERSION, QUANTIZED_LINEAR,
@@ -30,6 +31,23 @@ _FIXED_TYPES = {"float": TensorProto.FLOAT, "int32": TensorProto.INT32, "uint8":
 def _activation_type(op_name: str, feeds: Mapping[str, np.ndarray | None]) -> int:
     first = OPS[op_name].inputs[0].name  # query / input: always present, of type T
     return _ONNX_TYPES[np.asarray(feeds[first]).dtype]
+
+
+def matmul_nbits_model(codes: np.ndarray, scales: np.ndarray, k: int, *, bits: int, block_size: int,
+                       accuracy_level: int = 0, elem_type: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    """ORT's own com.microsoft::MatMulNBits, Y [M, N] = A [M, k] @ W^T, with a quantized weight's packed codes
+    ([N, k_blocks, blob], as exporter.quantize writes them) and scales as initializers; A, Y and the scales in
+    ``elem_type``."""
+    n = codes.shape[0]
+    scale_dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+    node = helper.make_node("MatMulNBits", ["A", "B", "scales"], ["Y"], domain=MS_DOMAIN, K=k, N=n, bits=bits,
+                            block_size=block_size, accuracy_level=accuracy_level)
+    graph = helper.make_graph([node], "matmul_nbits", [helper.make_tensor_value_info("A", elem_type, ["M", k])],
+                              [helper.make_tensor_value_info("Y", elem_type, ["M", n])],
+                              [onnx.numpy_helper.from_array(np.ascontiguousarray(codes), "B"),
+                               onnx.numpy_helper.from_array(scales.astype(scale_dtype), "scales")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", AI_ONNX_OPSET),
+                                                   helper.make_opsetid(MS_DOMAIN, 1)], ir_version=IR_VERSION)
 
 
 def single_op_model(op_name: str, feeds: Mapping[str, np.ndarray | None], attributes: Mapping[str, Any] | None = None,

@@ -175,27 +175,20 @@ def bench_product_case(n: int, k: int, runs: int, threads: int):
     rng = np.random.default_rng(n + k)
     spec = QuantSpec(4, 32)
     q = quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.02, spec)
+    quantized = single_op.matmul_nbits_model(q.codes, q.scales, k, bits=4, block_size=32, accuracy_level=4)
     dense = np.ascontiguousarray(dequantize(q, spec, k).astype(np.float32).T)  # [k, n]
     f = TensorProto.FLOAT
-    x_info = helper.make_tensor_value_info("x", f, [PRODUCT_ROWS, k])
-    y_info = helper.make_tensor_value_info("y", f, None)
-    codes = q.codes.reshape(n, spec.blocks(k), spec.blob_bytes())
-    quantized = helper.make_graph(
-        [helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=32,
-                          accuracy_level=4)], "int4", [x_info], [y_info],
-        [helper.make_tensor("w", TensorProto.UINT8, codes.shape, codes.tobytes(), raw=True),
-         helper.make_tensor("s", f, q.scales.shape, q.scales.astype(np.float32).tobytes(), raw=True)])
-    fp32 = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "fp32", [x_info], [y_info],
-                             [helper.make_tensor("w", f, dense.shape, dense.tobytes(), raw=True)])
+    fp32 = helper.make_model(
+        helper.make_graph([helper.make_node("MatMul", ["A", "w"], ["Y"])], "fp32",
+                          [helper.make_tensor_value_info("A", f, ["M", k])], [helper.make_tensor_value_info("Y", f, None)],
+                          [helper.make_tensor("w", f, dense.shape, dense.tobytes(), raw=True)]),
+        opset_imports=[helper.make_opsetid("", single_op.AI_ONNX_OPSET)], ir_version=single_op.IR_VERSION)
     x = rng.standard_normal((PRODUCT_ROWS, k)).astype(np.float32)
     times, outputs = [], []
-    for graph in (quantized, fp32):
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)],
-                                  ir_version=10)
+    for model in (quantized, fp32):
         session = single_op.make_session(model, with_library=False, intra_op_threads=threads)
-        outputs.append(session.run(None, {"x": x})[0])
-        values = {"x": single_op.to_ort_value(x)}
-        times.append(timed(session, ["y"], values, runs))
+        outputs.append(session.run(None, {"A": x})[0])
+        times.append(timed(session, ["Y"], {"A": single_op.to_ort_value(x)}, runs))
     # Level 4 rounds x to int8 per block: the products agree to that rounding, not bit for bit.
     if not np.allclose(outputs[0], outputs[1], rtol=0.05, atol=0.05 * np.abs(outputs[1]).max()):
         raise AssertionError(f"MatMulNBits [{n}, {k}] differs from MatMul by {np.abs(outputs[0] - outputs[1]).max():.3e}")

@@ -410,22 +410,16 @@ def test_matmul_nbits_rows_do_not_depend_on_the_call(bits, accuracy_level):
     verify call (M = 4) and of a prompt (M = 40). The CPU kernel does at accuracy_level 4
     (tests/exporter/test_quantized_export.py); the CUDA kernel does not at any level (strict: a row-invariant ORT
     turns this into a failure that asks for the note to be updated)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto
 
     from onnx_hybrid.exporter.quantize import QuantSpec, quantize
+    from onnx_hybrid_testing.single_op import matmul_nbits_model
 
     rng = np.random.default_rng(bits)
     n, k = 96, 256
     q = quantize(rng.standard_normal((n, k)).astype(np.float32), QuantSpec(bits, 32))
-    node = helper.make_node("MatMulNBits", ["A", "B", "scales"], ["Y"], domain=contract.MS_DOMAIN, K=k, N=n,
-                            bits=bits, block_size=32, accuracy_level=accuracy_level)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT16, ["M", k])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["M", n])],
-                              [numpy_helper.from_array(q.codes, "B"),
-                               numpy_helper.from_array(q.scales.astype(np.float16), "scales")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
-                                                    helper.make_opsetid(contract.MS_DOMAIN, 1)],
-                              ir_version=10)  # onnx's default may be newer than this ORT reads
+    model = matmul_nbits_model(q.codes, q.scales, k, bits=bits, block_size=32, accuracy_level=accuracy_level,
+                               elem_type=TensorProto.FLOAT16)
     session = cuda_session(model, with_library=False)
     a = rng.standard_normal((40, k)).astype(np.float16)
     alone = np.concatenate([session.run(None, {"A": a[i:i + 1]})[0] for i in range(len(a))])

@@ -36,6 +36,7 @@ from onnx_hybrid_testing.engine import set_eos  # noqa: E402
 from onnx_hybrid_testing.greedy import GreedyDriver, make_session  # noqa: E402
 from onnx_hybrid_testing.genai_driver import greedy_tokens, run_engine  # noqa: E402
 from onnx_hybrid_testing.host import matmul_nbits_isa  # noqa: E402
+from onnx_hybrid_testing.single_op import matmul_nbits_model  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 9, 100, 3], [7, 8, 9]]
 NEW_TOKENS = 16
@@ -177,15 +178,9 @@ def test_engine_speculation_stays_lossless_with_quantized_weights(text, tmp_path
 
 
 def _matmul_nbits_session(w, spec, accuracy_level):
-    n, k = w.shape
     q = quantize(w, spec)
-    node = helper.make_node("MatMulNBits", ["A", "B", "scales"], ["Y"], domain=contract.MS_DOMAIN, K=k, N=n,
-                            bits=spec.bits, block_size=spec.block_size, accuracy_level=accuracy_level)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", onnx.TensorProto.FLOAT, ["M", k])],
-                              [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["M", n])],
-                              [numpy_helper.from_array(q.codes, "B"), numpy_helper.from_array(q.scales, "scales")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
-                                                    helper.make_opsetid(contract.MS_DOMAIN, 1)])
+    model = matmul_nbits_model(q.codes, q.scales, w.shape[1], bits=spec.bits, block_size=spec.block_size,
+                               accuracy_level=accuracy_level)
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
