@@ -81,20 +81,22 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                         help="type of the main logits (default: --dtype); fp16 lets onnxruntime-genai 0.18's "
                              "MtpGenerator run on CPU, which fails on fp32 logits")
     parser.add_argument("--weights", choices=[*WEIGHT_TYPES, *DTYPES], default=None,
-                        help="weight type of the linear projections: int4 / int8 block-quantize them (MatMulNBits, "
-                             "experts as QMoE) while they stream; default: the activation dtype")
+                        help="weight type of the linear projections: int4 / int8 block-quantize them (MatMulNBits or "
+                             "our QuantizedLinear for int4, experts as QMoE) while they stream; default: the "
+                             "activation dtype")
     parser.add_argument("--weight-block", type=int, choices=BLOCK_SIZES, default=BLOCK_SIZES[0], metavar="N",
                         help="quantization block along the input axis: " + ", ".join(map(str, BLOCK_SIZES)) +
-                             f" (default {BLOCK_SIZES[0]}; larger blocks prefill faster on the CPU, but only int8 "
-                             "block 32/64 keeps speculative verify steps lossless on every CPU, int4 block 32 on "
-                             "AVX-512 ones)")
+                             f" (default {BLOCK_SIZES[0]}; int4 in our CPU exports keeps speculative verify steps "
+                             "lossless at every block; through MatMulNBits only int8 block 32/64 does on every CPU)")
     parser.add_argument("--weight-asymmetric", action="store_true",
                         help="per-block zero points (default: symmetric blocks)")
     parser.add_argument("--accuracy-level", type=int, choices=range(5), default=None, metavar="N",
-                        help="MatMulNBits/QMoE accuracy_level: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations "
-                             "(default 4 on cpu: with int8 block 32/64, or int4 block 32 on AVX-512 CPUs, a row's "
-                             "result then does not depend on the rows beside it, so speculative verify steps equal "
-                             "plain decoding; 0 on cuda, where no MatMulNBits setting does)")
+                        help="MatMulNBits/QMoE/QuantizedLinear accuracy_level: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 "
+                             "activations (default 4 on cpu, where int4 projections then go to QuantizedLinear's "
+                             "int8 kernel and int8 ones to MatMulNBits, whose rows at block 32/64 do not depend on "
+                             "the rows beside them either, so speculative verify steps equal plain decoding; 0 on "
+                             "cuda, where QuantizedLinear's rows are independent at any level and no MatMulNBits "
+                             "setting's are)")
     parser.add_argument("--quantize-lm-head", action="store_true",
                         help="quantize the lm_head too, as the builder's int4 export does (0.8B, int4, 2 CPU threads: "
                              "decode 25.8 -> 47.2 tok/s; it is the largest matrix a decode step reads)")
@@ -118,9 +120,10 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "product, whose CUDA kernel reads a one-row decode step's weights at the copy rate "
                              "(default: on for -e cuda with fp16/bf16 and our ops, unless the export verifies drafts); "
                              "with --weights int4 also the 4-bit ones as onnx_hybrid::QuantizedLinear instead of "
-                             "MatMulNBits (default: where the export verifies drafts, whose verify rows it keeps "
-                             "bit-equal to decode steps, or is --paged, whose batched steps it reads the weights once "
-                             "for)")
+                             "MatMulNBits (default: on the CPU at --accuracy-level 4 and blocks of 32 or more, where "
+                             "it multiplies int8 rows, faster than MatMulNBits; on CUDA where the export verifies "
+                             "drafts, whose verify rows it keeps bit-equal to decode steps, or is --paged, whose "
+                             "batched steps it reads the weights once for)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bar and no summary (warnings and errors still go to stderr)")

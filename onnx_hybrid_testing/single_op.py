@@ -52,8 +52,9 @@ def matmul_nbits_model(codes: np.ndarray, scales: np.ndarray, k: int, *, bits: i
 
 def single_op_model(op_name: str, feeds: Mapping[str, np.ndarray | None], attributes: Mapping[str, Any] | None = None,
                     outputs: Sequence[str] | None = None, domain: str = DOMAIN, *,
-                    validate: bool = True) -> onnx.ModelProto:
-    """A model with one ``op_name`` node whose graph inputs are the present feeds (None = omitted).
+                    validate: bool = True, initializers: Sequence[str] = ()) -> onnx.ModelProto:
+    """A model with one ``op_name`` node whose graph inputs are the present feeds (None = omitted), except those
+    named in ``initializers``, which become initializers (constant inputs, as an export's weights).
 
     ``outputs``: the op outputs to request by name (default: all; Linear's per its output_features); the others are
     omitted.
@@ -71,10 +72,11 @@ def single_op_model(op_name: str, feeds: Mapping[str, np.ndarray | None], attrib
     node = (_node if validate else _unchecked_node)(op_name, present, wanted, attributes, domain)
     t_type = _activation_type(op_name, feeds)
     graph_inputs = [helper.make_tensor_value_info(name, _ONNX_TYPES[value.dtype], list(value.shape))
-                    for name, value in present.items()]
+                    for name, value in present.items() if name not in initializers]
     graph_outputs = [helper.make_tensor_value_info(p.name, t_type if p.type == "T" else _FIXED_TYPES[p.type], None)
                      for p in op.outputs if p.name in wanted]
-    graph = helper.make_graph([node], f"{op_name}_single", graph_inputs, graph_outputs)
+    constants = [onnx.numpy_helper.from_array(value, name) for name, value in present.items() if name in initializers]
+    graph = helper.make_graph([node], f"{op_name}_single", graph_inputs, graph_outputs, constants)
     opsets = [helper.make_opsetid("", AI_ONNX_OPSET), helper.make_opsetid(domain, OPSET_VERSION)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)
 

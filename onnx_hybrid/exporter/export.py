@@ -22,7 +22,7 @@ from .graph.context import GraphContext
 from .graph.decoder import GraphOptions, assemble_model, build_decoder
 from .graph.group_query_attention import CONCAT, KV_CACHES, SHARED
 from .graph.paged_attention import KERNELS as PAGED_ATTENTION_KERNELS, PagedLayout
-from .graph.quantized import qmoe_refuses, quant_options, verify_not_lossless
+from .graph.quantized import cpu_int8_products, qmoe_refuses, quant_options, verify_not_lossless
 from .kv_pool import paged_cache, pool_num_blocks
 from .model_config import ModelConfig, load_model_config
 from .mtp import check_mtp_weights, mtp_config, mtp_tensor_count, write_mtp_head
@@ -114,7 +114,10 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     that uses the library and verifies no drafts (no MTP head, no state-update capacity): the one-row kernel and
     cuBLAS round a row differently, so a verify row would not be the decode step it stands for
     (docs/op-contract.md#linear). 4-bit projections are ``onnx_hybrid::QuantizedLinear`` instead of MatMulNBits by
-    default where a fp16/bf16 CUDA export verifies drafts (a row's bits do not depend on the rows beside it, up to 64
+    default in a CPU export with our ops at accuracy level 4 (the CPU default) and blocks of a multiple of 32: its
+    CPU kernel multiplies int8 input rows by codes repacked once, faster than MatMulNBits at one row and at a
+    prompt's rows, and a row's bits never depend on the rows beside it (docs/benchmarks-quantized-cpu.md); and
+    where a fp16/bf16 CUDA export verifies drafts (a row's bits do not depend on the rows beside it, up to 64
     a step, so verify rows are the decode steps they stand for) or is paged (og.Engine batches requests: at 16 rows
     QuantizedLinear reads the weights once on tensor cores, where ORT's CUDA MatMulNBits dequantizes them for a
     GEMM; a 9B decode step at batch 16 was 2.36x as fast); elsewhere MatMulNBits stays, whose one-row kernel is the
@@ -186,17 +189,21 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
                     mtp_tensors)
     verifies = bool(state_update_capacity or with_mtp)
     own_products = on_cuda and np_act != np.float32 and op_domain == contract.DOMAIN
-    # By default each op where it is the better choice: 4-bit projections as QuantizedLinear where drafts are verified
-    # (its rows do not depend on the rows beside them) or requests are batched (paged: its tensor-core product reads
-    # the weights once for all rows), else MatMulNBits (faster at one row); projections in the activation type as
-    # Linear only where none are verified (its one row and several round differently).
-    quantized_linear_op = own_products and (verifies or paged) if linear_op is None else linear_op
+    cpu_int8 = not on_cuda and op_domain == contract.DOMAIN and cpu_int8_products(quant)
+    # By default each op where it is the better choice: 4-bit projections as QuantizedLinear on the CPU where it
+    # multiplies int8 rows (faster than MatMulNBits at one row and at many), on CUDA where drafts are verified (its
+    # rows do not depend on the rows beside them) or requests are batched (paged: its tensor-core product reads the
+    # weights once for all rows), else MatMulNBits (faster at one row on CUDA); projections in the activation type
+    # as Linear only where none are verified (its one row and several round differently).
+    quantized_linear_op = cpu_int8 or (own_products and (verifies or paged)) if linear_op is None else linear_op
     if linear_op is None:
         linear_op = own_products and not verifies
-    if quantized_linear_op and not on_cuda and quant and quant.spec.bits == contract.QUANTIZED_LINEAR_BITS:
-        log.warning("QuantizedLinear (--linear-op) on the CPU dequantizes its weights on every call: ONNX Runtime's "
-                    "MatMulNBits, which a CPU export writes without --linear-op, was 1.5x as fast at 128 rows and 19x "
-                    "at one row (docs/benchmarks.md#quantizedlinear-against-matmulnbits)")
+    if (quantized_linear_op and not on_cuda and quant and quant.spec.bits == contract.QUANTIZED_LINEAR_BITS
+            and not cpu_int8_products(quant)):
+        log.warning("QuantizedLinear (--linear-op) on the CPU dequantizes its weights on every call below "
+                    "--accuracy-level 4 or with --weight-block 16: ONNX Runtime's MatMulNBits, which a CPU export "
+                    "then writes without --linear-op, was 1.5x as fast at 128 rows and 19x at one row "
+                    "(docs/benchmarks.md#quantizedlinear-against-matmulnbits)")
     if verifies and (why := verify_not_lossless(quant, execution_provider, linear_op, quantized_linear_op,
                                                 routed_experts=any(cfg.moe_layers))):
         log.warning("speculative decoding with this export may leave plain decoding's tokens: %s "

@@ -222,7 +222,9 @@ LINEAR = OpSpec(
 # QuantizedLinear: Linear with 4-bit block-quantized weights in com.microsoft::MatMulNBits' layout (the same
 # initializers), so that its CUDA kernel reads a quarter of the fp16 bytes at the copy rate and keeps Linear's
 # epilogues. Each weight element is T((q - zero_point) * scale), rounded once in T (docs/op-contract.md#quantizedlinear).
+# accuracy_level as MatMulNBits': at QUANTIZED_LINEAR_INT8_LEVEL the CPU kernel multiplies int8 input rows.
 QUANTIZED_LINEAR_BITS = 4
+QUANTIZED_LINEAR_INT8_LEVEL = 4
 QUANTIZED_LINEAR = OpSpec(
     name="QuantizedLinear",
     inputs=(
@@ -239,6 +241,8 @@ QUANTIZED_LINEAR = OpSpec(
         Attribute("block_size", "int", 32, minimum=16, doc="elements per scale: a power of two"),
         Attribute("bits", "int", QUANTIZED_LINEAR_BITS, minimum=QUANTIZED_LINEAR_BITS,
                   maximum=QUANTIZED_LINEAR_BITS, doc="bits per weight element"),
+        Attribute("accuracy_level", "int", 0, minimum=0, maximum=QUANTIZED_LINEAR_INT8_LEVEL,
+                  doc="MatMulNBits' levels; 4: int8 input rows on the CPU (block_size a multiple of 32)"),
     ),
 )
 
@@ -362,6 +366,7 @@ MESSAGES: dict[str, str] = {
     # QuantizedLinear, kernel creation and run (its activation and output_features as Linear's)
     "qlinear_block_size": "block_size must be a power of two of at least 16; got {0}",
     "qlinear_bits": f"bits must be {QUANTIZED_LINEAR_BITS}; got {{0}}",
+    "qlinear_accuracy_level": f"accuracy_level must be 0 to {QUANTIZED_LINEAR_INT8_LEVEL}; got {{0}}",
     "qlinear_rank": "input must be rank 2 [rows, in_features] and weight rank 3 [weight rows, blocks, "
                     "block_size / 2]; got input shape {0}, weight shape {1}",
     "qlinear_weight_blocks": "weight must have shape [weight rows, {0}, {1}] for in_features {2} and block_size "
@@ -463,6 +468,7 @@ _ALLOWED_KEYS = {
     ("QuantizedLinear", "output_features"): "linear_output_features",
     ("QuantizedLinear", "block_size"): "qlinear_block_size",
     ("QuantizedLinear", "bits"): "qlinear_bits",
+    ("QuantizedLinear", "accuracy_level"): "qlinear_accuracy_level",
 }
 
 

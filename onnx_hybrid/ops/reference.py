@@ -14,7 +14,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import contract
-from .contract import GATED_DELTA_NET, LINEAR, PAGED_ATTENTION, QUANTIZED_LINEAR, UPDATE_RULES, VARLEN_CAUSAL_CONV
+from .contract import (GATED_DELTA_NET, LINEAR, PAGED_ATTENTION, QUANTIZED_LINEAR, QUANTIZED_LINEAR_INT8_LEVEL,
+                       UPDATE_RULES, VARLEN_CAUSAL_CONV)
 
 Feeds = Mapping[str, Any]
 
@@ -301,7 +302,11 @@ def linear(feeds: Feeds, activation: str = "none", output_features: Sequence[int
     columns in parts of those sizes. Shapes are NumPy's to check here; the op's own checks and messages are the
     library's (shapes/linear_shapes.cc)."""
     _reject_unknown_inputs(LINEAR, feeds)
-    product = _f64(feeds["input"]) @ _f64(feeds["weight"]).T
+    return _linear_outputs(_f64(feeds["input"]) @ _f64(feeds["weight"]).T, activation, output_features)
+
+
+def _linear_outputs(product: np.ndarray, activation: str, output_features: Sequence[int]):
+    """Linear's outputs from the products [rows, weight rows]: SiLU(gate) * up with swiglu, then the column parts."""
     if activation == "swiglu":
         gate, up = np.split(product, 2, axis=1)
         product = gate / (1.0 + np.exp(-gate)) * up
@@ -328,10 +333,56 @@ def quantized_linear_weight(weight: np.ndarray, scales: np.ndarray, zero_points:
 
 
 def quantized_linear(feeds: Feeds, activation: str = "none", output_features: Sequence[int] = (), block_size: int = 32,
-                     bits: int = 4):
-    """:func:`linear` over :func:`quantized_linear_weight` (the input's element type rounds each weight element)."""
+                     bits: int = 4, accuracy_level: int = 0):
+    """:func:`linear` over :func:`quantized_linear_weight` (the input's element type rounds each weight element); at
+    accuracy level 4 with blocks of a multiple of 32, the products of :func:`int8_rows` with the codes instead."""
     _reject_unknown_inputs(QUANTIZED_LINEAR, feeds)
     x = feeds["input"]
+    if accuracy_level == QUANTIZED_LINEAR_INT8_LEVEL and block_size % INT8_CHUNK == 0:
+        return _linear_outputs(_int8_products(x, feeds["weight"], feeds["scales"], feeds.get("zero_points")),
+                               activation, output_features)
     weight = quantized_linear_weight(feeds["weight"], feeds["scales"], feeds.get("zero_points"), x.shape[1], x.dtype)
     return linear({"input": x, "weight": weight}, activation, output_features)
 
+
+INT8_CHUNK = 32  # input elements per int8 scale
+INT8_TINY_CHUNK = np.float32(2.0 ** -100)  # a chunk whose largest magnitude is below this counts as zeros
+
+
+def int8_rows(x: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """QuantizedLinear's int8 input rows at accuracy level 4: x zero-padded to ``width`` columns, per chunk of 32 the
+    largest magnitude m, codes rint(x * fl(127 / m)) and scale fl(m / 127), in fp32; a NaN scale for a chunk with a
+    NaN or infinity. Returns codes [rows, width] (int64) and scales [rows, width / 32] (float32)."""
+    rows = x.shape[0]
+    padded = np.zeros((rows, width), np.float32)
+    padded[:, :x.shape[1]] = x.astype(np.float32)
+    chunks = padded.reshape(rows, width // INT8_CHUNK, INT8_CHUNK)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        finite = np.isfinite(chunks).all(axis=2)
+        largest = np.abs(np.where(finite[..., None], chunks, 0)).max(axis=2)
+        used = finite & (largest >= INT8_TINY_CHUNK)
+        safe = np.where(used, largest, np.float32(1))
+        inverse = (np.float32(127) / safe).astype(np.float32)
+        kept = np.where(used[..., None], chunks, np.float32(0))
+        codes = np.rint((kept * inverse[..., None]).astype(np.float32)).astype(np.int64)
+        scales = np.where(used, (safe / np.float32(127)).astype(np.float32), np.float32(0))
+    scales = np.where(finite, scales, np.float32(np.nan)).astype(np.float32)
+    return codes.reshape(rows, width), scales
+
+
+def _int8_products(x, weight, scales, zero_points) -> np.ndarray:
+    """Sum over chunks of (q . (code - zero point)) * q_scale * w_scale, exactly in integers and float64."""
+    rows, blocks, half_block = weight.shape
+    block_size = 2 * half_block
+    codes = np.stack([weight & 15, weight >> 4], axis=-1).reshape(rows, blocks * block_size).astype(np.int64)
+    if zero_points is None:
+        zero = np.full((rows, blocks), 8, np.int64)
+    else:
+        zero = np.stack([zero_points & 15, zero_points >> 4], axis=-1).reshape(rows, -1)[:, :blocks].astype(np.int64)
+    centered = codes - np.repeat(zero, block_size, axis=1)
+    q, q_scale = int8_rows(x, blocks * block_size)
+    chunks = blocks * block_size // INT8_CHUNK
+    sums = np.einsum("rcj,ncj->rnc", q.reshape(x.shape[0], chunks, INT8_CHUNK), centered.reshape(rows, chunks, INT8_CHUNK))
+    w_scale = np.repeat(scales.astype(np.float64), block_size // INT8_CHUNK, axis=1)  # [weight rows, chunks]
+    with np.errstate(invalid="ignore"):
+        return np.einsum("rnc,rc,nc->rn", sums.astype(np.float64), q_scale.astype(np.float64), w_scale)

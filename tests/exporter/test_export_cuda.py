@@ -228,7 +228,7 @@ def test_int4_projections_are_quantized_linear_on_cuda_where_asked(checkpoint, t
     MatMulNBits (its one-row kernel is the faster at batch 1); a paged one (og.Engine batches its requests) takes
     QuantizedLinear, and so does any with --linear-op: each 4-bit projection one QuantizedLinear (SwiGLU MLPs with
     activation swiglu, packed projections with an output per part); --no-linear-op keeps MatMulNBits in a paged
-    export; CPU exports keep MatMulNBits. Forced on an fp32 -e cuda export (which runs on the CPU here), it computes
+    export; CPU exports below accuracy level 4 keep MatMulNBits. Forced on an fp32 -e cuda export (which runs on the CPU here), it computes
     the greedy tokens and logits of the CPU export's MatMulNBits at accuracy_level 0."""
     plain = export(checkpoint, tmp_path / "plain", execution_provider="cuda", weights="int4", mtp=False,
                    progress=False)

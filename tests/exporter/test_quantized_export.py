@@ -143,24 +143,30 @@ def test_int4_exports_validate_and_run_in_genai(text, tmp_path, capsys):
                      "--weight-asymmetric", "--quantize-lm-head", "-q"]) == 0
     assert cli_main(["validate", str(out)]) == 0
     ops = {n.op_type: n for n in _nodes(out / "model.onnx")}
-    attributes = {a.name: helper.get_attribute_value(a) for a in ops["MatMulNBits"].attribute}
-    assert attributes["bits"] == 4 and attributes["block_size"] == 64 and attributes["accuracy_level"] == 4
+    # a CPU export at accuracy level 4 writes its 4-bit projections as QuantizedLinear (int8 input rows)
+    assert "MatMulNBits" not in ops
+    attributes = {a.name: helper.get_attribute_value(a) for a in ops["QuantizedLinear"].attribute}
+    assert attributes["block_size"] == 64 and attributes["accuracy_level"] == 4  # bits: the default, 4
     ours = GreedyDriver(make_session(out, contract.DOMAIN)).generate(PROMPTS[:1], NEW_TOKENS).tokens[0]
     assert greedy_tokens(og.Model(str(out)), PROMPTS[0], NEW_TOKENS) == ours
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4"])
-def test_engine_speculation_stays_lossless_with_quantized_weights(text, tmp_path, weights):
-    """og.Engine on CPU over a paged quantized export (block 32): requests of different lengths with partly wrong
-    external drafts give plain decoding's tokens, through full, partial and zero accepts. int4 only where its
-    products are row-invariant (AVX-512); elsewhere a verify row may differ from its decode step in the last bits."""
-    if weights == "int4" and (4, 32) not in CPU_ROW_INVARIANT_BY_ISA.get(matmul_nbits_isa(), ()):
-        pytest.skip("int4 block 32 is row-invariant on AVX-512 CPUs only (CPU_ROW_INVARIANT_BY_ISA), and this is "
-                    "not one")
+@pytest.mark.parametrize("weights, block, linear_op", [
+    ("int8", 32, None), ("int4", 32, None), ("int4", 128, None), ("int4", 32, False)])
+def test_engine_speculation_stays_lossless_with_quantized_weights(text, tmp_path, weights, block, linear_op):
+    """og.Engine on CPU over a paged quantized export: requests of different lengths with partly wrong external
+    drafts give plain decoding's tokens, through full, partial and zero accepts. int4 goes to QuantizedLinear by
+    default, whose rows never depend on each other (any block, any CPU); through MatMulNBits (linear_op=False) only
+    where its products are row-invariant (AVX-512); elsewhere a verify row may differ from its decode step."""
+    if linear_op is False and (4, block) not in CPU_ROW_INVARIANT_BY_ISA.get(matmul_nbits_isa(), ()):
+        pytest.skip("MatMulNBits int4 block 32 is row-invariant on AVX-512 CPUs only (CPU_ROW_INVARIANT_BY_ISA), "
+                    "and this is not one")
     prompts = [[(7 * i + 3 * b) % 150 + 1 for i in range(n)] for b, n in enumerate((12, 4, 25, 1))]
     new_tokens = 24
-    out = export(text, tmp_path / "paged", weights=weights, paged=True, block_size=16, num_blocks=32,
-                 state_update_capacity=3, progress=False)
+    out = export(text, tmp_path / "paged", weights=weights, weight_block=block, paged=True, block_size=16,
+                 num_blocks=32, state_update_capacity=3, linear_op=linear_op, progress=False)
+    assert ("QuantizedLinear" in {n.op_type for n in _nodes(out / "model.onnx")}) == (weights == "int4" and
+                                                                                        linear_op is None)
     assert cli_main(["validate", str(out)]) == 0
     for eos in range(TEXT["vocab_size"] - 1, 0, -1):  # an EOS that no request produces: every run is full length
         set_eos(out, eos)
@@ -297,32 +303,40 @@ def test_experts_quantized_where_qmoe_takes_them_and_in_which_form():
 
 
 def test_speculative_exports_warn_where_verify_is_not_row_invariant(text, tmp_path, caplog):
-    """Block 128 at int4 is row-invariant on no CPU measured and block 32 on AVX-512 ones only
-    (docs/lossless-speculative.md): a paged export with state-update capacity says so; int8 block 32 does not."""
+    """Through MatMulNBits (linear_op=False), block 128 at int4 is row-invariant on no CPU measured and block 32 on
+    AVX-512 ones only (docs/lossless-speculative.md): a paged export with state-update capacity says so; int8 block
+    32 does not, nor int4 through QuantizedLinear (the default) at any block."""
     for block, where in ((128, "on no CPU measured"), (32, "only on AVX-512 CPUs")):
         caplog.clear()
         with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
             export(text, tmp_path / f"b{block}", weights="int4", weight_block=block, paged=True,
-                   state_update_capacity=2, progress=False)
+                   state_update_capacity=2, linear_op=False, progress=False)
         assert "speculative decoding with this export may leave plain decoding's tokens" in caplog.text
         assert f"block {block}, accuracy_level 4 {where}" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
-        export(text, tmp_path / "int8", weights="int8", paged=True, state_update_capacity=2, progress=False)
-    assert "speculative decoding" not in caplog.text
+    for name, options in (("int8", dict(weights="int8")), ("int4", dict(weights="int4", weight_block=128))):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
+            export(text, tmp_path / name, paged=True, state_update_capacity=2, progress=False, **options)
+        assert "speculative decoding" not in caplog.text
 
 
-def test_cpu_exports_with_quantized_linear_warn_that_it_is_slow_there(text, tmp_path, caplog):
-    """--linear-op on -e cpu writes QuantizedLinear, whose CPU kernel dequantizes the weights on every call
-    (docs/benchmarks.md#quantizedlinear-against-matmulnbits): the exporter says so; the default does not."""
+def test_cpu_exports_with_quantized_linear_warn_where_it_is_slow(text, tmp_path, caplog):
+    """--linear-op on -e cpu below accuracy level 4 writes QuantizedLinear, whose CPU kernel then dequantizes the
+    weights on every call (docs/benchmarks.md#quantizedlinear-against-matmulnbits): the exporter says so; at level 4
+    (the default, int8 input rows) it writes QuantizedLinear without --linear-op and says nothing; with
+    --no-linear-op it writes MatMulNBits."""
     with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
-        out = export(text, tmp_path / "ql", weights="int4", linear_op=True, mtp=False, progress=False)
+        out = export(text, tmp_path / "ql", weights="int4", linear_op=True, accuracy_level=0, mtp=False,
+                     progress=False)
     assert "QuantizedLinear" in {n.op_type for n in _nodes(out / "model.onnx")}
     assert "dequantizes its weights on every call" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
-        export(text, tmp_path / "nbits", weights="int4", mtp=False, progress=False)
-    assert "dequantizes" not in caplog.text
+    for name, linear_op, op in (("default", None, "QuantizedLinear"), ("nbits", False, "MatMulNBits")):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="onnx_hybrid.exporter"):
+            out = export(text, tmp_path / name, weights="int4", linear_op=linear_op, mtp=False, progress=False)
+        assert "dequantizes" not in caplog.text
+        ops = {n.op_type for n in _nodes(out / "model.onnx")}
+        assert op in ops and ({"QuantizedLinear", "MatMulNBits"} - {op}).isdisjoint(ops)
 
 
 @pytest.mark.parametrize("options, message", [

@@ -180,6 +180,7 @@ class GraphContext:
         if isinstance(weight, QuantizedWeight):
             inputs = {"input": x, "weight": weight.codes, "scales": weight.scales, "zero_points": weight.zero_points}
             attributes["block_size"] = weight.spec.block_size
+            attributes["accuracy_level"] = self.quant.accuracy_level
             self.add_node(contract.make_ir_node(contract.QUANTIZED_LINEAR, inputs, outputs, attributes))
         else:
             self.add_node(contract.make_ir_node(contract.LINEAR, {"input": x, "weight": weight}, outputs, attributes))

@@ -122,12 +122,21 @@ CPU_ROW_INVARIANT_BY_ISA = {"AVX-512": frozenset({(4, 32), (8, 32), (8, 64)}),
 CPU_ROW_INVARIANT = frozenset.intersection(*CPU_ROW_INVARIANT_BY_ISA.values())
 
 
+def cpu_int8_products(quant: QuantOptions | None) -> bool:
+    """Whether our CPU QuantizedLinear multiplies int8 input rows for these weights (accuracy level 4, 4-bit codes in
+    blocks of a multiple of 32): the CPU kernel that beats MatMulNBits, which the exporter then writes by default;
+    below level 4 it dequantizes the weights on every call (docs/op-contract.md#quantizedlinear)."""
+    return (quant is not None and quant.spec.bits == contract.QUANTIZED_LINEAR_BITS
+            and quant.accuracy_level == contract.QUANTIZED_LINEAR_INT8_LEVEL and quant.spec.block_size % 32 == 0)
+
+
 def verify_not_lossless(quant: QuantOptions | None, execution_provider: str, linear_op: bool = False,
                         quantized_linear_op: bool = False, routed_experts: bool = False) -> str | None:
     """Why speculative verify steps of an export may not give plain decoding's tokens (None: they do, as far as
-    measured): the MatMulNBits settings at which ONNX Runtime rounds a row by the rows beside it, our Linear on
-    CUDA, whose one-row kernel and cuBLAS round a row differently, or, beside QuantizedLinear (whose rows do not
-    depend on each other, up to 64 a step), the products a CUDA export leaves to ORT's ops."""
+    measured): the MatMulNBits settings at which ONNX Runtime rounds a row by the rows beside it (on the CPU also
+    those of the routed experts beside QuantizedLinear), our Linear on CUDA, whose one-row kernel and cuBLAS round a
+    row differently, or, beside QuantizedLinear (whose rows do not depend on each other, up to 64 a step on CUDA),
+    the products a CUDA export leaves to ORT's ops."""
     if linear_op and execution_provider != "cpu":
         return ("Linear (--linear-op) computes a one-row decode step with its own kernel and a verify step's rows "
                 "with cuBLAS, which round a row differently")
@@ -144,6 +153,8 @@ def verify_not_lossless(quant: QuantOptions | None, execution_provider: str, lin
             return (f"QuantizedLinear keeps a row's bits whatever the rows beside it (up to 64 a step), but "
                     f"{', '.join(left)} run on ORT's CUDA kernels, not known to do the same")
         return None
+    if quantized_linear_op and quant.spec.bits == contract.QUANTIZED_LINEAR_BITS and not routed_experts:
+        return None  # QuantizedLinear's CPU rows never depend on each other
     setting = (quant.spec.bits, quant.spec.block_size)
     if quant.accuracy_level == 4 and setting in CPU_ROW_INVARIANT:
         return None

@@ -108,6 +108,7 @@ def render(c) -> str:
         "",
         *op_block(c, c.QUANTIZED_LINEAR, "qlinear"),
         f"inline constexpr int kQlinearBits = {c.QUANTIZED_LINEAR_BITS};",
+        f"inline constexpr int kQlinearInt8Level = {c.QUANTIZED_LINEAR_INT8_LEVEL};",
         "",
         "// Rejection templates with positional fields {0}, {1}, ...; the op name and \": \" go in front.",
         "namespace msg {",

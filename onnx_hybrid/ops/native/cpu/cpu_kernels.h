@@ -58,6 +58,35 @@ inline RecurrentRowArgs RecurrentRowOf(const RecurrentRowArgs& r, int64_t i) {
   return one;
 }
 
+// QuantizedLinear's int8 products (accuracy level 4, docs/op-contract.md#quantizedlinear): input rows quantized
+// per chunk of kInt8Chunk elements, 4-bit codes packed per group of kInt8GroupRows weight rows (cpu/qlinear_int8.h).
+// out[r * ldo + 8 * g + i] = sum over chunks c of fl(float(isum - zero * q_sum) * fl(q_scale * w_scale)), summed
+// in chunk order with FMA, where isum is the chunk's exact integer sum of code * q: every variant gives the same bits.
+constexpr int64_t kInt8Chunk = 32;
+constexpr int64_t kInt8GroupRows = 8;
+constexpr int64_t kInt8ChunkBytes = kInt8Chunk * kInt8GroupRows / 2;  // one group's codes for one chunk
+struct Int8DotsArgs {
+  const int8_t* q;         // [rows, chunks * kInt8Chunk]
+  const float* q_scale;    // [rows, chunks]
+  const int32_t* q_sum;    // [rows, chunks]: each chunk's sum of q
+  int64_t rows, chunks;
+  const uint8_t* codes;    // [groups, chunks, kInt8ChunkBytes]: in each 32 bytes, byte 4i + t holds element t of
+                           // 4-element step 2j of row i (low nibble) and of step 2j + 1 (high nibble), j < 4
+  const float* w_scale;    // [groups, blocks, kInt8GroupRows]
+  const int32_t* w_zero;   // [groups, blocks, kInt8GroupRows]
+  int64_t groups, chunks_per_block;
+  int64_t columns;         // live output columns (the last group may be partial)
+  float* out;
+  int64_t ldo;
+};
+
+// One chunk of an input row as QuantizedLinear's int8 products take it (docs/op-contract.md#quantizedlinear): the
+// n <= kInt8Chunk elements of x, the rest of the chunk's kInt8Chunk codes zero; m the largest magnitude, scale
+// fl(m / 127) and codes rint(x * fl(127 / m)); a chunk with m below kInt8TinyChunk is zeros (scale 0), one with a
+// NaN or infinity gets scale NaN and zero codes. Returns the codes' sum. Every variant's chunks equal this one's.
+constexpr float kInt8TinyChunk = 0x1p-100f;
+int32_t QuantizeInt8Chunk(const float* x, int64_t n, int8_t* q, float* scale);
+
 struct CpuKernels {
   const char* name;
   // C[M,N] = A[M,K] B[K,N] (or C += A B when accumulate), row-major with leading dimensions.
@@ -78,6 +107,9 @@ struct CpuKernels {
   void (*mul_add)(const float* a, const float* b, float* acc, int64_t n);
   // x = x * sigmoid(x) = x / (1 + e^-x) in place; each element's result depends on its value alone.
   void (*silu)(float* x, int64_t n);
+  void (*int8_dots)(const Int8DotsArgs& args);
+  // An input row of n elements as `chunks` chunks of QuantizeInt8Chunk (chunks * kInt8Chunk >= n).
+  void (*int8_quantize)(const float* x, int64_t n, int64_t chunks, int8_t* q, float* scale, int32_t* sum);
 };
 
 const CpuKernels& GenericKernels();

@@ -1,5 +1,6 @@
 // AVX2 + FMA variant of the CPU building blocks (x86-64 CPUs without AVX-512). Compiled for AVX2 by
 // the pragma below and entered only after the CPU reported avx2 and fma.
+#include <cfloat>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -52,8 +53,10 @@ struct Vec {
 };
 
 #include "cpu/cpu_kernels_simd.inc"
+#include "cpu/int8_dots_avx2.inc"
 
-const CpuKernels kKernels = {"avx2", Gemm, RecurrentRows, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
+const CpuKernels kKernels = {"avx2", Gemm, RecurrentRows, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu,
+                             Int8Dots, Int8Quantize};
 
 }  // namespace avx2
 }  // namespace onnx_hybrid

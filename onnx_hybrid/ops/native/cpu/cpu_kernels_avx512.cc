@@ -1,6 +1,7 @@
 // AVX-512 variant of the CPU building blocks. Only this file is compiled for AVX-512 (by the pragma
 // below), and it is entered only after the CPU reported avx512f and avx512dq. It includes no standard library
 // headers after the pragma, so no inline library code is emitted with AVX-512 instructions.
+#include <cfloat>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -47,8 +48,10 @@ struct Vec {
 };
 
 #include "cpu/cpu_kernels_simd.inc"
+#include "cpu/int8_dots_avx2.inc"
 
-const CpuKernels kKernels = {"avx512", Gemm, RecurrentRows, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
+const CpuKernels kKernels = {"avx512", Gemm, RecurrentRows, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu,
+                             Int8Dots, Int8Quantize};
 
 }  // namespace avx512
 }  // namespace onnx_hybrid

@@ -1,4 +1,6 @@
 // Portable variant of the CPU building blocks, the exact state step, and the run-time selection.
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -86,7 +88,38 @@ void Silu(float* x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] = x[j] / (1.0f + std::exp(-x[j]));
 }
 
-const CpuKernels kGeneric = {"generic", Gemm, RecurrentRows, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu};
+void Int8Dots(const Int8DotsArgs& a) {
+  const int64_t blocks = a.chunks / a.chunks_per_block;
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const int8_t* q = a.q + r * a.chunks * kInt8Chunk;
+    for (int64_t col = 0; col < a.columns; ++col) {
+      const int64_t g = col / kInt8GroupRows, i = col % kInt8GroupRows;
+      float acc = 0.0f;
+      for (int64_t c = 0; c < a.chunks; ++c) {
+        const uint8_t* codes = a.codes + (g * a.chunks + c) * kInt8ChunkBytes;
+        int32_t sum = 0;
+        for (int64_t e = 0; e < kInt8Chunk; ++e) {  // element e: step e / 4, in byte 32 (e / 8) + 4 i + e % 4
+          const uint8_t byte = codes[32 * (e / 8) + 4 * i + e % 4];
+          sum += ((e / 4) % 2 ? byte >> 4 : byte & 15) * q[c * kInt8Chunk + e];
+        }
+        const int64_t at = (g * blocks + c / a.chunks_per_block) * kInt8GroupRows + i, qc = r * a.chunks + c;
+        const float scale = a.q_scale[qc] * a.w_scale[at];
+        acc = std::fma(static_cast<float>(sum - a.w_zero[at] * a.q_sum[qc]), scale, acc);
+      }
+      a.out[r * a.ldo + col] = acc;
+    }
+  }
+}
+
+void Int8Quantize(const float* x, int64_t n, int64_t chunks, int8_t* q, float* scale, int32_t* sum) {
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t k0 = c * kInt8Chunk, live = n - k0 < kInt8Chunk ? (n > k0 ? n - k0 : 0) : kInt8Chunk;
+    sum[c] = QuantizeInt8Chunk(x + k0, live, q + k0, scale + c);
+  }
+}
+
+const CpuKernels kGeneric = {"generic", Gemm, RecurrentRows, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd, Silu,
+                             Int8Dots, Int8Quantize};
 
 const CpuKernels& Select() {
   const char* forced = std::getenv("ONNX_HYBRID_CPU_ISA");
@@ -135,6 +168,27 @@ void RepairStateRow(const float* before, float* after, int64_t n, const float* a
     const float a = alpha[per_key ? j : 0];
     if (std::fabs(after[j]) < kExactStateAbove || a > 1.0f) after[j] = ExactStateStep(before[j], a, key[j], u);
   }
+}
+
+int32_t QuantizeInt8Chunk(const float* x, int64_t n, int8_t* q, float* scale) {
+  std::memset(q, 0, kInt8Chunk);
+  float largest = 0.0f;
+  bool finite = true;
+  for (int64_t k = 0; k < n; ++k) {
+    const float magnitude = std::fabs(x[k]);
+    finite = finite && magnitude <= FLT_MAX;
+    largest = std::max(largest, magnitude);
+  }
+  *scale = finite ? 0.0f : NAN;
+  if (!finite || largest < kInt8TinyChunk) return 0;
+  *scale = largest / 127.0f;
+  const float inverse = 127.0f / largest;
+  int32_t total = 0;
+  for (int64_t k = 0; k < n; ++k) {  // |x * inverse| <= 127 (1 + 2^-23): never past 127 after rounding
+    q[k] = static_cast<int8_t>(std::nearbyint(x[k] * inverse));
+    total += q[k];
+  }
+  return total;
 }
 
 const CpuKernels& GenericKernels() { return kGeneric; }

@@ -30,45 +30,54 @@ void StoreColumns(const LinearGeometry& geo, ElemType type, const float* y, int6
   }
 }
 
-// Weight rows [row, row + count) as floats: the data itself (fp32), or a buffer this fills.
-using WeightRows = std::function<const float*(int64_t row, int64_t count, std::unique_ptr<float[]>& buffer)>;
+// y[r * ldy + i] for every input row r and i < count: the fp32 products of the rows with weight rows
+// [row, row + count).
+using TileProducts = std::function<void(int64_t row, int64_t count, float* y, int64_t ldy)>;
 
-void RunProducts(const LinearGeometry& geo, ElemType type, const void* input, const WeightRows& weight_rows,
-                 void* const* outputs, const ParallelFor& parallel) {
-  const int64_t rows = geo.rows, in = geo.in_features, out = geo.out_features;
-  if (rows == 0 || out == 0) return;
-  const CpuKernels& kernels = Kernels();
-  std::unique_ptr<float[]> x_buffer;  // the input widened once, shared by every work item
-  const float* x = AsFloat(type, input, 0, rows * in, x_buffer);
+void RunProducts(const LinearGeometry& geo, ElemType type, const TileProducts& products, void* const* outputs,
+                 const ParallelFor& parallel) {
+  const int64_t rows = geo.rows, out = geo.out_features;
   const int64_t tiles = (out + kFeatureTile - 1) / kFeatureTile;
   parallel.Run(static_cast<size_t>(tiles), [&](size_t index) {
     const int64_t f0 = static_cast<int64_t>(index) * kFeatureTile;
     const int64_t width = std::min(kFeatureTile, out - f0);
-    std::unique_ptr<float[]> w_buffer;
-    const float* w = weight_rows(f0, width, w_buffer);
     if (type == ElemType::kFloat && !geo.swiglu && geo.parts.size() == 1) {  // fp32 sums are the output
-      kernels.dots(rows, width, in, x, in, w, in, static_cast<float*>(outputs[0]) + f0, out);
+      products(f0, width, static_cast<float*>(outputs[0]) + f0, out);
       return;
     }
     std::unique_ptr<float[]> y(new float[static_cast<size_t>(rows * width)]);
-    kernels.dots(rows, width, in, x, in, w, in, y.get(), width);
+    products(f0, width, y.get(), width);
     if (geo.swiglu) {  // the tile's gate sums are in y; its up rows are `out` rows further down the weight
-      std::unique_ptr<float[]> up_buffer;
-      const float* w_up = weight_rows(out + f0, width, up_buffer);
       std::unique_ptr<float[]> up(new float[static_cast<size_t>(rows * width)]);
-      kernels.dots(rows, width, in, x, in, w_up, in, up.get(), width);
-      kernels.silu(y.get(), rows * width);
+      products(out + f0, width, up.get(), width);
+      Kernels().silu(y.get(), rows * width);
       for (int64_t i = 0; i < rows * width; ++i) y[i] *= up[i];
     }
     StoreColumns(geo, type, y.get(), f0, width, outputs);
   });
+}
+
+// The fp32 products of the input with weight rows that `weight_rows` returns as floats (the data itself for
+// fp32, else a buffer it fills).
+using WeightRows = std::function<const float*(int64_t row, int64_t count, std::unique_ptr<float[]>& buffer)>;
+
+void RunFloatProducts(const LinearGeometry& geo, ElemType type, const void* input, const WeightRows& weight_rows,
+                      void* const* outputs, const ParallelFor& parallel) {
+  const int64_t rows = geo.rows, in = geo.in_features;
+  if (rows == 0 || geo.out_features == 0) return;
+  std::unique_ptr<float[]> x_buffer;  // the input widened once, shared by every work item
+  const float* x = AsFloat(type, input, 0, rows * in, x_buffer);
+  RunProducts(geo, type, [&](int64_t row, int64_t count, float* y, int64_t ldy) {
+    std::unique_ptr<float[]> w_buffer;
+    Kernels().dots(rows, count, in, x, in, weight_rows(row, count, w_buffer), in, y, ldy);
+  }, outputs, parallel);
 }
 }  // namespace
 
 void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, const void* weight,
                   void* const* outputs, const ParallelFor& parallel) {
   const int64_t in = geo.in_features;
-  RunProducts(geo, type, input, [&](int64_t row, int64_t count, std::unique_ptr<float[]>& buffer) {
+  RunFloatProducts(geo, type, input, [&](int64_t row, int64_t count, std::unique_ptr<float[]>& buffer) {
     return AsFloat(type, weight, row * in, count * in, buffer);
   }, outputs, parallel);
 }
@@ -78,7 +87,7 @@ void RunQuantizedLinearCpu(const QuantizedLinearGeometry& geo, ElemType type, co
                            void* const* outputs, const ParallelFor& parallel) {
   const int64_t in = geo.in_features, blocks = geo.blocks, bs = geo.block_size;
   const int64_t row_bytes = blocks * bs / 2, zero_point_bytes = (blocks + 1) / 2;
-  RunProducts(geo, type, input, [&](int64_t row, int64_t count, std::unique_ptr<float[]>& buffer) {
+  RunFloatProducts(geo, type, input, [&](int64_t row, int64_t count, std::unique_ptr<float[]>& buffer) {
     buffer.reset(new float[static_cast<size_t>(std::max<int64_t>(count * in, 1))]);
     std::unique_ptr<float[]> scale(new float[static_cast<size_t>(blocks)]);
     std::vector<uint16_t> rounded(type == ElemType::kFloat ? 0 : static_cast<size_t>(in));
@@ -109,6 +118,23 @@ void RunQuantizedLinearCpu(const QuantizedLinearGeometry& geo, ElemType type, co
       }
     }
     return static_cast<const float*>(buffer.get());
+  }, outputs, parallel);
+}
+
+void RunQuantizedLinearInt8Cpu(const QuantizedLinearGeometry& geo, ElemType type, const void* input,
+                               const Int8Weight& weight, void* const* outputs, const ParallelFor& parallel) {
+  const int64_t rows = geo.rows, in = geo.in_features;
+  if (rows == 0 || geo.out_features == 0) return;
+  std::unique_ptr<float[]> x_buffer;
+  Int8Rows quantized;
+  quantized.Quantize(AsFloat(type, input, 0, rows * in, x_buffer), rows, in, geo.blocks * geo.block_size / kInt8Chunk,
+                     parallel);
+  RunProducts(geo, type, [&](int64_t row, int64_t count, float* y, int64_t ldy) {
+    Int8DotsArgs args = weight.Dots(row, count);
+    quantized.Bind(args);
+    args.out = y;
+    args.ldo = ldy;
+    Kernels().int8_dots(args);
   }, outputs, parallel);
 }
 

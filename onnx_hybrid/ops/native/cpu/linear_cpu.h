@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common.h"
+#include "cpu/qlinear_int8.h"
 #include "shapes/linear_shapes.h"
 
 namespace onnx_hybrid {
@@ -16,5 +17,10 @@ void RunLinearCpu(const LinearGeometry& geo, ElemType type, const void* input, c
 void RunQuantizedLinearCpu(const QuantizedLinearGeometry& geo, ElemType type, const void* input,
                            const uint8_t* weight, const void* scales, const uint8_t* zero_points,
                            void* const* outputs, const ParallelFor& parallel);
+
+// QuantizedLinear at accuracy level 4: the input rows quantized to int8 per chunk, products over `weight` (packed
+// from the node's weight, scales and zero points) in integers; a row's output is the same whatever rows share the call.
+void RunQuantizedLinearInt8Cpu(const QuantizedLinearGeometry& geo, ElemType type, const void* input,
+                               const Int8Weight& weight, void* const* outputs, const ParallelFor& parallel);
 
 }  // namespace onnx_hybrid

@@ -279,7 +279,9 @@ class LinearCpuKernel {
 class QuantizedLinearCpuKernel {
  public:
   QuantizedLinearCpuKernel(const OrtKernelInfo* info, ElemType type)
-      : type_(type), attrs_(ReadQuantizedLinearAttributes(info)) {}
+      : type_(type), attrs_(ReadQuantizedLinearAttributes(info)) {
+    if (UsesInt8()) packed_ = PackConstantWeight(info);
+  }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     namespace ql = contract::qlinear;
@@ -287,9 +289,19 @@ class QuantizedLinearCpuKernel {
       const Inputs<ql::kNumInputs> in(context, ql::kInputPorts);
       const QuantizedLinearGeometry geo = ResolveQuantizedLinear(in, attrs_);
       const LinearOutputs out = LinearOutputs::Make(context, geo);
-      RunQuantizedLinearCpu(geo, type_, in.data[ql::kInputInput], static_cast<const uint8_t*>(in.data[ql::kInputWeight]),
-                            in.data[ql::kInputScales], static_cast<const uint8_t*>(in.data[ql::kInputZeroPoints]),
-                            out.data, OrtParallelFor(context));
+      const auto* weight = static_cast<const uint8_t*>(in.data[ql::kInputWeight]);
+      const auto* zero_points = static_cast<const uint8_t*>(in.data[ql::kInputZeroPoints]);
+      const void* scales = in.data[ql::kInputScales];
+      if (!UsesInt8()) {
+        RunQuantizedLinearCpu(geo, type_, in.data[ql::kInputInput], weight, scales, zero_points, out.data,
+                              OrtParallelFor(context));
+      } else if (packed_ && packed_->PackedFrom(weight, scales, zero_points)) {
+        RunQuantizedLinearInt8Cpu(geo, type_, in.data[ql::kInputInput], *packed_, out.data, OrtParallelFor(context));
+      } else {  // a weight that is not an initializer: packed for this call
+        const Int8Weight packed(type_, geo.weight_rows(), geo.blocks, geo.block_size, geo.swiglu, weight, scales,
+                                zero_points);
+        RunQuantizedLinearInt8Cpu(geo, type_, in.data[ql::kInputInput], packed, out.data, OrtParallelFor(context));
+      }
       return nullptr;
     } catch (const std::exception& e) {
       return ToStatus(e, ql::kName);
@@ -297,8 +309,42 @@ class QuantizedLinearCpuKernel {
   }
 
  private:
+  bool UsesInt8() const {
+    return attrs_.accuracy_level == contract::kQlinearInt8Level && Int8ProductsFit(attrs_.block_size);
+  }
+
+  // The weight packed once when it, its scales and zero points are initializers of consistent shapes; else null
+  // (ComputeV2 then checks the shapes and packs per call).
+  std::unique_ptr<Int8Weight> PackConstantWeight(const OrtKernelInfo* info) const {
+    namespace ql = contract::qlinear;
+    const Ort::ConstKernelInfo kernel_info(info);
+    const void* data[ql::kNumInputs] = {};
+    std::vector<int64_t> shape[ql::kNumInputs];
+    for (int port : {ql::kInputWeight, ql::kInputScales, ql::kInputZeroPoints}) {
+      if (port >= static_cast<int>(kernel_info.GetInputCount())) continue;
+      int constant = 0;
+      const Ort::ConstValue value = kernel_info.GetTensorConstantInput(port, &constant);
+      if (!constant) {
+        if (port == ql::kInputZeroPoints && kernel_info.GetInputName(port).empty()) continue;  // omitted
+        return nullptr;
+      }
+      data[port] = value.GetTensorRawData();
+      shape[port] = value.GetTensorTypeAndShapeInfo().GetShape();
+    }
+    const std::vector<int64_t>& w = shape[ql::kInputWeight];
+    const int64_t bs = attrs_.block_size;
+    if (w.size() != 3 || w[2] != bs / 2 || shape[ql::kInputScales] != std::vector<int64_t>{w[0], w[1]} ||
+        (data[ql::kInputZeroPoints] && shape[ql::kInputZeroPoints] != std::vector<int64_t>{w[0], (w[1] + 1) / 2}) ||
+        (attrs_.linear.swiglu && w[0] % 2 != 0))
+      return nullptr;
+    return std::make_unique<Int8Weight>(type_, w[0], w[1], bs, attrs_.linear.swiglu,
+                                        static_cast<const uint8_t*>(data[ql::kInputWeight]), data[ql::kInputScales],
+                                        static_cast<const uint8_t*>(data[ql::kInputZeroPoints]));
+  }
+
   ElemType type_;
   QuantizedLinearAttributes attrs_;
+  std::unique_ptr<Int8Weight> packed_;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -237,7 +237,8 @@ inline QuantizedLinearAttributes ReadQuantizedLinearAttributes(const OrtKernelIn
   return MakeQuantizedLinearAttributes(StringAttribute(info, ql::kAttrActivation, ql::kDefaultActivation),
                                        IntsAttribute(info, ql::kAttrOutputFeatures), LeadingOutputs(info),
                                        IntAttribute(info, ql::kAttrBlockSize, ql::kDefaultBlockSize),
-                                       IntAttribute(info, ql::kAttrBits, ql::kDefaultBits));
+                                       IntAttribute(info, ql::kAttrBits, ql::kDefaultBits),
+                                       IntAttribute(info, ql::kAttrAccuracyLevel, ql::kDefaultAccuracyLevel));
 }
 
 }  // namespace onnx_hybrid

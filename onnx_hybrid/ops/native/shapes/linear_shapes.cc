@@ -47,13 +47,15 @@ LinearGeometry ResolveLinear(const LinearInputShapes& in, const LinearAttributes
 
 QuantizedLinearAttributes MakeQuantizedLinearAttributes(const std::string& activation,
                                                         const std::vector<int64_t>& output_features, int outputs,
-                                                        int64_t block_size, int64_t bits) {
+                                                        int64_t block_size, int64_t bits, int64_t accuracy_level) {
   namespace ql = contract::qlinear;
   if (block_size < ql::kMinBlockSize || (block_size & (block_size - 1)) != 0)
     throw ContractError(ql::kName, msg::kQlinearBlockSize, {block_size});
   if (bits != contract::kQlinearBits) throw ContractError(ql::kName, msg::kQlinearBits, {bits});
+  if (accuracy_level < 0 || accuracy_level > contract::kQlinearInt8Level)
+    throw ContractError(ql::kName, msg::kQlinearAccuracyLevel, {accuracy_level});
   return QuantizedLinearAttributes{MakeLinearAttributes(activation, output_features, outputs, ql::kName),
-                                   block_size};
+                                   block_size, accuracy_level};
 }
 
 QuantizedLinearGeometry ResolveQuantizedLinear(const QuantizedLinearInputShapes& in,

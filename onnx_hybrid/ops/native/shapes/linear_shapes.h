@@ -33,11 +33,12 @@ LinearGeometry ResolveLinear(const LinearInputShapes& shapes, const LinearAttrib
 struct QuantizedLinearAttributes {
   LinearAttributes linear;
   int64_t block_size = contract::qlinear::kDefaultBlockSize;
+  int64_t accuracy_level = contract::qlinear::kDefaultAccuracyLevel;  // kQlinearInt8Level: int8 input rows (CPU)
 };
 
 QuantizedLinearAttributes MakeQuantizedLinearAttributes(const std::string& activation,
                                                         const std::vector<int64_t>& output_features, int outputs,
-                                                        int64_t block_size, int64_t bits);
+                                                        int64_t block_size, int64_t bits, int64_t accuracy_level);
 
 using QuantizedLinearInputShapes = InputShapes<contract::qlinear::kNumInputs>;
 
