@@ -6,10 +6,10 @@ CPU kernel goals). PagedAttention (ORT has no CPU kernel) against the plain-ONNX
 export (Transpose, MatMul, Softmax, MatMul over a dense [B, Hkv, L, D] cache, GQA by broadcasting, causal
 bias): 0.8B attention geometry (Hq 8, Hkv 2, D 256), fp32, 16-token blocks handed out in shuffled order.
 Each case first checks that both produce the same outputs, then reports the median of --runs timed runs
-after warm-up, and the ratio peer / ours. A third table sets ORT's own 4-bit product against its fp32 one at a
-128-token prefill's 128 rows, for the 0.8B projections (no kernel of ours: it says what int4 weights can gain a CPU
-prefill, whose time is mostly these products): com.microsoft::MatMulNBits (block 32, accuracy_level 4: int8
-activations, the setting of our CPU int4 exports) against MatMul on the dequantized weights.
+after warm-up, and the ratio peer / ours. A third table times the 0.8B projections' int4 products at a decode
+step's one row and a 128-token prefill's 128 rows (a CPU prefill is mostly these products): our QuantizedLinear at
+accuracy level 4 (int8 input rows, the op of our CPU int4 exports) against ORT's com.microsoft::MatMulNBits at the
+same level (the builder's int4 exports) and ORT's MatMul on the dequantized weights (fp32 exports), all block 32.
 
 Usage: python scripts/bench_cpu.py [--runs 30] [--threads 2]   (prints Markdown tables)
 """
@@ -163,11 +163,12 @@ def bench_attention_case(lengths, past, runs: int, threads: int):
 # prompt; gate|up packed, the GatedDeltaNet input projections packed).
 PRODUCT_CASES = [("gate|up", 7168, 1024), ("GatedDeltaNet in_proj", 8192, 1024), ("down", 1024, 3584),
                  ("GatedDeltaNet out_proj", 1024, 2048)]
-PRODUCT_ROWS = 128
+PRODUCT_ROWS = (1, 128)  # a decode step, a 128-token prefill
 
 
-def bench_product_case(n: int, k: int, runs: int, threads: int):
-    """(MatMulNBits int4 time, fp32 MatMul time) for x [PRODUCT_ROWS, k] @ w^T, w [n, k] quantized at block 32."""
+def bench_product_case(n: int, k: int, rows: int, runs: int, threads: int):
+    """(QuantizedLinear, MatMulNBits, MatMul fp32) times for x [rows, k] @ w^T, w [n, k] quantized at block 32,
+    the weights initializers as in an export."""
     from onnx import TensorProto, helper
 
     from onnx_hybrid.exporter.quantize import QuantSpec, dequantize, quantize
@@ -175,7 +176,11 @@ def bench_product_case(n: int, k: int, runs: int, threads: int):
     rng = np.random.default_rng(n + k)
     spec = QuantSpec(4, 32)
     q = quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.02, spec)
-    quantized = single_op.matmul_nbits_model(q.codes, q.scales, k, bits=4, block_size=32, accuracy_level=4)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    level = {"block_size": 32, "accuracy_level": 4}
+    ours = single_op.single_op_model("QuantizedLinear", {"input": x, "weight": q.codes, "scales": q.scales}, level,
+                                     initializers=("weight", "scales"))
+    nbits = single_op.matmul_nbits_model(q.codes, q.scales, k, bits=4, **level)
     dense = np.ascontiguousarray(dequantize(q, spec, k).astype(np.float32).T)  # [k, n]
     f = TensorProto.FLOAT
     fp32 = helper.make_model(
@@ -183,16 +188,17 @@ def bench_product_case(n: int, k: int, runs: int, threads: int):
                           [helper.make_tensor_value_info("A", f, ["M", k])], [helper.make_tensor_value_info("Y", f, None)],
                           [helper.make_tensor("w", f, dense.shape, dense.tobytes(), raw=True)]),
         opset_imports=[helper.make_opsetid("", single_op.AI_ONNX_OPSET)], ir_version=single_op.IR_VERSION)
-    x = rng.standard_normal((PRODUCT_ROWS, k)).astype(np.float32)
     times, outputs = [], []
-    for model in (quantized, fp32):
-        session = single_op.make_session(model, with_library=False, intra_op_threads=threads)
-        outputs.append(session.run(None, {"A": x})[0])
-        times.append(timed(session, ["Y"], {"A": single_op.to_ort_value(x)}, runs))
+    for model, feed, output, library in ((ours, "input", "output", True), (nbits, "A", "Y", False),
+                                         (fp32, "A", "Y", False)):
+        session = single_op.make_session(model, with_library=library, intra_op_threads=threads)
+        outputs.append(session.run([output], {feed: x})[0])
+        times.append(timed(session, [output], {feed: single_op.to_ort_value(x)}, runs))
     # Level 4 rounds x to int8 per block: the products agree to that rounding, not bit for bit.
-    if not np.allclose(outputs[0], outputs[1], rtol=0.05, atol=0.05 * np.abs(outputs[1]).max()):
-        raise AssertionError(f"MatMulNBits [{n}, {k}] differs from MatMul by {np.abs(outputs[0] - outputs[1]).max():.3e}")
-    return times[0], times[1]
+    for name, got in (("QuantizedLinear", outputs[0]), ("MatMulNBits", outputs[1])):
+        if not np.allclose(got, outputs[2], rtol=0.05, atol=0.05 * np.abs(outputs[2]).max()):
+            raise AssertionError(f"{name} [{n}, {k}] differs from MatMul by {np.abs(got - outputs[2]).max():.3e}")
+    return tuple(times)
 
 
 def table_row(name: str, first: tuple[float, float], second: tuple[float, float]) -> str:
@@ -237,15 +243,21 @@ def main() -> None:
         rows.append({"case": name, "peer": "plain-ONNX dense attention", "ours_s": ours, "peer_s": theirs,
                      "ours_cpu_s": ours_cpu, "peer_cpu_s": theirs_cpu})
     print()
-    print(f"| ORT product, {PRODUCT_ROWS} rows | MatMulNBits int4 (level 4) | MatMul fp32 | fp32 / int4 | int4 CPU | "
-          "fp32 CPU | CPU ratio |")
-    print("|---|---|---|---|---|---|---|")
-    for name, n, k in PRODUCT_CASES:
-        (int4, int4_cpu), (fp32, fp32_cpu) = bench_product_case(n, k, args.runs, args.threads)
-        print(table_row(f"{name} [{n}, {k}]", (int4, int4_cpu), (fp32, fp32_cpu)), flush=True)
-        rows.append({"case": f"{name} [{n}, {k}] x {PRODUCT_ROWS} rows", "peer": "ORT MatMul fp32",
-                     "ours_s": int4, "peer_s": fp32, "ours_cpu_s": int4_cpu, "peer_cpu_s": fp32_cpu,
-                     "ours": "ORT MatMulNBits int4 block 32 accuracy_level 4"})
+    print("| int4 product, rows | ours: QuantizedLinear | ORT MatMulNBits | ORT MatMul fp32 | MatMulNBits / ours | "
+          "fp32 / ours | ours CPU | MatMulNBits CPU | fp32 CPU |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for rows_in_call in PRODUCT_ROWS:
+        for name, n, k in PRODUCT_CASES:
+            (ours, ours_cpu), (nbits, nbits_cpu), (fp32, fp32_cpu) = bench_product_case(n, k, rows_in_call, args.runs,
+                                                                                      args.threads)
+            print(f"| {name} [{n}, {k}], {rows_in_call} | {ours * 1e3:.3f} ms | {nbits * 1e3:.3f} ms | "
+                  f"{fp32 * 1e3:.3f} ms | {nbits / ours:.2f}x | {fp32 / ours:.2f}x | {ours_cpu * 1e3:.3f} ms | "
+                  f"{nbits_cpu * 1e3:.3f} ms | {fp32_cpu * 1e3:.3f} ms |", flush=True)
+            for peer, (wall, cpu) in (("ORT MatMulNBits int4 block 32 accuracy_level 4", (nbits, nbits_cpu)),
+                                      ("ORT MatMul fp32", (fp32, fp32_cpu))):
+                rows.append({"case": f"{name} [{n}, {k}] x {rows_in_call} rows", "peer": peer, "ours_s": ours,
+                             "peer_s": wall, "ours_cpu_s": ours_cpu, "peer_cpu_s": cpu,
+                             "ours": "QuantizedLinear int4 block 32 accuracy_level 4"})
     write_json(args.json, "bench_cpu", cpu_model(), rows, onnxruntime=ort.__version__, threads=args.threads,
                kernels=cpu_isa(), runs=args.runs)
 

@@ -25,7 +25,8 @@ from onnx_hybrid.ops import contract
 def ensure_exports(work: Path, our_domains: list[str], weights: list[str], blocks: list[int]) -> dict[str, Path]:
     """The builder's fp32 export first (the baseline of the ratios), then its exports and ours with each of
     ``weights`` (fp32, int8, int4; ours with fp32 weights once per kernel domain; quantized ones with each of
-    ``blocks``, the builder's at its default block of 32)."""
+    ``blocks``, the builder's at its default block of 32; ours at int4 also with ORT's MatMulNBits instead of our
+    QuantizedLinear)."""
     from onnx_hybrid.exporter import export
     from onnx_hybrid_testing.e2e import builder_export, synthetic_checkpoint
     from onnx_hybrid_testing.synthetic import QWEN3_5_0_8B
@@ -53,6 +54,11 @@ def ensure_exports(work: Path, our_domains: list[str], weights: list[str], block
             export(checkpoint, out, overwrite=True, progress=False, weights=kind, weight_block=block,
                    quantize_lm_head=True)
             models[f"ours {kind} weights and lm_head{tag} (--quantize-lm-head)"] = out
+            if kind == "int4":  # the default writes QuantizedLinear (int8 rows); ORT's MatMulNBits beside it
+                out = work / f"ours_0.8b_{kind}_b{block}_lm_head_matmul_nbits"
+                export(checkpoint, out, overwrite=True, progress=False, weights=kind, weight_block=block,
+                       quantize_lm_head=True, linear_op=False)
+                models[f"ours {kind} weights and lm_head{tag} as MatMulNBits (--no-linear-op)"] = out
     return models
 
 

@@ -73,7 +73,7 @@ struct Int8DotsArgs {
   const uint8_t* codes;    // [groups, chunks, kInt8ChunkBytes]: in each 32 bytes, byte 4i + t holds element t of
                            // 4-element step 2j of row i (low nibble) and of step 2j + 1 (high nibble), j < 4
   const float* w_scale;    // [groups, blocks, kInt8GroupRows]
-  const int32_t* w_zero;   // [groups, blocks, kInt8GroupRows]
+  const int32_t* w_zero;   // [groups, blocks, kInt8GroupRows]; null: every zero point is 8
   int64_t groups, chunks_per_block;
   int64_t columns;         // live output columns (the last group may be partial)
   float* out;

@@ -104,7 +104,8 @@ void Int8Dots(const Int8DotsArgs& a) {
         }
         const int64_t at = (g * blocks + c / a.chunks_per_block) * kInt8GroupRows + i, qc = r * a.chunks + c;
         const float scale = a.q_scale[qc] * a.w_scale[at];
-        acc = std::fma(static_cast<float>(sum - a.w_zero[at] * a.q_sum[qc]), scale, acc);
+        const int32_t zero = a.w_zero ? a.w_zero[at] : 8;
+        acc = std::fma(static_cast<float>(sum - zero * a.q_sum[qc]), scale, acc);
       }
       a.out[r * a.ldo + col] = acc;
     }

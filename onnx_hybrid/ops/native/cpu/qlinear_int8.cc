@@ -15,7 +15,7 @@ Int8Weight::Int8Weight(ElemType type, int64_t weight_rows, int64_t blocks, int64
   const int64_t groups = (swiglu ? 2 : 1) * half_groups_, block_bytes = block_size / 2;
   codes_.assign(static_cast<size_t>(groups * chunks_ * kInt8ChunkBytes), 0);
   scales_.assign(static_cast<size_t>(groups * blocks_ * kInt8GroupRows), 0.0f);  // padding rows: zero weights
-  zeros_.assign(scales_.size(), 0);
+  if (zero_points) zeros_.assign(scales_.size(), 0);
   std::vector<float> row_scales(static_cast<size_t>(blocks_));
   for (int64_t group = 0; group < groups; ++group) {
     const int64_t first = (group / half_groups_) * half_rows_ + (group % half_groups_) * kInt8GroupRows;
@@ -26,7 +26,7 @@ Int8Weight::Int8Weight(ElemType type, int64_t weight_rows, int64_t blocks, int64
       for (int64_t b = 0; b < blocks_; ++b) {
         const int64_t at = (group * blocks_ + b) * kInt8GroupRows + i;
         scales_[at] = row_scales[b];
-        zeros_[at] = zero_points ? (zero_points[n * ((blocks_ + 1) / 2) + b / 2] >> (4 * (b & 1))) & 15 : 8;
+        if (zero_points) zeros_[at] = (zero_points[n * ((blocks_ + 1) / 2) + b / 2] >> (4 * (b & 1))) & 15;
       }
       const uint8_t* row = weight + n * blocks_ * block_bytes;  // whole blocks: chunks never straddle them
       for (int64_t c = 0; c < chunks_; ++c) {
@@ -48,7 +48,7 @@ Int8DotsArgs Int8Weight::Dots(int64_t row, int64_t columns) const {
   Int8DotsArgs args{};
   args.codes = codes_.data() + group * chunks_ * kInt8ChunkBytes;
   args.w_scale = scales_.data() + group * blocks_ * kInt8GroupRows;
-  args.w_zero = zeros_.data() + group * blocks_ * kInt8GroupRows;
+  args.w_zero = zeros_.empty() ? nullptr : zeros_.data() + group * blocks_ * kInt8GroupRows;
   args.chunks = chunks_;
   args.chunks_per_block = chunks_per_block_;
   args.groups = (columns + kInt8GroupRows - 1) / kInt8GroupRows;

@@ -34,7 +34,7 @@ class Int8Weight {
   const void* sources_[3];
   std::vector<uint8_t> codes_;
   std::vector<float> scales_;
-  std::vector<int32_t> zeros_;
+  std::vector<int32_t> zeros_;  // empty without zero points (8)
 };
 
 // Input rows quantized per chunk of kInt8Chunk (QuantizeInt8Chunk in cpu_kernels.h).
