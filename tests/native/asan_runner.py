@@ -36,5 +36,11 @@ def run(pytest_args: list[str], **subprocess_options) -> subprocess.CompletedPro
     return subprocess.run(command, env=env, cwd=ROOT, **subprocess_options)
 
 
+def start(pytest_args: list[str], output) -> subprocess.Popen:
+    """:func:`run` in a child process (the build too), its output written to the file ``output``."""
+    return subprocess.Popen([sys.executable, __file__, *pytest_args], cwd=ROOT, stdout=output,
+                            stderr=subprocess.STDOUT, text=True)
+
+
 if __name__ == "__main__":
     sys.exit(run(sys.argv[1:]).returncode)

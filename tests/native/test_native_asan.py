@@ -150,10 +150,15 @@ def test_valid_linear_edges(case):
 
 
 # QuantizedLinear (rows, in_features, weight rows, dtype, block size, zero points, attributes): a partial last
-# block, an odd block count (zero points' last byte half used), swiglu and parts over the dequantized tiles.
+# block, an odd block count (zero points' last byte half used), swiglu and parts over the dequantized tiles; at
+# accuracy level 4 (int8 rows) partial groups of 8 weight rows, a partial last chunk, row tiles of 1-4.
 VALID_QUANTIZED_LINEAR = [(1, 40, 3, "float16", 32, True, {}), (0, 16, 2, "float", 16, False, {}),
                           (3, 100, 130, "bfloat16", 64, True, {"activation": "swiglu"}),
-                          (2, 33, 131, "float", 16, True, {"output_features": [1, 64, 66]})]
+                          (2, 33, 131, "float", 16, True, {"output_features": [1, 64, 66]}),
+                          (1, 40, 3, "float16", 32, True, {"accuracy_level": 4}),
+                          (7, 100, 130, "bfloat16", 64, True, {"activation": "swiglu", "accuracy_level": 4}),
+                          (6, 33, 131, "float", 32, False, {"output_features": [1, 64, 66], "accuracy_level": 4}),
+                          (0, 64, 2, "float", 128, False, {"accuracy_level": 4})]
 
 
 @pytest.mark.parametrize("case", _valid(VALID_QUANTIZED_LINEAR, 1))

@@ -142,16 +142,15 @@ def test_missing_library_error_says_how_to_build():
     assert result.returncode != 0 and "pip install -e ." in result.stderr
 
 
-def test_malformed_input_is_memory_safe_under_asan():
+def test_malformed_input_is_memory_safe_under_asan(asan_quick_run):
     """The quick selection of the ``asan`` tests (malformed offsets and paged metadata, a few valid edge calls)
-    against the AddressSanitizer build, as `make asan` runs them all (~20 s: the build and the child)."""
+    against the AddressSanitizer build, as `make asan` runs them all; the build and the child run beside the rest
+    of the suite (tests/native/conftest.py)."""
     if not shutil.which("g++"):
         pytest.fail("g++ is needed to build the AddressSanitizer copy of the library")
-    import asan_runner
-
-    result = asan_runner.run(["-q", "-k", "quick"], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    assert " passed" in result.stdout and "failed" not in result.stdout
+    status, output = asan_quick_run()
+    assert status == 0, output[-10000:]
+    assert " passed" in output and "failed" not in output
 
 
 def test_version_guard_returns_a_status_on_an_older_runtime():
