@@ -92,16 +92,40 @@ def test_quantized_export_equals_fp32_export_of_rounded_weights(case, variant, t
         _check_mtp_head(quantized, rounded)
 
 
+def test_cpu_int4_export_at_level_4_puts_the_mtp_head_on_quantized_linear_too(tmp_path):
+    """The default CPU int4 export (accuracy level 4): the main graph's and the MTP head's 4-bit projections are
+    QuantizedLinear at level 4, and the head's logits stay within int8 input rounding of the level-0 (MatMulNBits,
+    float arithmetic) export's."""
+    checkpoint = make_tiny_checkpoint(tmp_path / "hf", "qwen3_5_text", seed=1, tied=True, mtp=True)
+    int8_rows = export(checkpoint, tmp_path / "level4", weights="int4", progress=False)
+    exact = export(checkpoint, tmp_path / "level0", weights="int4", accuracy_level=0, progress=False)
+    for name in ("model.onnx", "mtp.onnx"):
+        nodes = [n for n in _nodes(int8_rows / name) if n.op_type in ("QuantizedLinear", "MatMulNBits")]
+        assert nodes and all(n.op_type == "QuantizedLinear" for n in nodes), name
+        assert all(helper.get_attribute_value(a) == 4 for n in nodes for a in n.attribute
+                   if a.name == "accuracy_level"), name
+    assert cli_main(["validate", str(int8_rows)]) == 0
+    feeds = _mtp_feeds()
+    got, want = [make_session(out, contract.DOMAIN, filename="mtp.onnx").run(["logits"], feeds)[0]
+                 for out in (int8_rows, exact)]
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
+
+
+def _mtp_feeds() -> dict:
+    """One 5-token prefill of random inputs for an MTP head (mtp.onnx) of the tiny text checkpoint."""
+    rng = np.random.default_rng(0)
+    s, hkv, d = 5, TEXT["num_key_value_heads"], TEXT["head_dim"]
+    return {"input_ids": rng.integers(0, TEXT["vocab_size"], (1, s)), "attention_mask": np.ones((1, s), np.int64),
+            "position_ids": np.arange(s)[None],
+            "hidden_states": rng.standard_normal((1, s, TEXT["hidden_size"])).astype(np.float32),
+            "past_key_values.0.key": np.zeros((1, hkv, 0, d), np.float32),
+            "past_key_values.0.value": np.zeros((1, hkv, 0, d), np.float32)}
+
+
 def _check_mtp_head(quantized, rounded):
     """The quantized head (fc, its layer) against the rounded fp32 head, on one prefill of random inputs; its
     embedding and lm_head initializers are the main model's (same names, same data file)."""
-    rng = np.random.default_rng(0)
-    s, hkv, d = 5, TEXT["num_key_value_heads"], TEXT["head_dim"]
-    feeds = {"input_ids": rng.integers(0, TEXT["vocab_size"], (1, s)), "attention_mask": np.ones((1, s), np.int64),
-             "position_ids": np.arange(s)[None],
-             "hidden_states": rng.standard_normal((1, s, TEXT["hidden_size"])).astype(np.float32),
-             "past_key_values.0.key": np.zeros((1, hkv, 0, d), np.float32),
-             "past_key_values.0.value": np.zeros((1, hkv, 0, d), np.float32)}
+    feeds = _mtp_feeds()
     runs = [make_session(out, contract.DOMAIN, filename="mtp.onnx").run(["logits"], feeds)[0]
             for out in (quantized, rounded)]
     np.testing.assert_allclose(runs[0], runs[1], atol=LOGITS_TOL, rtol=0)
