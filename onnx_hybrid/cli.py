@@ -120,7 +120,7 @@ def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "product, whose CUDA kernel reads a one-row decode step's weights at the copy rate "
                              "(default: on for -e cuda with fp16/bf16 and our ops, unless the export verifies drafts); "
                              "with --weights int4 also the 4-bit ones as onnx_hybrid::QuantizedLinear instead of "
-                             "MatMulNBits (default: on the CPU at --accuracy-level 4 and blocks of 32 or more, where "
+                             "MatMulNBits (default: on the CPU at --accuracy-level 4, where "
                              "it multiplies int8 rows, faster than MatMulNBits; on CUDA where the export verifies "
                              "drafts, whose verify rows it keeps bit-equal to decode steps, or is --paged, whose "
                              "batched steps it reads the weights once for)")

@@ -201,8 +201,8 @@ def export(model_dir, out_dir, *, dtype: str | None = None, state_update_capacit
     if (quantized_linear_op and not on_cuda and quant and quant.spec.bits == contract.QUANTIZED_LINEAR_BITS
             and not cpu_int8_products(quant)):
         log.warning("QuantizedLinear (--linear-op) on the CPU dequantizes its weights on every call below "
-                    "--accuracy-level 4 or with --weight-block 16: ONNX Runtime's MatMulNBits, which a CPU export "
-                    "then writes without --linear-op, was 1.5x as fast at 128 rows and 19x at one row "
+                    "--accuracy-level 4: ONNX Runtime's MatMulNBits, which a CPU export then writes without "
+                    "--linear-op, was 1.5x as fast at 128 rows and 19x at one row "
                     "(docs/benchmarks.md#quantizedlinear-against-matmulnbits)")
     if verifies and (why := verify_not_lossless(quant, execution_provider, linear_op, quantized_linear_op,
                                                 routed_experts=any(cfg.moe_layers))):
