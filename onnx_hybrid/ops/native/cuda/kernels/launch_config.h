@@ -97,7 +97,9 @@ inline constexpr int kQlinearMaxRowTiles = 8;  // qlinear_mma_* serves up to 8 r
 inline constexpr int kQlinearTwoWeightTilesAt = 2;
 // Warps per group of 16 features double (1, 2, 4, 8) until the grid has at least this many warps, while each warp
 // keeps two segments.
-inline constexpr int kQlinearMinWarps = 4096;  // 2048 about as good on an H100; 8192 slower at two ahead
+// 2048: qkv and gate|up of 9B split k in 2 instead of 4, 12-18% faster at 1 and 16 rows in ORT sessions on an H100
+// than 4096 (o_proj and down unchanged; docs/benchmarks-e2e-gpu.md run P); 8192 was slower.
+inline constexpr int kQlinearMinWarps = 2048;
 // qlinear_row_*: a warp's lane groups (lanes 4g .. 4g + 3, the rows of an mma fragment), each a split of k.
 inline constexpr int kQlinearLaneGroups = 8;
 // qlinear_row_*: feature pairs a lane group takes (each x load serves 2 x this many weight rows). One: 64 registers,
