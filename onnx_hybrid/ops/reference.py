@@ -322,14 +322,19 @@ def quantized_linear_weight(weight: np.ndarray, scales: np.ndarray, zero_points:
     """QuantizedLinear's dequantized weight [weight rows, in_features] as float64: each element
     ``element_type((q - zero_point) * scale)`` (one rounding; float32 keeps it exact) from MatMulNBits' 4-bit
     layout, the even element of a byte in its low nibble."""
+    values = _centered_codes(weight, zero_points) * scales.astype(np.float64)[..., None]
+    return values.reshape(weight.shape[0], -1)[:, :in_features].astype(element_type).astype(np.float64)
+
+
+def _centered_codes(weight: np.ndarray, zero_points: np.ndarray | None) -> np.ndarray:
+    """code - zero point [weight rows, blocks, block_size] (int64) from MatMulNBits' 4-bit layout: two codes a byte,
+    the even one in the low nibble; zero points two blocks a byte likewise, 8 where absent."""
     rows, blocks, half_block = weight.shape
-    codes = np.stack([weight & 15, weight >> 4], axis=-1).reshape(rows, blocks, 2 * half_block).astype(np.float64)
+    codes = np.stack([weight & 15, weight >> 4], axis=-1).reshape(rows, blocks, 2 * half_block).astype(np.int64)
     if zero_points is None:
-        zero = np.full((rows, blocks), 8.0)
-    else:
-        zero = np.stack([zero_points & 15, zero_points >> 4], axis=-1).reshape(rows, -1)[:, :blocks].astype(np.float64)
-    values = (codes - zero[..., None]) * scales.astype(np.float64)[..., None]
-    return values.reshape(rows, -1)[:, :in_features].astype(element_type).astype(np.float64)
+        return codes - 8
+    zero = np.stack([zero_points & 15, zero_points >> 4], axis=-1).reshape(rows, -1)[:, :blocks].astype(np.int64)
+    return codes - zero[..., None]
 
 
 def quantized_linear(feeds: Feeds, activation: str = "none", output_features: Sequence[int] = (), block_size: int = 32,
@@ -374,12 +379,7 @@ def _int8_products(x, weight, scales, zero_points) -> np.ndarray:
     """Sum over chunks of (q . (code - zero point)) * q_scale * w_scale, exactly in integers and float64."""
     rows, blocks, half_block = weight.shape
     block_size = 2 * half_block
-    codes = np.stack([weight & 15, weight >> 4], axis=-1).reshape(rows, blocks * block_size).astype(np.int64)
-    if zero_points is None:
-        zero = np.full((rows, blocks), 8, np.int64)
-    else:
-        zero = np.stack([zero_points & 15, zero_points >> 4], axis=-1).reshape(rows, -1)[:, :blocks].astype(np.int64)
-    centered = codes - np.repeat(zero, block_size, axis=1)
+    centered = _centered_codes(weight, zero_points).reshape(rows, blocks * block_size)
     q, q_scale = int8_rows(x, blocks * block_size)
     chunks = blocks * block_size // INT8_CHUNK
     sums = np.einsum("rcj,ncj->rnc", q.reshape(x.shape[0], chunks, INT8_CHUNK), centered.reshape(rows, chunks, INT8_CHUNK))

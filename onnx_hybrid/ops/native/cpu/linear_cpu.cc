@@ -97,8 +97,7 @@ void RunQuantizedLinearCpu(const QuantizedLinearGeometry& geo, ElemType type, co
       const uint8_t* packed = weight + w_row * row_bytes;
       float* dst = buffer.get() + r * in;
       for (int64_t block = 0; block < blocks; ++block) {
-        const int zero = zero_points ? (zero_points[w_row * zero_point_bytes + block / 2] >> (4 * (block & 1))) & 15
-                                     : 8;
+        const int zero = zero_points ? Nibble(zero_points + w_row * zero_point_bytes, block) : 8;
         // The block's 16 values, rounded once: in fp32 for fp32; exact for 16-bit scales (at most 11 + 4 bits),
         // then rounded to T below. A byte holds elements k (low nibble) and k + 1 (k even: block sizes are).
         float value[16];

@@ -26,7 +26,7 @@ Int8Weight::Int8Weight(ElemType type, int64_t weight_rows, int64_t blocks, int64
       for (int64_t b = 0; b < blocks_; ++b) {
         const int64_t at = (group * blocks_ + b) * kInt8GroupRows + i;
         scales_[at] = row_scales[b];
-        if (zero_points) zeros_[at] = (zero_points[n * ((blocks_ + 1) / 2) + b / 2] >> (4 * (b & 1))) & 15;
+        if (zero_points) zeros_[at] = Nibble(zero_points + n * ((blocks_ + 1) / 2), b);
       }
       const uint8_t* row = weight + n * blocks_ * block_bytes;  // whole blocks: chunks never straddle them
       for (int64_t c = 0; c < chunks_; ++c) {
@@ -34,8 +34,7 @@ Int8Weight::Int8Weight(ElemType type, int64_t weight_rows, int64_t blocks, int64
         uint8_t* chunk = codes_.data() + (group * chunks_ + c) * kInt8ChunkBytes;
         for (int64_t j = 0; j < 4; ++j)
           for (int64_t t = 0; t < 4; ++t) {  // elements 8j + t (low nibble) and 8j + 4 + t (high)
-            const int64_t even = 8 * j + t, odd = even + 4;
-            const int low = (bytes[even / 2] >> (4 * (even & 1))) & 15, high = (bytes[odd / 2] >> (4 * (odd & 1))) & 15;
+            const int low = Nibble(bytes, 8 * j + t), high = Nibble(bytes, 8 * j + 4 + t);
             chunk[32 * j + 4 * i + t] = static_cast<uint8_t>(low | high << 4);
           }
       }

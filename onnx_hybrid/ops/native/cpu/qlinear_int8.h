@@ -10,6 +10,10 @@
 
 namespace onnx_hybrid {
 
+// Element k of 4-bit values stored two a byte, the even one in the low nibble (QuantizedLinear's codes and zero
+// points, MatMulNBits' layout).
+inline int Nibble(const uint8_t* bytes, int64_t k) { return (bytes[k / 2] >> (4 * (k & 1))) & 15; }
+
 // Whether a node with this block size takes the int8 path at accuracy level 4: chunks of the input must not
 // straddle weight blocks.
 inline bool Int8ProductsFit(int64_t block_size) { return block_size % kInt8Chunk == 0; }
