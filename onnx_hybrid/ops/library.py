@@ -134,7 +134,7 @@ def input_shapes() -> str:
 
 
 def cpu_isa() -> str:
-    """Which variant of the CPU kernels this process runs: "avx512", "avx2" or "generic"."""
+    """Which variant of the CPU kernels this process runs: "avx512-vnni", "avx512", "avx2" or "generic"."""
     return control().onnx_hybrid_cpu_isa().decode()
 
 

@@ -61,7 +61,7 @@ def test_registers_into_many_session_options_and_twice_into_one():
 def test_control_functions():
     lib = library.control()
     assert lib.onnx_hybrid_abi_version() == library.ABI_VERSION
-    assert library.cpu_isa() in ("avx512", "avx2", "generic")
+    assert library.cpu_isa() in ("avx512-vnni", "avx512", "avx2", "generic")
     with pytest.raises(ValueError, match="unknown key or value"):
         library.set_option("no_such_option", "1")
     with pytest.raises(ValueError, match="cpu_engine"):

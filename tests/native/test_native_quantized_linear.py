@@ -258,10 +258,14 @@ def test_level_4_with_blocks_of_16_is_the_exact_product():
     np.testing.assert_array_equal(run_single_op(OP, feeds, {"block_size": 16, **INT8})["output"], exact)
 
 
-@pytest.mark.parametrize("isa", ["avx2", "generic"])
+ISA_FLAGS = {"avx512": {"avx512f", "avx512dq"}, "avx2": {"avx2", "fma"}, "generic": set()}
+
+
+@pytest.mark.parametrize("isa", list(ISA_FLAGS))
 def test_int8_products_are_the_same_on_every_isa(isa, tmp_path):
-    """The int8 products (integer sums, then the same fp32 steps) give the same bits with the AVX2 and portable
-    kernels (forced through ONNX_HYBRID_CPU_ISA in a child) as with this process's."""
+    """The int8 products (integer sums, then the same fp32 steps) give the same bits with the AVX-512 (without
+    VNNI), AVX2 and portable kernels (forced through ONNX_HYBRID_CPU_ISA in a child) as with this process's, which
+    is the VNNI one on CPUs with AVX-512 VNNI."""
     import os
     import subprocess
     import sys
@@ -270,8 +274,9 @@ def test_int8_products_are_the_same_on_every_isa(isa, tmp_path):
     from onnx_hybrid.ops import library
     from onnx_hybrid_testing.host import cpu_flags
 
-    if isa == "avx2" and not {"avx2", "fma"} <= cpu_flags():
-        pytest.skip("this CPU has no AVX2 + FMA, so the AVX2 variant cannot run here")
+    if not ISA_FLAGS[isa] <= cpu_flags():
+        pytest.skip(f"this CPU lacks {' + '.join(sorted(ISA_FLAGS[isa] - cpu_flags()))}, so the {isa} variant cannot "
+                    "run here")
     shapes = [(9, 200, 140, 32, True), (130, 1024, 300, 64, False), (3, 33, 17, 32, False), (1, 4096, 64, 128, True)]
     code = (
         "import sys, numpy as np\n"

@@ -113,10 +113,11 @@ struct CpuKernels {
 };
 
 const CpuKernels& GenericKernels();
-const CpuKernels* Avx512Kernels();  // null when the CPU (or the build) has no AVX-512
+// Null when the CPU (or the build) has no AVX-512; with `vnni`, the VNNI int8 products where the CPU has them.
+const CpuKernels* Avx512Kernels(bool vnni);
 const CpuKernels* Avx2Kernels();    // null when the CPU (or the build) has no AVX2 + FMA
 // The variant this process uses: the widest the CPU supports, or the one ONNX_HYBRID_CPU_ISA names
-// ("avx2" or "generic") when the CPU supports it.
+// ("avx512" without VNNI, "avx2" or "generic") when the CPU supports it.
 const CpuKernels& Kernels();
 
 }  // namespace onnx_hybrid

@@ -1,6 +1,7 @@
-// AVX-512 variant of the CPU building blocks. Only this file is compiled for AVX-512 (by the pragma
-// below), and it is entered only after the CPU reported avx512f and avx512dq. It includes no standard library
-// headers after the pragma, so no inline library code is emitted with AVX-512 instructions.
+// AVX-512 variant of the CPU building blocks. Only this file is compiled for AVX-512 (by the pragmas
+// below), and it is entered only after the CPU reported avx512f and avx512dq; its int8 products use VNNI where the
+// CPU also reports avx512vnni, avx512vl and avx512bw. It includes no standard library headers after the pragmas, so
+// no inline library code is emitted with AVX-512 instructions.
 #include <cfloat>
 #include <cstdint>
 #include <cstring>
@@ -58,14 +59,46 @@ const CpuKernels kKernels = {"avx512", Gemm, RecurrentRows, SumSquares, Dot, Dot
 
 #pragma GCC pop_options
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx512vnni,fma")
+
 namespace onnx_hybrid {
-const CpuKernels* Avx512Kernels() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") ? &avx512::kKernels : nullptr;
+namespace avx512_vnni {
+
+#include "cpu/int8_dots.inc"
+
+// vpdpbusd adds 4 code-times-input byte products into each int32 lane at once (EVEX on 256 bits, so the packing
+// and the tiles stay those of AVX2; 32 registers hold tiles of 8 rows).
+struct Dpbusd {
+  using Sum = __m256i;
+  static Sum Zero() { return _mm256_setzero_si256(); }
+  static Sum Add(Sum sum, __m256i codes, __m256i inputs) { return _mm256_dpbusd_epi32(sum, codes, inputs); }
+  static __m256i Widen(Sum sum) { return sum; }
+};
+
+void Int8Dots(const Int8DotsArgs& a) { Int8DotsWith<Dpbusd, 8>(a); }
+
+}  // namespace avx512_vnni
+}  // namespace onnx_hybrid
+
+#pragma GCC pop_options
+
+namespace onnx_hybrid {
+namespace avx512 {
+const CpuKernels kVnniKernels = {"avx512-vnni", Gemm, RecurrentRows, SumSquares, Dot, Dots, Scale, DeltaRhs, MulAdd,
+                                 Silu, avx512_vnni::Int8Dots, Int8Quantize};
+}  // namespace avx512
+
+const CpuKernels* Avx512Kernels(bool vnni) {
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq")) return nullptr;
+  const bool has_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                        __builtin_cpu_supports("avx512bw");
+  return vnni && has_vnni ? &avx512::kVnniKernels : &avx512::kKernels;
 }
 }  // namespace onnx_hybrid
 
 #else
 namespace onnx_hybrid {
-const CpuKernels* Avx512Kernels() { return nullptr; }
+const CpuKernels* Avx512Kernels(bool) { return nullptr; }
 }  // namespace onnx_hybrid
 #endif

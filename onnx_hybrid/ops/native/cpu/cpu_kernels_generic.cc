@@ -127,7 +127,7 @@ const CpuKernels& Select() {
   const std::string cap = forced ? forced : "";
   if (cap == "generic") return kGeneric;
   if (cap != "avx2")
-    if (const CpuKernels* k = Avx512Kernels()) return *k;
+    if (const CpuKernels* k = Avx512Kernels(/*vnni=*/cap != "avx512")) return *k;
   if (const CpuKernels* k = Avx2Kernels()) return *k;
   return kGeneric;
 }
