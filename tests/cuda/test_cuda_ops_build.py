@@ -1,6 +1,7 @@
-"""CUDA kernels without a GPU: NVRTC compiles every kernel for sm_80 and sm_90a (a build break fails CI), with the
-installed NVRTC and with the oldest one pyproject.toml allows, the conv kernels do not spill on sm_90a, the cubin
-cache behaves, every kernel the library's planner can name is in the image, and a raw stream handle reaches CuPy."""
+"""CUDA kernels without a GPU: NVRTC compiles every kernel for sm_80 and sm_90a (a build break fails CI), whole
+cubins with the installed NVRTC and PTX with the oldest one pyproject.toml allows, the conv kernels do not spill on
+sm_90a, the cubin cache behaves, every kernel the library's planner can name is in the image, and a raw stream handle
+reaches CuPy."""
 
 import re
 import warnings
@@ -42,6 +43,15 @@ def test_every_kernel_compiles_offline(cache, driver, arch):
     assert not list(cache.glob("*.tmp"))
 
 
+@pytest.mark.parametrize("arch", [80, 90])
+def test_every_kernel_compiles_to_ptx(arch):
+    """NVRTC's front end and NVVM over every kernel, without ptxas: where NVRTC 13.0 rejected what later versions
+    accept (docs/design-notes.md#oldest-nvrtc), at half the time of a cubin. The oldest allowed NVRTC runs this
+    (conftest.py), the installed one the whole build above; 13.0's ptxas builds the images on the GPU machine."""
+    entries = set(re.findall(r"^\.(?:visible|weak) \.entry (\w+)\(", compiler.compile_ptx(arch), re.M))
+    assert set(PLANNED_KERNELS) <= entries, sorted(set(PLANNED_KERNELS) - entries)
+
+
 def test_conv_kernels_fit_their_registers_on_sm90():
     """The conv and replay kernels were tuned on the H200 for their register budgets (the output pass: 4 blocks of
     128 threads per SM, 128 registers). A spill there cost the bf16 prefill 30%
@@ -61,8 +71,8 @@ def test_conv_kernels_fit_their_registers_on_sm90():
 
 
 def test_kernels_build_with_the_installed_nvrtc(nvrtc_build):
-    """The two build tests above with the NVRTC pip installed, in a child process that conftest.py starts when
-    collection ends, so that its builds overlap the rest of the suite."""
+    """The cubin builds and the register check above with the NVRTC pip installed, in a child process that
+    conftest.py starts when collection ends, so that its builds overlap the rest of the suite."""
     status, output = nvrtc_build("installed")
     assert status == 0, f"NVRTC {compiler.nvrtc_version()}:\n{output[-6000:]}"
     assert "3 passed" in output, output[-2000:]
@@ -71,8 +81,8 @@ def test_kernels_build_with_the_installed_nvrtc(nvrtc_build):
 def test_kernels_build_with_the_oldest_allowed_nvrtc(nvrtc_build):
     """pip gives CI the newest NVRTC 13.x, while users (and the H200 machine) may have 13.0, which rejects code
     that later versions accept: to 13.0's JIT mode a generic lambda is a host function
-    (docs/design-notes.md#oldest-nvrtc). So the two build tests above run again, in a process that loads the oldest
-    allowed NVRTC (started by conftest.py when collection ends)."""
+    (docs/design-notes.md#oldest-nvrtc). So every kernel is compiled to PTX and the register check runs again, in a
+    process that loads the oldest allowed NVRTC (started by conftest.py when collection ends)."""
     status, output = nvrtc_build("oldest")
     assert status == 0, output[-6000:]
     assert "3 passed" in output, output[-2000:]
@@ -128,7 +138,10 @@ def assert_planned_kernels_exist(image: bytes, arch: int, driver) -> None:
     refused = [(c, r) for c, r in zip(calls, results) if isinstance(r, str) and "PlanError" not in r]
     assert not refused, refused[:5]
     launched = {ln["kernel"] for r in results if isinstance(r, list) for ln in r}
-    for expected in ("gdn_recurrent_f16_k128_r8_decode", "gdn_recurrent_f32_k512_r1", "gdn_chunked_bf16_d128_v64",
-                     "gdn_chunk_prep_f16_d128", "conv_decode_f32", "conv_rows_bf16", "conv_output_f16", "conv_state_f16",
-                     "conv_replay_bf16", "gdn_replay_f32"):
-        assert expected in launched
+    assert set(PLANNED_KERNELS) <= launched, sorted(set(PLANNED_KERNELS) - launched)
+
+
+# Kernels of each family that the planner launches for the calls above.
+PLANNED_KERNELS = ("gdn_recurrent_f16_k128_r8_decode", "gdn_recurrent_f32_k512_r1", "gdn_chunked_bf16_d128_v64",
+                   "gdn_chunk_prep_f16_d128", "conv_decode_f32", "conv_rows_bf16", "conv_output_f16", "conv_state_f16",
+                   "conv_replay_bf16", "gdn_replay_f32")
