@@ -57,7 +57,7 @@ def pytest_collection_modifyitems(config, items):
     runs = [which for which, name in CHILD_RUNS.items() if any(item.name == name for item in items)]
     if not runs or config.option.collectonly:
         return
-    parts = {part for selection in CHILD_SELECTION.values() for part in selection.split(" or ")}
+    parts = {part for which in runs for part in CHILD_SELECTION[which].split(" or ")}
     moved = [item for item in items if item.nodeid.startswith(BUILD_TESTS) and any(p in item.name for p in parts)]
     config.hook.pytest_deselected(items=moved)
     waiting = [item for item in items if item.name in CHILD_RUNS.values()]
