@@ -16,6 +16,7 @@ import importlib.util
 import os
 import pathlib
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
 from setuptools.command.bdist_wheel import bdist_wheel
@@ -51,6 +52,7 @@ class BuildNative(build_ext):
             sys.exit(f"onnx_hybrid build: {error}")
         for ext in self.extensions:
             ext.include_dirs[:0] = include
+        self.compiler.compile = compile_in_parallel(self.compiler.compile)
         super().build_extensions()
 
     def get_ext_filename(self, fullname):
@@ -75,6 +77,16 @@ class BuildNative(build_ext):
         # _native/ is a plain folder, not a package, so in-place (editable) builds must create it.
         (ROOT / "onnx_hybrid" / "ops" / "_native").mkdir(exist_ok=True)
         super().copy_extensions_to_source()
+
+
+def compile_in_parallel(compile_sources):
+    """The compiler's compile() with one source a task on every core: setuptools compiles the sources of an extension
+    one after another, and this one extension is the whole build."""
+    def compile(sources, *args, **kwargs):
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            objects = pool.map(lambda source: compile_sources([source], *args, **kwargs), sources)
+            return [name for one in objects for name in one]
+    return compile
 
 
 class PortableWheel(bdist_wheel):
