@@ -72,8 +72,10 @@ def target(arch: int) -> str:
     return f"sm_{arch}a" if arch in ARCH_SPECIFIC else f"sm_{arch}"
 
 
-def options(arch: int) -> tuple[str, ...]:
-    return BASE_OPTIONS + (f"-arch={target(arch)}", f"-I{KERNEL_DIR}", f"-I{cuda_include_dir()}")
+def options(arch: int, *, ptx: bool = False) -> tuple[str, ...]:
+    """NVRTC's options for a cubin, or with ``ptx`` for PTX of the same architecture (compute_ instead of sm_)."""
+    architecture = target(arch).replace("sm_", "compute_") if ptx else target(arch)
+    return BASE_OPTIONS + (f"-arch={architecture}", f"-I{KERNEL_DIR}", f"-I{cuda_include_dir()}")
 
 
 def sources() -> dict[str, bytes]:
@@ -128,12 +130,9 @@ def _compile(arch: int, *, ptx: bool = False) -> bytes:
                                f"{nvrtc.getSupportedArchs()}")
     src = (KERNEL_DIR / MAIN_SOURCE).read_text()
     prog = nvrtc.createProgram(src, MAIN_SOURCE, (), ())
-    arch_option = f"-arch={target(arch)}"
-    compile_options = tuple(f"-arch={target(arch).replace('sm_', 'compute_')}" if ptx and o == arch_option else o
-                            for o in options(arch))
     try:
         try:
-            nvrtc.compileProgram(prog, compile_options)
+            nvrtc.compileProgram(prog, options(arch, ptx=ptx))
         except nvrtc.NVRTCError as exc:
             raise KernelBuildError(f"NVRTC failed for sm_{arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
         return nvrtc.getPTX(prog) if ptx else _whole_elf(nvrtc.getCUBIN(prog), arch)
